@@ -1,0 +1,67 @@
+"""Engine settings, validated once at load time."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ModelLoadError
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    checkpoint: str                 # local HF checkpoint folder (Llama family)
+    device: str = "cpu"             # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
+    dtype: str = "auto"             # "auto" = bfloat16 on CUDA, float32 on CPU
+    max_slots: int = 8              # concurrent sequences = KV cache rows
+    max_seq_len: int = 2048         # prompt + output tokens per sequence = KV cache positions per row
+    max_draft_len: int = 8          # upper bound for a request's num_draft_tokens
+    default_max_tokens: int = 128   # used when a request gives no max_tokens
+    max_prefill_tokens: int = 4096  # cap on the padded prompt tokens prefilled in one forward
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.max_draft_len <= 64:
+            raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
+        if self.dtype not in ("auto", *_DTYPES):
+            raise ModelLoadError(f"engine setting dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        self.torch_device()  # validates the device string
+
+    @classmethod
+    def from_dict(cls, params: dict[str, str]) -> "EngineConfig":
+        """Build from string parameters (Triton config `parameters`); unknown keys are an error."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(params) - set(fields)
+        if unknown:
+            raise ModelLoadError(f"unknown engine parameters {sorted(unknown)}; known: {sorted(fields)}")
+        kwargs = {}
+        for key, raw in params.items():
+            try:
+                kwargs[key] = int(raw) if fields[key].type == "int" else str(raw)
+            except ValueError:
+                raise ModelLoadError(f"engine parameter {key} must be an integer, got {raw!r}") from None
+        if "checkpoint" not in kwargs:
+            raise ModelLoadError("engine parameter 'checkpoint' (path to a HF checkpoint folder) is required")
+        return cls(**kwargs)
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError:
+            raise ModelLoadError(f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
+        return dev
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]

@@ -1,0 +1,17 @@
+"""Errors the engine raises; each maps to one Triton error code in the adapter."""
+
+
+class EngineError(Exception):
+    """Base class."""
+
+
+class InvalidRequest(EngineError):
+    """The request itself is wrong (bad type, value, prompt, guide). Maps to INVALID_ARG."""
+
+
+class Unsupported(InvalidRequest):
+    """A well-formed request asks for something this build does not do yet. Maps to UNSUPPORTED."""
+
+
+class ModelLoadError(EngineError):
+    """The checkpoint or the engine settings cannot be used; raised at load time with an actionable message."""

@@ -1,0 +1,100 @@
+"""EngineLoop: the one thread that owns an Engine. Other threads talk to it through a queue.
+
+submit() and abort() may be called from any thread. Each request's outputs go to its sink, called on the
+engine thread: a sink must only hand the output over (e.g. put it on a queue), never block or send.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable, Iterator
+
+from .engine import Engine
+from .request import Request, RequestOutput
+
+log = logging.getLogger(__name__)
+Sink = Callable[[RequestOutput], None]
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._sinks: dict[int, Sink] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def start(self) -> "EngineLoop":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None, None))
+        self._thread.join(timeout)
+
+    def submit(self, req: Request, sink: Sink) -> int:
+        self._inbox.put(("add", req, sink))
+        return req.request_id
+
+    def abort(self, request_id: int) -> None:
+        self._inbox.put(("abort", request_id, None))
+
+    def generate(self, req: Request) -> Iterator[RequestOutput]:
+        """In-process streaming: yields the request's outputs until the final one."""
+        outputs: queue.Queue = queue.Queue()
+        self.submit(req, outputs.put)
+        while True:
+            out = outputs.get()
+            yield out
+            if out.finished:
+                return
+
+    # ---- engine thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not self.engine.has_work())
+            if self._stop.is_set():
+                break
+            try:
+                outputs = self.engine.step()
+            except Exception:  # noqa: BLE001 - the engine already fails requests per forward; this is a bug
+                log.exception("engine step failed")
+                outputs = [self.engine.abort(rid, "error", "internal engine error") for rid in list(self._sinks)]
+            for out in outputs:
+                if out is not None:
+                    self._deliver(out)
+        for rid in list(self._sinks):   # shutting down: every request still ends with a final output
+            out = self.engine.abort(rid, "cancelled", "the server is shutting down")
+            if out is not None:
+                self._deliver(out)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload, sink = item
+            if kind == "add":
+                self._sinks[payload.request_id] = sink
+                self.engine.add(payload)
+            elif kind == "abort":
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver(out)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, out: RequestOutput) -> None:
+        sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
+        if sink is None:
+            return
+        try:
+            sink(out)
+        except Exception:  # noqa: BLE001 - a broken sink must not stop the other requests
+            log.exception("output sink failed for request %s", out.request_id)

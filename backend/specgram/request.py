@@ -1,0 +1,110 @@
+"""Per-request state: sampling parameters, committed tokens, limits, statistics, and what goes back out."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InvalidRequest
+
+_ids = itertools.count(1)
+MAX_STOP_STRINGS = 16
+UINT64_MAX = 2**64 - 1
+
+
+@dataclass
+class SamplingParams:
+    """What a client may set per request. `validate` fills defaults and fails with a user-facing message."""
+    max_tokens: int | None = None
+    temperature: float = 0.0        # 0 = greedy (the default: exact, reproducible output)
+    top_p: float = 1.0
+    top_k: int = 0                  # 0 or -1 = off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    num_draft_tokens: int = 0       # speculative draft length for this request; 0 = none
+    guide_type: str | None = None
+    guide: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, default_max_tokens: int, max_draft_len: int) -> "SamplingParams":
+        if self.max_tokens is None:
+            self.max_tokens = default_max_tokens
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}")
+        if self.seed is not None and not 0 <= self.seed <= UINT64_MAX:
+            raise InvalidRequest(f"seed must be in [0, 2^64), got {self.seed!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("stop strings must be non-empty strings")
+        if not isinstance(self.num_draft_tokens, int) or not 0 <= self.num_draft_tokens <= max_draft_len:
+            raise InvalidRequest(f"num_draft_tokens must be an integer in [0, {max_draft_len}] "
+                                 f"(the configured max_draft_len), got {self.num_draft_tokens!r}")
+        if (self.guide_type is None) != (self.guide is None):
+            raise InvalidRequest("guided_decoding_guide_type and guided_decoding_guide must be given together")
+        return self
+
+
+@dataclass
+class SpecStats:
+    drafted: int = 0      # draft tokens proposed
+    accepted: int = 0     # draft tokens the target accepted
+    steps: int = 0        # verify steps (target forwards after prefill)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class RequestOutput:
+    """One response's worth: the tokens committed in one step and their text delta."""
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    spec: SpecStats | None = None          # set on the final output
+
+
+@dataclass(eq=False)  # identity: two requests are never "equal"
+class Request:
+    """Engine-side state of one sequence. Invariant while running: cache_len == len(all_ids) - 1
+    (every token but the last committed one has its KV in the slot's cache row)."""
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    cache_len: int = 0
+    generator: torch.Generator | None = None
+    spec: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

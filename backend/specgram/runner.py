@@ -1,0 +1,123 @@
+"""ModelRunner: a Llama-family causal LM over a slot-indexed KV cache.
+
+One class serves the target and (later) the draft model: two instances, composed by the engine.
+Weights, norms, MLPs and rotary embeddings are transformers' own modules (so numerics match HF);
+only attention over our KV cache and the batching of ragged rows are ours.
+
+A forward takes B rows; row b appends num_new[b] tokens to slot slots[b] starting at position starts[b].
+Rows are right-padded to a common width T. This covers prefill (T = prompt length), decode (T = 1) and
+speculative verification (T = k + 1) with one code path.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ModelLoadError
+from .kv_cache import KVCache, make_write_index
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def _check_checkpoint(path: Path) -> dict:
+    if not path.is_dir():
+        raise ModelLoadError(f"checkpoint folder {str(path)!r} does not exist (run scripts/setup.sh for the default "
+                             "model, or set the 'checkpoint' parameter to a local HF checkpoint folder)")
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"{str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
+    cfg = json.loads(cfg_file.read_text())
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"model_type {model_type!r} in {cfg_file} is not supported; this engine runs "
+                             f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return cfg
+
+
+def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | None) -> torch.Tensor:
+    """-> bool [B, 1, T, L]: query t of row b (absolute position starts[b] + t) sees keys j <= its position
+    (and, with a sliding window, j > position - window). Padded queries see garbage keys; their outputs are
+    never used, and key 0 is always visible so no row is all -inf."""
+    q_pos = starts[:, None] + torch.arange(width, device=starts.device)[None, :]       # [B, T]
+    k_pos = torch.arange(length, device=starts.device)                                 # [L]
+    mask = k_pos[None, None, :] <= q_pos[:, :, None]                                   # [B, T, L]
+    if window is not None:
+        mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
+        mask[:, :, 0] |= ~mask.any(-1)
+    return mask[:, None]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int):
+        self.model = model.eval()
+        cfg = model.config
+        self.config = cfg
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = cfg.vocab_size
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        window = getattr(cfg, "sliding_window", None)
+        if getattr(cfg, "use_sliding_window", True) is False:
+            window = None
+        self.window = window if window and window < max_seq_len else None
+        self.max_seq_len = max_seq_len
+        self.cache = KVCache(cfg.num_hidden_layers, max_slots, self.num_kv_heads, max_seq_len, self.head_dim,
+                             self.dtype, self.device)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
+                        dtype: torch.dtype) -> "ModelRunner":
+        from transformers import AutoModelForCausalLM
+
+        _check_checkpoint(Path(path))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        except Exception as e:  # transformers raises many types; the message is what the user needs
+            raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
+        return cls(model.to(device), max_slots, max_seq_len)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
+                last_only: bool) -> torch.Tensor:
+        """tokens: [B, T] (right-padded), slots/starts/num_new: [B] on self.device.
+        Writes the new tokens' KV into the cache and returns logits (float32):
+        [B, V] at each row's last new token if last_only, else [B, T, V]."""
+        B, T = tokens.shape
+        length = int((starts + num_new).max())
+        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]     # [B, T]
+        positions = positions.clamp_max(self.max_seq_len - 1)                            # padding stays in range
+        widx = make_write_index(slots, starts, num_new, T)
+        mask = attention_mask(starts, T, length, self.window)
+
+        inner = self.model.model
+        h = inner.embed_tokens(tokens)                                                   # [B, T, hidden]
+        cos, sin = inner.rotary_emb(h, position_ids=positions)
+        for i, layer in enumerate(inner.layers):
+            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask,
+                                    length)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = inner.norm(h)
+        if last_only:
+            h = h[torch.arange(B, device=self.device), num_new - 1]                     # [B, hidden]
+        return self.model.lm_head(h).float()
+
+    def _attention(self, layer_idx, attn, x, cos, sin, slots, widx, mask, length) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)      # [B, H, T, D]
+        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)   # [B, Hkv, T, D]
+        v = attn.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        self.cache.write(layer_idx, k, v, widx)
+        k_all, v_all = self.cache.read(layer_idx, slots, length)                           # [B, Hkv, L, D]
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=attn.scaling,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
