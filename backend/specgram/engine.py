@@ -207,7 +207,7 @@ class Engine:
         for t in tokens:
             req.output_ids.append(t)
             new.append(t)
-            if t in self.eos_ids:
+            if t in self.eos_ids and not req.params.ignore_eos:
                 req.finish_reason = "stop"
                 break
             piece = state.detok.push(t)

@@ -24,6 +24,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     num_draft_tokens: int = 0       # speculative draft length for this request; 0 = none
+    ignore_eos: bool = False        # keep generating past EOS (fixed-length load runs)
     guide_type: str | None = None
     guide: str | None = None
 

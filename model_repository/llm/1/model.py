@@ -1,0 +1,193 @@
+"""Triton Python-backend adapter for the specgram engine (decoupled: any number of responses per request).
+
+Only translation lives here: tensors -> protocol.parse -> engine request; engine outputs -> responses.
+Threads: Triton calls execute() (returns at once); the EngineLoop thread owns the engine; one sender thread
+sends every response and watches for cancelled requests. Every request ends with exactly one FINAL response.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+try:
+    import specgram  # noqa: F401  (installed editable by scripts/setup.sh)
+except ImportError:  # running from a source tree without the install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "backend"))
+
+from specgram.config import EngineConfig
+from specgram.engine import Engine
+from specgram.errors import EngineError, InvalidRequest, Unsupported
+from specgram.loop import EngineLoop
+from specgram.protocol import ClientRequest, parse
+from specgram.request import RequestOutput
+
+_SCALAR_INPUTS = ("text_input", "stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
+                  "num_draft_tokens", "guided_decoding_guide_type", "guided_decoding_guide",
+                  "exclude_input_in_output", "sampling_parameters", "apply_chat_template", "messages")
+_CANCEL_POLL_S = 0.02
+
+
+def _py(value):
+    """numpy element -> python value (bytes are decoded as UTF-8)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRequest("string inputs must be UTF-8") from None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def read_inputs(request) -> dict:
+    inputs = {}
+    for name in _SCALAR_INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            arr = tensor.as_numpy().reshape(-1)
+            if arr.size != 1:
+                raise InvalidRequest(f"input {name} must hold exactly one element, got {arr.size}")
+            inputs[name] = _py(arr[0])
+    stop = pb_utils.get_input_tensor_by_name(request, "stop")
+    if stop is not None:
+        inputs["stop"] = [_py(s) for s in stop.as_numpy().reshape(-1)]
+    return inputs
+
+
+def read_parameters(request) -> dict:
+    try:
+        return json.loads(request.parameters() or "{}")
+    except (json.JSONDecodeError, AttributeError):
+        return {}
+
+
+class _Stream:
+    """Adapter-side state of one request: where responses go and what non-streaming mode accumulates."""
+
+    def __init__(self, sender, creq: ClientRequest, prefix: str):
+        self.sender = sender
+        self.stream = creq.stream
+        self.prefix = prefix            # the prompt text, sent first when the input is included in the output
+        self.text: list[str] = []
+        self.ids: list[int] = []
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("model 'llm' must be decoupled (model_transaction_policy)")
+        params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
+        checkpoint = Path(params["checkpoint"])
+        if not checkpoint.is_absolute():
+            checkpoint = Path(args["model_repository"]) / checkpoint
+        params["checkpoint"] = str(checkpoint.resolve())
+        if args.get("model_instance_kind") == "GPU" and params.get("device", "auto") == "auto":
+            params["device"] = f"cuda:{args['model_instance_device_id']}"
+        try:
+            self.engine = Engine.from_config(EngineConfig.from_dict(params))
+        except EngineError as e:
+            raise pb_utils.TritonModelException(str(e)) from e
+        self.loop = EngineLoop(self.engine).start()
+        self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
+        self.outbox: queue.Queue = queue.Queue()
+        self.running = True
+        self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
+        self.sender_thread.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                creq = parse(read_inputs(request), read_parameters(request))
+                req = self.engine.make_request(creq.params, text=creq.text, messages=creq.messages, chat=creq.chat)
+            except InvalidRequest as e:
+                code = pb_utils.TritonError.UNSUPPORTED if isinstance(e, Unsupported) else pb_utils.TritonError.INVALID_ARG
+                self._send_error(sender, str(e), code)
+                continue
+            prefix = "" if creq.exclude_input_in_output else (creq.text or "")
+            self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
+            self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)))
+        return None
+
+    def finalize(self):
+        self.loop.shutdown()          # aborts what is left: their final outputs land in the outbox
+        self.running = False
+        self.sender_thread.join(timeout=10)
+
+    # ---- sender thread ----------------------------------------------------------------------------------
+
+    def _send_loop(self):
+        last_poll = 0.0
+        while self.running or not self.outbox.empty():
+            try:
+                kind, rid, payload = self.outbox.get(timeout=_CANCEL_POLL_S)
+                if kind == "open":
+                    self.streams[rid] = payload
+                else:
+                    self._send_output(rid, payload)
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            if now - last_poll >= _CANCEL_POLL_S:
+                last_poll = now
+                for rid, st in self.streams.items():
+                    if st.sender.is_cancelled():
+                        self.loop.abort(rid)      # its final output (finish_reason cancelled) comes back here
+
+    def _send_output(self, rid: int, out: RequestOutput):
+        st = self.streams.get(rid)
+        if st is None:
+            return
+        if out.finished:
+            del self.streams[rid]
+        if out.error is not None and out.finish_reason == "error":
+            self._send_error(st.sender, out.error, pb_utils.TritonError.INTERNAL)
+            return
+        if out.finish_reason == "cancelled":
+            code = pb_utils.TritonError.CANCELLED if hasattr(pb_utils.TritonError, "CANCELLED") else pb_utils.TritonError.UNAVAILABLE
+            self._send_error(st.sender, out.error or "request cancelled", code)
+            return
+        if st.stream:
+            text, ids = st.prefix + out.text, out.token_ids
+            st.prefix = ""
+        else:
+            st.text.append(out.text)
+            st.ids.extend(out.token_ids)
+            if not out.finished:
+                return
+            text, ids = st.prefix + "".join(st.text), st.ids
+        self._send(st.sender, self._response(out, text, ids), out.finished)
+
+    @staticmethod
+    def _response(out: RequestOutput, text: str, ids: list[int]):
+        spec = out.spec
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
+            pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32)),
+            pb_utils.Tensor("spec_drafted_tokens", np.array([spec.drafted if spec else 0], dtype=np.int32)),
+            pb_utils.Tensor("spec_accepted_tokens", np.array([spec.accepted if spec else 0], dtype=np.int32)),
+            pb_utils.Tensor("spec_acceptance_rate", np.array([spec.acceptance_rate if spec else 0.0], dtype=np.float32)),
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    @staticmethod
+    def _send(sender, response, final: bool):
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            sender.send(response, flags=flags)
+        except Exception:  # noqa: BLE001 - the client went away; the watcher aborts the request
+            pass
+
+    def _send_error(self, sender, message: str, code):
+        self._send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), final=True)

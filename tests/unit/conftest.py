@@ -1,0 +1,39 @@
+import pytest
+
+from specgram.config import EngineConfig
+from specgram.engine import Engine
+
+from .tiny import save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def make_engine(tiny_ckpt):
+    def make(**kw) -> Engine:
+        kw.setdefault("max_slots", 4)
+        kw.setdefault("max_seq_len", 256)
+        return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), device="cpu", **kw))
+    return make
+
+
+def run_to_end(engine, requests):
+    """Drive the engine step by step until all requests finish; -> {request_id: [outputs]}."""
+    outs = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.add(r)
+    while engine.has_work():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    return outs
+
+
+def tokens_of(outputs):
+    return [t for o in outputs for t in o.token_ids]
+
+
+def text_of(outputs):
+    return "".join(o.text for o in outputs)
