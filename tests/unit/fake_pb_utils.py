@@ -1,0 +1,86 @@
+"""A stand-in for triton_python_backend_utils with the parts model.py uses, to drive the adapter in-process."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class TritonModelException(Exception):
+    pass
+
+
+class TritonError:
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = 1):
+        self._message, self._code = message, code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class Tensor:
+    def __init__(self, name: str, array: np.ndarray):
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None):
+        self.output_tensors = {t.name(): t.as_numpy() for t in (output_tensors or [])}
+        self.error = error
+
+
+class ResponseSender:
+    """Records what the model sends; `cancel()` plays the client going away."""
+
+    def __init__(self):
+        self.responses: list[tuple[InferenceResponse | None, int]] = []
+        self.done = threading.Event()
+        self._cancelled = False
+
+    def send(self, response=None, flags=0):
+        assert not self.done.is_set(), "a response was sent after the FINAL flag"
+        self.responses.append((response, flags))
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self):
+        self._cancelled = True
+
+
+class InferenceRequest:
+    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict | None = None):
+        self.inputs = inputs
+        self._parameters = json.dumps(parameters or {})
+        self.sender = ResponseSender()
+
+    def get_response_sender(self):
+        return self.sender
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str):
+    arr = request.inputs.get(name)
+    return None if arr is None else Tensor(name, arr)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    return model_config.get("model_transaction_policy", {}).get("decoupled", False)

@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from specgram.config import EngineConfig
+from specgram.errors import InvalidRequest, ModelLoadError
+from specgram.protocol import parse
+
+
+def test_precedence_tensor_over_sampling_parameters_over_request_parameters():
+    c = parse({"text_input": "x", "top_k": 5, "sampling_parameters": json.dumps({"top_k": 7, "temperature": 0.5})},
+              {"temperature": 0.9, "seed": 11, "top_p": 0.3})
+    assert (c.params.top_k, c.params.temperature, c.params.seed, c.params.top_p) == (5, 0.5, 11, 0.3)
+
+
+def test_defaults_follow_the_stream_flag():
+    assert parse({"text_input": "x"}).exclude_input_in_output is False
+    assert parse({"text_input": "x", "stream": True}).exclude_input_in_output is True
+    assert parse({"text_input": "x", "stream": True, "exclude_input_in_output": False}).exclude_input_in_output is False
+
+
+def test_http_style_values_and_stop_forms():
+    c = parse({"text_input": "x"}, {"stream": "true", "stop": "END", "max_tokens": 4.0})
+    assert c.stream is True and c.params.stop == ["END"] and c.params.max_tokens == 4
+    assert parse({"text_input": "x", "stop": ["a", "b"]}).params.stop == ["a", "b"]
+
+
+@pytest.mark.parametrize("inputs, needle", [
+    ({"text_input": "x", "max_tokens": 2.5}, "max_tokens must be an integer"),
+    ({"text_input": "x", "max_tokens": True}, "max_tokens must be an integer"),
+    ({"text_input": "x", "temperature": "hot"}, "temperature"),
+    ({"text_input": "x", "temperature": float("nan")}, "temperature"),
+    ({"text_input": "x", "stream": "maybe"}, "stream must be a boolean"),
+    ({"text_input": "x", "stop": [1]}, "stop"),
+    ({"text_input": ""}, "text_input"),
+    ({"text_input": "x", "sampling_parameters": "[1]"}, "JSON object"),
+    ({"text_input": "", "messages": "[]"}, "messages"),
+    ({"text_input": "", "messages": '[{"role": "user"}]'}, "messages"),
+])
+def test_type_errors_name_the_field(inputs, needle):
+    with pytest.raises(InvalidRequest, match=needle):
+        parse(inputs)
+
+
+def test_messages_replace_text_input():
+    c = parse({"text_input": "", "messages": json.dumps([{"role": "user", "content": "hi"}])})
+    assert c.messages == [{"role": "user", "content": "hi"}]
+
+
+def test_engine_config_from_strings():
+    cfg = EngineConfig.from_dict({"checkpoint": "/x", "max_slots": "3", "device": "cpu", "dtype": "bf16"})
+    assert cfg.max_slots == 3 and str(cfg.torch_dtype()) == "torch.bfloat16"
+    with pytest.raises(ModelLoadError, match="unknown engine parameters"):
+        EngineConfig.from_dict({"checkpoint": "/x", "max_slot": "3"})
+    with pytest.raises(ModelLoadError, match="integer"):
+        EngineConfig.from_dict({"checkpoint": "/x", "max_slots": "many"})
+    with pytest.raises(ModelLoadError, match="device"):
+        EngineConfig(checkpoint="/x", device="tpu")
+
+
+def test_load_errors_are_clear(tmp_path):
+    from specgram.engine import Engine
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        Engine.from_config(EngineConfig(checkpoint=str(tmp_path / "missing")))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="not supported"):
+        Engine.from_config(EngineConfig(checkpoint=str(tmp_path)))

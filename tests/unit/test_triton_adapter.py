@@ -1,0 +1,130 @@
+"""model.py driven in-process with a fake triton_python_backend_utils: the adapter's rules, without a server."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from . import fake_pb_utils as pb
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
+
+
+def _config_parameters() -> dict:
+    """The parameters block of config.pbtxt, parsed minimally (key/string_value pairs)."""
+    import re
+    text = (MODEL_DIR / "config.pbtxt").read_text()
+    return {k: {"string_value": v} for k, v in
+            re.findall(r'key:\s*"([^"]+)",\s*value:\s*{\s*string_value:\s*"([^"]*)"', text)}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpt):
+    sys.modules["triton_python_backend_utils"] = pb
+    spec = importlib.util.spec_from_file_location("llm_model", MODEL_DIR / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    params = _config_parameters()
+    params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+    params["max_slots"] = {"string_value": "2"}
+    m = module.TritonPythonModel()
+    m.initialize({"model_config": json.dumps({"parameters": params,
+                                              "model_transaction_policy": {"decoupled": True}}),
+                  "model_repository": str(MODEL_DIR), "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+    yield m
+    m.finalize()
+    del sys.modules["triton_python_backend_utils"]
+
+
+def request(text="Hello there", **inputs):
+    tensors = {"text_input": np.array([text.encode()], dtype=np.object_)}
+    kinds = {"stream": np.bool_, "max_tokens": np.int32, "temperature": np.float32, "top_p": np.float32,
+             "top_k": np.int32, "seed": np.uint64, "num_draft_tokens": np.int32, "ignore_eos": np.bool_,
+             "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_}
+    params = inputs.pop("parameters", None)
+    for k, v in inputs.items():
+        if k == "stop":
+            tensors[k] = np.array([s.encode() for s in v], dtype=np.object_)
+        elif k in kinds:
+            tensors[k] = np.array([v], dtype=kinds[k])
+        else:
+            tensors[k] = np.array([v.encode()], dtype=np.object_)
+    return pb.InferenceRequest(tensors, params)
+
+
+def finish(model, *reqs, timeout=60):
+    assert model.execute(list(reqs)) is None, "decoupled execute returns nothing"
+    for r in reqs:
+        assert r.sender.done.wait(timeout), "request never got its FINAL response"
+    for r in reqs:
+        finals = [f for _, f in r.sender.responses if f & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL]
+        assert len(finals) == 1 and r.sender.responses[-1][1] == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    return [[resp for resp, _ in r.sender.responses] for r in reqs]
+
+
+def joined(responses, name="text_output"):
+    if name == "text_output":
+        return "".join(r.output_tensors[name][0].decode() for r in responses if r is not None)
+    return [int(x) for r in responses if r is not None for x in r.output_tensors[name]]
+
+
+def test_streaming_sends_deltas_then_final(model):
+    [resps] = finish(model, request(stream=True, max_tokens=12, ignore_eos=True))
+    assert len(resps) == 12 and all(r.error is None for r in resps)
+    assert len(joined(resps, "output_ids")) == 12
+    last = resps[-1].output_tensors
+    assert last["finish_reason"][0] == b"length" and last["num_output_tokens"][0] == 12
+    assert resps[0].output_tensors["finish_reason"][0] == b""
+    assert last["spec_drafted_tokens"][0] == 0 and last["spec_acceptance_rate"][0] == 0.0
+
+
+def test_non_streaming_equals_stream_and_includes_prompt(model):
+    [streamed] = finish(model, request(stream=True, max_tokens=10, ignore_eos=True))
+    [[full]] = finish(model, request(max_tokens=10, ignore_eos=True))
+    assert full.output_tensors["text_output"][0].decode() == "Hello there" + joined(streamed)
+    assert list(full.output_tensors["output_ids"]) == joined(streamed, "output_ids")
+    [[excl]] = finish(model, request(max_tokens=10, ignore_eos=True, exclude_input_in_output=True))
+    assert excl.output_tensors["text_output"][0].decode() == joined(streamed)
+
+
+def test_sampling_parameters_json_and_request_parameters(model):
+    [[a]] = finish(model, request(sampling_parameters=json.dumps({"max_tokens": 5, "ignore_eos": True})))
+    assert a.output_tensors["num_output_tokens"][0] == 5
+    [[b]] = finish(model, request(max_tokens=3, sampling_parameters=json.dumps({"max_tokens": 5, "ignore_eos": True})))
+    assert b.output_tensors["num_output_tokens"][0] == 3, "explicit tensors win over sampling_parameters"
+    [[c]] = finish(model, request(parameters={"max_tokens": 4, "ignore_eos": True, "unrelated": 1}))
+    assert c.output_tensors["num_output_tokens"][0] == 4
+
+
+@pytest.mark.parametrize("inputs, code, needle", [
+    (dict(max_tokens=0), pb.TritonError.INVALID_ARG, "max_tokens"),
+    (dict(text=""), pb.TritonError.INVALID_ARG, "text_input"),
+    (dict(sampling_parameters="{not json"), pb.TritonError.INVALID_ARG, "sampling_parameters"),
+    (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
+    (dict(num_draft_tokens=3), pb.TritonError.UNSUPPORTED, "speculative"),
+    (dict(guided_decoding_guide_type="json", guided_decoding_guide="{}"), pb.TritonError.UNSUPPORTED, "guided"),
+])
+def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, inputs, code, needle):
+    [[alone]] = finish(model, request(max_tokens=8))
+    bad, good = request(**inputs), request(max_tokens=8)
+    bad_resps, good_resps = finish(model, bad, good)
+    assert len(bad_resps) == 1 and bad_resps[0].error.code() == code and needle in bad_resps[0].error.message()
+    assert list(good_resps[0].output_tensors["output_ids"]) == list(alone.output_tensors["output_ids"])
+
+
+def test_cancelled_stream_gets_final_and_frees_its_slot(model):
+    r = request(stream=True, max_tokens=2000, ignore_eos=True)
+    model.execute([r])
+    for _ in range(500):
+        if len(r.sender.responses) >= 3:
+            break
+        import time
+        time.sleep(0.01)
+    r.sender.cancel()
+    assert r.sender.done.wait(10)
+    assert r.sender.responses[-1][0].error.code() == pb.TritonError.CANCELLED
+    [[after]] = finish(model, request(max_tokens=4))
+    assert after.error is None
+    assert len(model.engine.free_slots) == 2
