@@ -1,0 +1,119 @@
+"""End-to-end through the real tritonserver with the default model (SmolLM2-135M-Instruct), gRPC streaming
+and HTTP generate_stream. One server for the whole session (fixture `triton_server`)."""
+import json
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from triton_server import REPO, errors_of, ids_of, last_value, make_inputs, stream_infer, text_of
+
+PROMPT = "Give me three facts about the Moon."
+CHECKPOINT = REPO / "models" / "SmolLM2-135M-Instruct"
+
+
+def greedy(server, prompt=PROMPT, max_tokens=24, **extra):
+    return stream_infer(server.grpc_url, {"text_input": prompt, "apply_chat_template": True, "stream": True,
+                                          "max_tokens": max_tokens, **extra})
+
+
+def test_stream_sends_several_responses_then_final(triton_server):
+    resps = greedy(triton_server)
+    assert not errors_of(resps)
+    assert len(resps) >= 3 and resps[-1]["final"] and not any(r["final"] for r in resps[:-1])
+    ids = ids_of(resps)
+    assert len(ids) == last_value(resps, "num_output_tokens") <= 24
+    assert last_value(resps, "finish_reason") in ("stop", "length")
+    assert text_of(resps).strip()
+    assert last_value(resps, "spec_drafted_tokens", 0) == 0
+
+
+def test_greedy_through_triton_equals_hf_generate(triton_server):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(CHECKPOINT)
+    model = AutoModelForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
+    for prompt in (PROMPT, "Write a JSON object with keys name and age."):
+        rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                           tokenize=False)
+        ids = tok(rendered, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+        ref = ref[0, ids.shape[1]:].tolist()
+        resps = greedy(triton_server, prompt)
+        assert ids_of(resps) == ref
+        assert last_value(resps, "num_input_tokens") == ids.shape[1]
+
+
+def test_concurrent_streams_equal_their_solo_runs(triton_server):
+    prompts = ["What is 2+2?", "Name a color.", "Say hello in French.", PROMPT, "Count to five."]
+    solo = [ids_of(greedy(triton_server, p, 16)) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: greedy(triton_server, p, 16), prompts))
+    assert [ids_of(r) for r in together] == solo
+    assert all(r[-1]["final"] and not errors_of(r) for r in together)
+
+
+def test_non_streaming_returns_one_full_response(triton_server):
+    streamed = greedy(triton_server, max_tokens=12)
+    single = stream_infer(triton_server.grpc_url, {"text_input": PROMPT, "apply_chat_template": True,
+                                                   "max_tokens": 12})
+    assert len(single) == 1 and single[0]["final"]
+    assert ids_of(single) == ids_of(streamed)
+    assert text_of(single) == PROMPT + text_of(streamed)   # input included unless excluded
+
+
+def test_bad_request_next_to_a_good_one(triton_server):
+    solo = ids_of(greedy(triton_server, max_tokens=12))
+    bad_inputs = [{"max_tokens": 0}, {"sampling_parameters": "{oops"}, {"temperature": -2.0},
+                  {"num_draft_tokens": 1000}, {"text_input": ""}]
+    with ThreadPoolExecutor(len(bad_inputs) + 1) as pool:
+        good = pool.submit(greedy, triton_server, PROMPT, 12)
+        bads = [pool.submit(stream_infer, triton_server.grpc_url, {"text_input": PROMPT, **b}) for b in bad_inputs]
+        bad_results = [f.result() for f in bads]
+        assert ids_of(good.result()) == solo
+    for b, r in zip(bad_inputs, bad_results):
+        assert len(r) == 1 and r[0]["error"], (b, r)
+        assert any(k in r[0]["error"] for k in b), (b, r[0]["error"])   # the message names the field
+
+
+def test_cancelled_streams_free_their_slots(triton_server):
+    """Cancel more long streams than there are slots; a new request must then run to completion."""
+    import tritonclient.grpc as grpcclient
+
+    clients, started = [], queue.Queue()
+    for i in range(9):   # max_slots is 8
+        c = grpcclient.InferenceServerClient(triton_server.grpc_url)
+        c.start_stream(callback=lambda result, error, i=i: started.put(i))
+        c.async_stream_infer("llm", make_inputs({"text_input": f"Tell a long story {i}.", "stream": True,
+                                                 "max_tokens": 1500, "ignore_eos": True}))
+        clients.append(c)
+    seen, deadline = set(), time.time() + 120
+    while len(seen) < 8 and time.time() < deadline:
+        seen.add(started.get(timeout=120))
+    assert len(seen) >= 8, "the running streams never produced tokens"
+    for c in clients:
+        c.stop_stream(cancel_requests=True)
+        c.close()
+    t0 = time.time()
+    resps = stream_infer(triton_server.grpc_url, {"text_input": "Hi", "max_tokens": 4, "ignore_eos": True},
+                         timeout=60)
+    assert not errors_of(resps) and len(ids_of(resps)) == 4
+    assert time.time() - t0 < 30
+
+
+def test_http_generate_stream(triton_server):
+    body = {"text_input": PROMPT, "apply_chat_template": True, "max_tokens": 10, "stream": True}
+    with requests.post(f"{triton_server.http_url}/v2/models/llm/generate_stream", json=body, stream=True,
+                       timeout=120) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[len(b"data: "):]) for line in r.iter_lines() if line.startswith(b"data: ")]
+    assert len(events) >= 2
+    assert events[-1]["finish_reason"] in ("stop", "length")
+    assert "".join(e["text_output"] for e in events) == text_of(greedy(triton_server, max_tokens=10))
+    bad = requests.post(f"{triton_server.http_url}/v2/models/llm/generate_stream",
+                        json={"text_input": "x", "top_p": 3.0}, timeout=60)
+    assert "top_p" in bad.text

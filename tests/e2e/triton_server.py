@@ -1,0 +1,327 @@
+"""Run a real tritonserver (2.51, from the nvidia-pytriton wheel) for end-to-end tests, and talk to it.
+
+`TritonServer` starts the server on free local ports with a model repository, waits until the server
+and a model are ready, and stops it (SIGTERM, then SIGKILL of its process group).  `stream_infer`
+sends one request to a decoupled model over a gRPC stream and collects every response up to the final
+one.  Needs `scripts/setup.sh` to have been run (venv, build/triton/backends).
+
+Environment knobs (used by conftest.py):
+    E2E_MODEL_REPOSITORY   model repository to serve (default: <repo>/model_repository)
+    E2E_MODEL              model that must be ready before tests start (default: llm)
+    E2E_STARTUP_TIMEOUT    seconds to wait for readiness (default: 300)
+    E2E_TRITON_ARGS        extra tritonserver arguments (shell-split)
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Triton dtypes of the `llm` inputs (STRING is BYTES on the client side). `stop` has dims [-1].
+INPUT_DTYPES = {
+    "text_input": "BYTES",
+    "stream": "BOOL",
+    "max_tokens": "INT32",
+    "temperature": "FP32",
+    "top_p": "FP32",
+    "top_k": "INT32",
+    "seed": "UINT64",
+    "stop": "BYTES",
+    "ignore_eos": "BOOL",
+    "num_draft_tokens": "INT32",
+    "guided_decoding_guide_type": "BYTES",
+    "guided_decoding_guide": "BYTES",
+    "exclude_input_in_output": "BOOL",
+    "sampling_parameters": "BYTES",
+    "apply_chat_template": "BOOL",
+    "messages": "BYTES",
+}
+_NP_OF = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64,
+          "UINT64": np.uint64, "FP32": np.float32}
+
+
+# --------------------------------------------------------------------------- server
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held open together while choosing, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _default_venv() -> Path:
+    """The venv running these tests (tests run with .venv/bin/python), else the repo's .venv."""
+    return Path(sys.prefix) if sys.prefix != sys.base_prefix else REPO / ".venv"
+
+
+def _site_packages() -> Path:
+    venv = _default_venv()
+    cand = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    return cand if cand.is_dir() else Path(sysconfig.get_paths()["purelib"])
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class TritonServer:
+    model_repository: Path = REPO / "model_repository"
+    model: str | None = "llm"          # wait for this model to be ready (None: server readiness only)
+    startup_timeout: float = 300.0
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None       # default: a new temporary file
+    venv: Path = field(default_factory=_default_venv)
+
+    http_url: str = ""                 # http://127.0.0.1:PORT
+    grpc_url: str = ""                 # 127.0.0.1:PORT (tritonclient.grpc style)
+    metrics_url: str = ""              # http://127.0.0.1:PORT/metrics
+    process: subprocess.Popen | None = None
+
+    # ---- paths
+    @property
+    def triton_bin(self) -> Path:
+        return _site_packages() / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+
+    @property
+    def backends_dir(self) -> Path:
+        return Path(os.environ.get("TRITON_BACKENDS", REPO / "build" / "triton" / "backends"))
+
+    def log_tail(self, n: int = 80) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return "(no server log)"
+        lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    # ---- lifecycle
+    def start(self) -> "TritonServer":
+        if not self.triton_bin.exists():
+            raise RuntimeError(f"tritonserver not found at {self.triton_bin}; run scripts/setup.sh")
+        stub = self.backends_dir / "python" / "triton_python_backend_stub"
+        if not stub.exists():
+            raise RuntimeError(f"Python backend stub not found at {stub}; run scripts/setup.sh")
+        if not Path(self.model_repository).is_dir():
+            raise RuntimeError(f"model repository {self.model_repository} does not exist")
+        if self.log_path is None:
+            import tempfile
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        # The ports are free when chosen but could be taken before the server binds them: retry.
+        for attempt in range(3):
+            self._launch()
+            try:
+                self._wait_ready()
+                return self
+            except RuntimeError as e:
+                port_clash = "already in use" in self.log_tail(200).lower()
+                self.stop()
+                if not port_clash or attempt == 2:
+                    raise RuntimeError(f"{e}\n--- last 80 lines of {self.log_path} ---\n{self.log_tail(80)}") \
+                        from None
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
+        http, grpc, metrics = free_ports(3)
+        self.http_url = f"http://127.0.0.1:{http}"
+        self.grpc_url = f"127.0.0.1:{grpc}"
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        cmd = [str(self.triton_bin),
+               f"--model-repository={self.model_repository}",
+               f"--backend-directory={self.backends_dir}",
+               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+               "--log-verbose=0", *self.extra_args]
+        env = dict(os.environ)
+        # The stub's embedded interpreter finds the venv's site-packages through PATH.
+        env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        # Keep build/lib (nvidia-pytriton's libcudart.so.12, for perf_analyzer) away from the server: the
+        # model's torch would pick up that CUDA runtime instead of its own.
+        ld = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+              if p and Path(p).resolve() != (REPO / "build" / "lib").resolve()]
+        if ld:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(ld)
+        else:
+            env.pop("LD_LIBRARY_PATH", None)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log = open(self.log_path, "ab")
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, cwd=str(REPO), start_new_session=True)
+        log.close()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        targets = [f"{self.http_url}/v2/health/ready"]
+        if self.model:
+            targets.append(f"{self.http_url}/v2/models/{self.model}/ready")
+        while time.monotonic() < deadline:
+            rc = self.process.poll()
+            if rc is not None:
+                raise RuntimeError(f"tritonserver exited early with code {rc}")
+            if all(_http_ok(t) for t in targets):
+                return
+            time.sleep(0.5)
+        what = f"model {self.model!r}" if self.model else "the server"
+        raise RuntimeError(f"timed out after {self.startup_timeout:.0f}s waiting for {what} to be ready")
+
+    def stop(self, term_timeout: float = 30.0) -> None:
+        p = self.process
+        if p is None:
+            return
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=term_timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                pass
+        # Kill whatever is left in its process group (the server, Python backend stubs).
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.process = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- client helpers
+def make_inputs(inputs: dict[str, Any]):
+    """name -> value. Python values get the `llm` contract's dtype (dict/list values of
+    sampling_parameters/messages are JSON-encoded; `stop` takes a list). A numpy array is sent as is
+    (dtype from the contract if the name is known, else from the array) - useful for odd shapes/types."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    tensors = []
+    for name, value in inputs.items():
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            dtype = INPUT_DTYPES.get(name) or np_to_triton_dtype(value.dtype)
+            arr = value.astype(_NP_OF[dtype]) if dtype in _NP_OF and value.dtype != _NP_OF[dtype] else value
+        else:
+            if name not in INPUT_DTYPES:
+                raise KeyError(f"unknown input {name!r}: pass a numpy array to send it anyway")
+            dtype = INPUT_DTYPES[name]
+            if name in ("sampling_parameters", "messages") and not isinstance(value, (str, bytes)):
+                value = json.dumps(value)
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            if dtype == "BYTES":
+                items = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in items]
+            arr = np.array(items, dtype=_NP_OF[dtype])
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    return tensors
+
+
+def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
+                 request_id: str = "", parameters: dict | None = None) -> list[dict]:
+    """Send one request over a gRPC stream and return all its responses, in order, as dicts:
+
+        {"outputs": {name: np.ndarray}, "error": str | None, "final": bool, "time": float}
+
+    `time` is seconds since the request was sent. The last dict has final=True. The model sends an error
+    as its FINAL response; Triton's gRPC stream delivers that as the error alone (no final marker), so an
+    error ends the request here. Raises TimeoutError if nothing final arrives within `timeout`.
+    """
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url.split("://", 1)[-1])
+    q: queue.Queue = queue.Queue()
+    responses: list[dict] = []
+    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    t0 = time.perf_counter()
+    try:
+        client.async_stream_infer(model, make_inputs(inputs), request_id=request_id, parameters=parameters,
+                                  enable_empty_final_response=True)
+        deadline = t0 + timeout
+        while True:
+            try:
+                t, result, err = q.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                raise TimeoutError(f"no final response within {timeout}s; got {len(responses)} responses: "
+                                   f"{responses[-3:]}") from None
+            if err is not None:
+                msg = err.message() if hasattr(err, "message") else str(err)
+                responses.append({"outputs": {}, "error": msg, "final": True, "time": t - t0})
+                return responses
+            resp = result.get_response()
+            final = bool(resp.parameters["triton_final_response"].bool_param) \
+                if "triton_final_response" in resp.parameters else False
+            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
+            responses.append({"outputs": outputs, "error": None, "final": final, "time": t - t0})
+            if final:
+                return responses
+    finally:
+        try:
+            client.stop_stream()
+        finally:
+            client.close()
+
+
+def _decode(x):
+    return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else x
+
+
+def text_of(responses: list[dict]) -> str:
+    """Concatenation of every text_output element of every response (the full text when streaming)."""
+    return "".join(_decode(x) for r in responses if "text_output" in r["outputs"]
+                   for x in r["outputs"]["text_output"].reshape(-1).tolist())
+
+
+def ids_of(responses: list[dict]) -> list[int]:
+    """Concatenation of output_ids over the responses."""
+    return [int(i) for r in responses if "output_ids" in r["outputs"]
+            for i in r["outputs"]["output_ids"].reshape(-1).tolist()]
+
+
+def last_value(responses: list[dict], name: str, default=None):
+    """The last non-empty scalar value of output `name` (decoded str for STRING outputs)."""
+    for r in reversed(responses):
+        arr = r["outputs"].get(name)
+        if arr is not None and arr.size:
+            v = _decode(arr.reshape(-1)[0].item() if arr.dtype != np.object_ else arr.reshape(-1)[0])
+            if v != "":
+                return v
+    return default
+
+
+def errors_of(responses: list[dict]) -> list[str]:
+    return [r["error"] for r in responses if r["error"]]
