@@ -22,6 +22,11 @@ class EngineConfig:
     max_draft_len: int = 8          # upper bound for a request's num_draft_tokens
     default_max_tokens: int = 128   # used when a request gives no max_tokens
     max_prefill_tokens: int = 4096  # cap on the padded prompt tokens prefilled in one forward
+    drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
+    draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
+    draft_dtype: str = "auto"       # dtype of the draft model
+    ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
+    ngram_max: int = 4              # ... longest suffix to match
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
@@ -29,8 +34,16 @@ class EngineConfig:
                 raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.max_draft_len <= 64:
             raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
-        if self.dtype not in ("auto", *_DTYPES):
-            raise ModelLoadError(f"engine setting dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        for name in ("dtype", "draft_dtype"):
+            if getattr(self, name) not in ("auto", *_DTYPES):
+                raise ModelLoadError(f"engine setting {name} must be one of auto, {', '.join(_DTYPES)}; "
+                                     f"got {getattr(self, name)!r}")
+        if self.drafter not in ("auto", "draft_model", "ngram"):
+            raise ModelLoadError(f"engine setting drafter must be auto, draft_model or ngram; got {self.drafter!r}")
+        if self.drafter == "draft_model" and not self.draft_checkpoint:
+            raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint setting")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string
 
     @classmethod
@@ -61,7 +74,14 @@ class EngineConfig:
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
         return dev
 
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto":
+    def torch_dtype(self, which: str = "dtype") -> torch.dtype:
+        value = getattr(self, which)
+        if value == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+        return _DTYPES[value]
+
+    @property
+    def default_drafter(self) -> str:
+        if self.drafter == "auto":
+            return "draft_model" if self.draft_checkpoint else "ngram"
+        return self.drafter

@@ -13,14 +13,23 @@ from pathlib import Path
 
 import torch
 
-from . import sampling
+from . import sampling, verify
 from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
+from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal
 from .errors import InvalidRequest, ModelLoadError, Unsupported
 from .prompt import prompt_ids as build_prompt_ids
 from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
 from .stopping import find_stop, holdback
+
+
+def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
+    """Draft tokens are target tokens: the two vocabularies must be identical."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ModelLoadError(f"the draft model at {draft_path!r} does not share the target's tokenizer "
+                             f"(vocabularies differ: {len(draft_tok)} vs {len(target_tok)} tokens); "
+                             "a draft must use exactly the target's tokenizer")
 
 
 def load_tokenizer(path: str):
@@ -40,12 +49,15 @@ class _TextState:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, target: ModelRunner, tokenizer):
+    def __init__(self, config: EngineConfig, target: ModelRunner, tokenizer,
+                 drafters: dict[str, Drafter] | None = None):
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
         self.device = target.device
         self.eos_ids = self._eos_ids(target, tokenizer)
+        self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max)}
+        self.drafters.update(drafters or {})
         self.free_slots: list[int] = list(range(config.max_slots))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -54,9 +66,16 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
         path = str(Path(config.checkpoint))
-        target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, config.torch_device(),
-                                             config.torch_dtype())
-        return cls(config, target, load_tokenizer(path))
+        device = config.torch_device()
+        target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype())
+        tokenizer = load_tokenizer(path)
+        drafters: dict[str, Drafter] = {}
+        if config.draft_checkpoint:
+            check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
+            draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
+                                                config.torch_dtype("draft_dtype"))
+            drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
+        return cls(config, target, tokenizer, drafters)
 
     @staticmethod
     def _eos_ids(target: ModelRunner, tokenizer) -> set[int]:
@@ -75,8 +94,10 @@ class Engine:
         params.validate(self.config.default_max_tokens, self.config.max_draft_len)
         if params.guide_type is not None:
             raise Unsupported("guided decoding (guided_decoding_guide_type) is not available in this build yet")
-        if params.num_draft_tokens > 0:
-            raise Unsupported("speculative decoding (num_draft_tokens > 0) is not available in this build yet")
+        if params.drafter is None:
+            params.drafter = self.config.default_drafter
+        if params.drafter not in self.drafters:
+            raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; available: {sorted(self.drafters)}")
         ids = prompt_ids if prompt_ids is not None else build_prompt_ids(self.tokenizer, text, messages, chat)
         if not ids:
             raise InvalidRequest("the prompt is empty")
@@ -143,6 +164,9 @@ class Engine:
             batch.append(req)
         return batch
 
+    def _drafter_of(self, req: Request) -> Drafter:
+        return self.drafters[req.params.drafter]
+
     def _prefill(self, reqs: list[Request]) -> list[RequestOutput]:
         width = max(len(r.prompt_ids) for r in reqs)
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
@@ -152,49 +176,114 @@ class Engine:
                                      self._tensor([len(r.prompt_ids) for r in reqs]), last_only=True)   # [B, V]
         for r in reqs:
             r.cache_len = len(r.prompt_ids)
-        first = self._pick(logits, reqs).tolist()
+        for name, drafter in self.drafters.items():
+            users = [r for r in reqs if r.params.num_draft_tokens > 0 and r.params.drafter == name]
+            if users:
+                drafter.admit(users)
+        first = self._pick(logits, reqs)[0].tolist()
         return [self._commit(r, [t]) for r, t in zip(reqs, first)]
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
         reqs = [r for r in reqs if not r.finished]          # aborted between admission and now
-        drafts = self._draft(reqs)
-        logits = self._verify_forward(reqs, drafts)         # [B, 1 + max k, V]
-        accepted = self._accept(reqs, drafts, logits)
+        proposals = self._draft(reqs)
+        logits = self._verify_forward(reqs, proposals)      # [B, 1 + max k, V]
+        accepted = self._accept(reqs, proposals, logits)
         return [self._commit(r, toks) for r, toks in zip(reqs, accepted)]
 
-    def _draft(self, reqs: list[Request]) -> list[list[int]]:
-        return [[] for _ in reqs]
+    def draft_len(self, req: Request) -> int:
+        """This step's k: the request's num_draft_tokens, cut so that the k + 1 tokens a verify step may commit
+        fit in max_tokens and in the context (k = 0 near the end costs nothing)."""
+        k = min(req.params.num_draft_tokens, self.config.max_draft_len,
+                req.params.max_tokens - len(req.output_ids) - 1, self.config.max_seq_len - req.num_tokens - 1)
+        return max(k, 0)
 
-    def _verify_forward(self, reqs: list[Request], drafts: list[list[int]]) -> torch.Tensor:
+    def _draft(self, reqs: list[Request]) -> list[Proposal]:
+        """Each drafter proposes for the requests that use it, batched across those requests.
+        (Grammar-forced tokens will be placed in front of these proposals.)"""
+        ks = [self.draft_len(r) for r in reqs]
+        proposals = [Proposal([]) for _ in reqs]
+        for name, drafter in self.drafters.items():
+            idx = [i for i, r in enumerate(reqs) if ks[i] > 0 and r.params.drafter == name]
+            if idx:
+                for i, prop in zip(idx, drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], self._pick)):
+                    proposals[i] = Proposal(prop.tokens[:ks[i]], None if prop.probs is None else prop.probs[:ks[i]])
+        return proposals
+
+    def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
         """One batched target forward over [last committed token, d_0 .. d_{k-1}] for every request."""
-        width = 1 + max(len(d) for d in drafts)
+        width = 1 + max(len(p.tokens) for p in proposals)
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
-        for b, (r, d) in enumerate(zip(reqs, drafts)):
-            tokens[b, :1 + len(d)] = torch.tensor([r.output_ids[-1], *d])
+        for b, (r, p) in enumerate(zip(reqs, proposals)):
+            tokens[b, :1 + len(p.tokens)] = torch.tensor([r.output_ids[-1], *p.tokens])
         return self.target.forward(tokens.to(self.device), self._slots(reqs), self._tensor([r.cache_len for r in reqs]),
-                                   self._tensor([1 + len(d) for d in drafts]), last_only=False)
+                                   self._tensor([1 + len(p.tokens) for p in proposals]), last_only=False)
 
-    def _accept(self, reqs: list[Request], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int]]:
-        """Greedy: the longest draft prefix the target agrees with, then the target's own next token."""
-        if any(drafts):
-            raise NotImplementedError("speculative verification arrives with the drafters")
-        for r in reqs:
-            r.cache_len += 1
-            r.spec.steps += 1
-        return [[t] for t in self._pick(logits[:, 0], reqs).tolist()]
+    def _accept(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[list[int]]:
+        """-> per request the tokens to commit: its accepted drafts, then one token from the target.
+        Greedy rows: the longest prefix the target's argmax agrees with. Sampled rows: speculative sampling."""
+        B, T, V = logits.shape
+        K = T - 1
+        k = [len(p.tokens) for p in proposals]
+        drafts = torch.zeros(B, K, dtype=torch.long, device=self.device)
+        for b, p in enumerate(proposals):
+            if p.tokens:
+                drafts[b, :len(p.tokens)] = self._tensor(p.tokens)
+        k_t = self._tensor(k)
+        accepted = torch.zeros(B, dtype=torch.long, device=self.device)
+        nxt = torch.zeros(B, dtype=torch.long, device=self.device)
+        g = [b for b, r in enumerate(reqs) if r.params.greedy]
+        if g:
+            target_ids = logits[g].argmax(-1)                                               # [G, T]
+            accepted[g] = verify.greedy_accept(target_ids, drafts[g], k_t[g])
+            nxt[g] = target_ids.gather(1, accepted[g][:, None]).squeeze(1)
+        s = [b for b, r in enumerate(reqs) if not r.params.greedy]
+        if s:
+            accepted[s], nxt[s] = self._speculative_sample([reqs[b] for b in s], [proposals[b] for b in s],
+                                                           logits[s], drafts[s], k_t[s])
+        accepted_l, nxt_l, drafts_l = accepted.tolist(), nxt.tolist(), drafts.tolist()
+        out = []
+        for b, r in enumerate(reqs):
+            a = accepted_l[b]
+            r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
+            r.spec.record(k[b], a)
+            self._drafter_of(r).committed(r, a)
+            out.append(drafts_l[b][:a] + [nxt_l[b]])
+        return out
 
-    def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        """logits: [B, V] -> [B] next tokens, greedy or sampled per request."""
+    def _speculative_sample(self, reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: [S, K+1, V] for the sampled requests -> (accepted [S], next token [S])."""
+        S, T, V = logits.shape
+        K = T - 1
+        rep = lambda vals, dt: self._tensor([v for v in vals for _ in range(T)], dt)  # noqa: E731 - per row, per position
+        p = sampling.probabilities(logits.reshape(S * T, V), rep([r.params.temperature for r in reqs], torch.float32),
+                                   rep([r.params.top_k for r in reqs], torch.long),
+                                   rep([r.params.top_p for r in reqs], torch.float32)).reshape(S, T, V)
+        q = torch.zeros(S, K, V, device=self.device)
+        u_accept = torch.ones(S, K, dtype=torch.float64)
+        for i, (r, prop) in enumerate(zip(reqs, proposals)):
+            n = len(prop.tokens)
+            if n:
+                q[i, :n] = prop.probs.to(q.device) if prop.probs is not None else \
+                    verify.one_hot_rows(prop.tokens, V, self.device)
+                u_accept[i, :n] = sampling.draw_uniforms([r.generator] * n)      # exactly k + 1 draws per step
+        u_final = sampling.draw_uniforms([r.generator for r in reqs])
+        return verify.speculative_accept(p, q, drafts, k, u_accept.to(self.device), u_final.to(self.device))
+
+    def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits: [B, V] -> ([B] next tokens on CPU, greedy or sampled per request;
+        [B, V] probabilities when any request samples (one-hot rows for greedy ones), else None)."""
         ids = sampling.greedy(logits)
         sampled = [b for b, r in enumerate(reqs) if not r.params.greedy]
-        if sampled:
-            rows = [reqs[b] for b in sampled]
-            probs = sampling.probabilities(
-                logits[sampled], self._tensor([r.params.temperature for r in rows], torch.float32),
-                self._tensor([r.params.top_k for r in rows]), self._tensor([r.params.top_p for r in rows], torch.float32))
-            u = sampling.draw_uniforms([r.generator for r in rows]).to(self.device)
-            ids[sampled] = sampling.sample(probs, u)
-        return ids.cpu()
+        if not sampled:
+            return ids.cpu(), None
+        rows = [reqs[b] for b in sampled]
+        probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
+        probs[sampled] = sampling.probabilities(
+            logits[sampled], self._tensor([r.params.temperature for r in rows], torch.float32),
+            self._tensor([r.params.top_k for r in rows]), self._tensor([r.params.top_p for r in rows], torch.float32))
+        u = sampling.draw_uniforms([r.generator for r in rows]).to(self.device)
+        ids[sampled] = sampling.sample(probs[sampled], u)
+        return ids.cpu(), probs
 
     # ---- commit and emit --------------------------------------------------------------------------------
 
@@ -242,6 +331,7 @@ class Engine:
         """Finish bookkeeping: free the slot (its KV rows are simply overwritten later)."""
         if self.running.pop(req.request_id, None) is not None:
             self.free_slots.append(req.slot)
+            self._drafter_of(req).release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self._text.pop(req.request_id, None)

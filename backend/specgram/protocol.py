@@ -60,11 +60,11 @@ FIELDS = {
     "max_tokens": _int, "temperature": _float, "top_p": _float, "top_k": _int, "seed": _int, "stop": _stop,
     "num_draft_tokens": _int, "guided_decoding_guide_type": _str, "guided_decoding_guide": _str,
     "ignore_eos": _bool, "stream": _bool, "exclude_input_in_output": _bool, "apply_chat_template": _bool,
-    "messages": _messages,
+    "messages": _messages, "drafter": _str,
 }
 _TO_PARAMS = {"guided_decoding_guide_type": "guide_type", "guided_decoding_guide": "guide"}
 _PARAM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "num_draft_tokens",
-                 "guided_decoding_guide_type", "guided_decoding_guide", "ignore_eos")
+                 "guided_decoding_guide_type", "guided_decoding_guide", "ignore_eos", "drafter")
 
 
 @dataclass

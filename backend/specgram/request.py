@@ -25,6 +25,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     num_draft_tokens: int = 0       # speculative draft length for this request; 0 = none
     ignore_eos: bool = False        # keep generating past EOS (fixed-length load runs)
+    drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
     guide_type: str | None = None
     guide: str | None = None
 
@@ -64,10 +65,24 @@ class SpecStats:
     drafted: int = 0      # draft tokens proposed
     accepted: int = 0     # draft tokens the target accepted
     steps: int = 0        # verify steps (target forwards after prefill)
+    accepted_hist: list[int] = field(default_factory=list)   # [a] = verify steps that accepted a drafts
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.steps += 1
+        if len(self.accepted_hist) <= accepted:
+            self.accepted_hist.extend([0] * (accepted + 1 - len(self.accepted_hist)))
+        self.accepted_hist[accepted] += 1
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens committed per verify step (1 + accepted drafts), TensorRT-LLM's 'acceptance length'."""
+        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
 
 
 @dataclass

@@ -44,6 +44,7 @@ INPUT_DTYPES = {
     "stop": "BYTES",
     "ignore_eos": "BOOL",
     "num_draft_tokens": "INT32",
+    "drafter": "BYTES",
     "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES",
     "exclude_input_in_output": "BOOL",

@@ -193,8 +193,8 @@ def test_invalid_params_raise_for_that_request(make_engine, params, message):
 
 def test_unsupported_features_are_refused_not_ignored(make_engine):
     engine = make_engine()
-    with pytest.raises(Unsupported, match="speculative"):
-        engine.make_request(SamplingParams(num_draft_tokens=2), text="hi")
+    with pytest.raises(InvalidRequest, match="drafter 'draft_model'"):   # no draft model configured here
+        engine.make_request(SamplingParams(num_draft_tokens=2, drafter="draft_model"), text="hi")
     with pytest.raises(Unsupported, match="guided"):
         engine.make_request(SamplingParams(guide_type="json", guide=""), text="hi")
 

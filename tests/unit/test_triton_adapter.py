@@ -103,7 +103,8 @@ def test_sampling_parameters_json_and_request_parameters(model):
     (dict(text=""), pb.TritonError.INVALID_ARG, "text_input"),
     (dict(sampling_parameters="{not json"), pb.TritonError.INVALID_ARG, "sampling_parameters"),
     (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
-    (dict(num_draft_tokens=3), pb.TritonError.UNSUPPORTED, "speculative"),
+    (dict(num_draft_tokens=99), pb.TritonError.INVALID_ARG, "num_draft_tokens"),
+    (dict(num_draft_tokens=2, drafter="nope"), pb.TritonError.INVALID_ARG, "drafter"),
     (dict(guided_decoding_guide_type="json", guided_decoding_guide="{}"), pb.TritonError.UNSUPPORTED, "guided"),
 ])
 def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, inputs, code, needle):

@@ -31,7 +31,8 @@ from specgram.request import RequestOutput
 
 _SCALAR_INPUTS = ("text_input", "stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
                   "num_draft_tokens", "guided_decoding_guide_type", "guided_decoding_guide",
-                  "exclude_input_in_output", "sampling_parameters", "apply_chat_template", "messages")
+                  "exclude_input_in_output", "sampling_parameters", "apply_chat_template", "messages",
+                  "drafter")
 _CANCEL_POLL_S = 0.02
 
 

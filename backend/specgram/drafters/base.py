@@ -1,0 +1,36 @@
+"""The drafter interface."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..request import Request
+
+# pick(logits [B, V], requests) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token choice,
+# so a draft model samples with each request's temperature / top-k / top-p and generator.
+PickFn = Callable[[torch.Tensor, list[Request]], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    probs: torch.Tensor | None = None   # [len(tokens), V] draft distribution (sampled requests); None = one-hot
+
+
+class Drafter:
+    name = "base"
+
+    def admit(self, reqs: list[Request]) -> None:
+        """New requests got their slots and their prompt is in the target cache."""
+
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn) -> list[Proposal]:
+        """Up to ks[i] tokens continuing reqs[i]'s committed tokens (fewer, or none, is fine)."""
+        raise NotImplementedError
+
+    def committed(self, req: Request, accepted: int) -> None:
+        """The target accepted `accepted` of the tokens proposed to req in this step."""
+
+    def release(self, req: Request) -> None:
+        """req finished or was aborted."""

@@ -1,0 +1,91 @@
+"""A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
+
+Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
+tokens it lacks (1–2 after a step, the prompt at admission) and then its own drafts one at a time; after
+verification the valid length is the committed prefix the draft actually fed. Rows are batched across
+requests; requests with a smaller k drop out of later draft iterations.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..request import Request
+from ..runner import ModelRunner
+from .base import Drafter, PickFn, Proposal
+
+
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits [B, Vd] -> [B, vocab]: extra draft entries dropped, missing ones at -inf (never drafted)."""
+    if logits.shape[-1] >= vocab:
+        return logits[:, :vocab]
+    pad = logits.new_full((logits.shape[0], vocab - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft_model"
+
+    def __init__(self, runner: ModelRunner, target_vocab: int):
+        self.runner = runner
+        self.vocab = target_vocab
+        self.lens: dict[int, int] = {}             # request id -> committed tokens in the draft cache
+        self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens fed, drafts fed) this step
+
+    def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
+        dev = self.runner.device
+        width = max(map(len, rows))
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, row in enumerate(rows):
+            tokens[b, :len(row)] = torch.tensor(row)
+        logits = self.runner.forward(tokens.to(dev), torch.tensor([r.slot for r in reqs], device=dev),
+                                     torch.tensor(starts, device=dev), torch.tensor([len(x) for x in rows], device=dev),
+                                     last_only=True)
+        return fit_vocab(logits, self.vocab)
+
+    def admit(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            self.lens[r.request_id] = 0
+        # the prompt goes in now, in one padded forward, rather than padding a later draft step to its length
+        self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs))
+        for r in reqs:
+            self.lens[r.request_id] = len(r.prompt_ids)
+
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn) -> list[Proposal]:
+        out = [Proposal([]) for _ in reqs]
+        active = [i for i, k in enumerate(ks) if k > 0]
+        if not active:
+            return out
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
+        # iteration 0: catch up on the committed tokens the draft cache lacks (>= 1: the last one)
+        rows = [reqs[i].all_ids[self.lens.setdefault(reqs[i].request_id, 0):] for i in active]
+        starts = [self.lens[reqs[i].request_id] for i in active]
+        for step in range(max(ks[i] for i in active)):
+            group = [reqs[i] for i in active]
+            ids, p = pick(self._forward(rows, group, starts), group)
+            for j, i in enumerate(active):
+                out[i].tokens.append(int(ids[j]))
+                if p is not None:
+                    probs[i].append(p[j])
+            if step == 0:
+                for i in active:
+                    self.fed[reqs[i].request_id] = (reqs[i].num_tokens, 0)
+            active = [i for i in active if ks[i] > step + 1]
+            rows = [[out[i].tokens[-1]] for i in active]
+            starts = [reqs[i].num_tokens + step for i in active]
+            for i in active:
+                n, d = self.fed[reqs[i].request_id]
+                self.fed[reqs[i].request_id] = (n, d + 1)
+        for i, rows_p in probs.items():
+            if len(rows_p) == len(out[i].tokens):   # sampled requests (greedy ones need no distribution)
+                out[i].probs = torch.stack(rows_p)
+        return out
+
+    def committed(self, req: Request, accepted: int) -> None:
+        fed = self.fed.pop(req.request_id, None)
+        if fed is not None:
+            n, drafts_fed = fed
+            self.lens[req.request_id] = n + min(accepted, drafts_fed)
+
+    def release(self, req: Request) -> None:
+        self.lens.pop(req.request_id, None)
+        self.fed.pop(req.request_id, None)

@@ -1,0 +1,259 @@
+"""Speculative decoding is exact: greedy output is token-identical with speculation on and off, for every
+drafter, draft length and batch composition; sampled output has the target's distribution (chi-square)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from specgram import sampling, verify
+from specgram.config import EngineConfig
+from specgram.drafters import Drafter, Proposal
+from specgram.engine import Engine
+from specgram.request import SamplingParams
+
+from .conftest import run_to_end, text_of, tokens_of
+from .tiny import save_checkpoint
+
+PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
+
+
+class OracleDrafter(Drafter):
+    """Proposes the known greedy continuation (always right) or, with `wrong`, a token that is never it."""
+    name = "oracle"
+
+    def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
+        self.references, self.vocab, self.wrong = references, vocab, wrong
+
+    def propose(self, reqs, ks, pick):
+        out = []
+        for r, k in zip(reqs, ks):
+            ref = self.references[tuple(r.prompt_ids)][len(r.output_ids):len(r.output_ids) + k]
+            out.append(Proposal([(t + 1) % self.vocab for t in ref] if self.wrong else list(ref)))
+        return out
+
+
+@pytest.fixture(scope="module")
+def spec_engine(tmp_path_factory):
+    """Target plus a draft model with other random weights (mostly wrong); `right` drafts with the target."""
+    root = tmp_path_factory.mktemp("spec")
+    target = save_checkpoint(root / "target", seed=0)
+    other = save_checkpoint(root / "draft", seed=11)
+    make = lambda draft: Engine.from_config(EngineConfig(  # noqa: E731
+        checkpoint=str(target), draft_checkpoint=str(draft), max_slots=4, max_seq_len=96))
+    return {"wrong": make(other), "right": make(target)}
+
+
+def run(engine, prompts, **params):
+    reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, params_list(params, len(prompts)))]
+    outs = run_to_end(engine, reqs)
+    return [outs[r.request_id] for r in reqs]
+
+
+def params_list(params, n):
+    """Per-request params: a list value gives one value per request."""
+    return [{k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()} for i in range(n)]
+
+
+def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
+    refs = run(engine, prompts, max_tokens=max_tokens, **extra)
+    keys = [tuple(engine.make_request(SamplingParams(), text=t).prompt_ids) for t in prompts]
+    engine.drafters["oracle"] = OracleDrafter({k: tokens_of(o) for k, o in zip(keys, refs)},
+                                              engine.target.vocab_size, wrong)
+    return refs
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "right"])
+def test_greedy_identical_batch1_and_batch4(spec_engine, k, drafter):
+    engine = spec_engine["right" if drafter == "right" else "wrong"]
+    name = "draft_model" if drafter == "right" else drafter
+    for prompts in (PROMPTS[:1], PROMPTS):
+        base = run(engine, prompts, max_tokens=30)
+        spec = run(engine, prompts, max_tokens=30, num_draft_tokens=k, drafter=name)
+        assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+        assert [text_of(o) for o in spec] == [text_of(o) for o in base]
+        stats = [o[-1].spec for o in spec]
+        assert all(0 <= s.accepted <= s.drafted for s in stats)
+        assert stats[-1].drafted > 0      # the last prompt always gets drafts (it repeats itself: n-grams too)
+        if drafter == "right":   # the target as its own draft: every draft is accepted
+            assert all(s.accepted == s.drafted for s in stats)
+            assert len(spec[0]) < len(base[0]), "accepted drafts commit several tokens per step"
+
+
+def test_mixed_draft_lengths_and_drafters_in_one_batch(spec_engine):
+    engine = spec_engine["wrong"]
+    prompts = PROMPTS * 2
+    base = run(engine, prompts, max_tokens=25)
+    spec = run(engine, prompts, max_tokens=25, num_draft_tokens=[0, 1, 3, 8, 2, 5, 7, 4],
+               drafter=["ngram", "draft_model"] * 4)
+    assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_always_right_and_always_wrong_drafts(spec_engine, wrong):
+    engine = spec_engine["wrong"]
+    base = with_oracle(engine, PROMPTS, 30, wrong=wrong)
+    spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=5, drafter="oracle")
+    assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+    stats = [o[-1].spec for o in spec]
+    assert all((s.accepted == 0) if wrong else (s.accepted == s.drafted) for s in stats)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 7, 10, 13])
+def test_max_tokens_inside_an_accepted_run(spec_engine, max_tokens):
+    engine = spec_engine["wrong"]
+    with_oracle(engine, PROMPTS, 20)
+    base = run(engine, PROMPTS, max_tokens=max_tokens)
+    spec = run(engine, PROMPTS, max_tokens=max_tokens, num_draft_tokens=8, drafter="oracle")
+    assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+    assert all(len(tokens_of(o)) == max_tokens and o[-1].finish_reason == "length" for o in spec)
+
+
+def test_eos_inside_a_draft(spec_engine):
+    engine = spec_engine["wrong"]
+    refs = with_oracle(engine, PROMPTS[:1], 30, ignore_eos=True)
+    eos = tokens_of(refs[0])[9]              # pretend this token is EOS: it ends the output mid-draft
+    saved = engine.eos_ids
+    engine.eos_ids = {eos}
+    try:
+        base = run(engine, PROMPTS[:1], max_tokens=30)
+        spec = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=8, drafter="oracle")
+    finally:
+        engine.eos_ids = saved
+    assert tokens_of(spec[0]) == tokens_of(base[0]) and tokens_of(base[0])[-1] == eos
+    assert spec[0][-1].finish_reason == "stop" and len(tokens_of(base[0])) <= 10
+
+
+def test_stop_string_spanning_a_step(spec_engine):
+    engine = spec_engine["wrong"]
+    refs = with_oracle(engine, PROMPTS[1:2], 30, ignore_eos=True)
+    full = text_of(refs[0])
+    stop = full[12:16]
+    base = run(engine, PROMPTS[1:2], max_tokens=30, ignore_eos=True, stop=[stop])
+    for k in (2, 3, 5, 8):
+        spec = run(engine, PROMPTS[1:2], max_tokens=30, ignore_eos=True, stop=[stop], num_draft_tokens=k,
+                   drafter="oracle")
+        assert text_of(spec[0]) == text_of(base[0]) == full[:full.index(stop)]
+        assert tokens_of(spec[0]) == tokens_of(base[0]) and spec[0][-1].finish_reason == "stop"
+
+
+def test_near_the_context_limit(spec_engine):
+    engine = spec_engine["right"]
+    prompt_ids = [3 + (i * 7) % 200 for i in range(90)]          # max_seq_len is 96: room for 6 tokens
+    outs = {}
+    for k in (0, 3, 8):
+        req = engine.make_request(SamplingParams(max_tokens=50, ignore_eos=True, num_draft_tokens=k,
+                                                 drafter="draft_model"), prompt_ids=prompt_ids)
+        outs[k] = run_to_end(engine, [req])[req.request_id]
+    assert tokens_of(outs[3]) == tokens_of(outs[0]) == tokens_of(outs[8])
+    assert len(tokens_of(outs[0])) == 6 and outs[8][-1].finish_reason == "length"
+
+
+def test_streaming_responses_carry_several_tokens(spec_engine):
+    engine = spec_engine["right"]
+    [outs] = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=4, drafter="draft_model")
+    assert max(len(o.token_ids) for o in outs) == 5
+    s = outs[-1].spec
+    assert s.acceptance_rate == 1.0 and s.acceptance_length == pytest.approx(s.steps and (s.steps + s.accepted) / s.steps)
+    assert sum(s.accepted_hist) == s.steps
+
+
+# ---- sampling: distribution ----------------------------------------------------------------------------
+
+VOCAB = 4
+SAMPLE_PARAMS = dict(temperature=0.9, top_p=0.95)
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def exact_joint(model, prompt, n_tokens, params):
+    """P(x_1..x_n | prompt) under our processed distribution, by enumeration -> {tuple: prob}."""
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        nxt = {}
+        seqs = list(probs)
+        ids = torch.tensor([prompt + list(s) for s in seqs])
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].float()
+        n = len(seqs)
+        p = sampling.probabilities(logits, torch.full((n,), params["temperature"]), torch.zeros(n, dtype=torch.long),
+                                   torch.full((n,), params["top_p"]))
+        for s, row in zip(seqs, p.tolist()):
+            for t, pt in enumerate(row):
+                if pt > 0:
+                    nxt[s + (t,)] = probs[s] * pt
+        probs = nxt
+    return probs
+
+
+def chi2_stat(samples, expected_probs):
+    n = len(samples)
+    counts = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert set(counts) <= set(expected_probs), "a sampled sequence has probability 0"
+    cells = sorted(expected_probs, key=expected_probs.get, reverse=True)
+    obs, exp, o_acc, e_acc = [], [], 0, 0.0
+    for c in cells:   # merge the rarest cells until each has expected count >= 5
+        o_acc += counts.get(c, 0)
+        e_acc += expected_probs[c] * n
+        if e_acc >= 5:
+            obs.append(o_acc); exp.append(e_acc); o_acc, e_acc = 0, 0.0
+    if e_acc > 0:
+        obs[-1] += o_acc; exp[-1] += e_acc
+    obs, exp = np.array(obs), np.array(exp)
+    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vocab4")
+    target = save_checkpoint(root / "t", seed=1, vocab_size=VOCAB, init=0.08)
+    draft = save_checkpoint(root / "d", seed=2, vocab_size=VOCAB, init=0.08)
+    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=64,
+                                           max_seq_len=32))
+
+
+def sample_outputs(engine, prompt, n, max_tokens, **params):
+    reqs = [engine.make_request(SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **SAMPLE_PARAMS,
+                                               **params), prompt_ids=prompt) for i in range(n)]
+    outs = run_to_end(engine, reqs)
+    return [tuple(tokens_of(outs[r.request_id])) for r in reqs], [outs[r.request_id][-1].spec for r in reqs]
+
+
+PROMPT = [3, 1, 3, 0, 3, 2, 3, 3, 3]   # every (3, x) occurs: n-gram lookup always has a match
+N_SAMPLES = 3000
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, drafter):
+    engine = tiny_vocab_engine
+    expected = exact_joint(engine.target.model, PROMPT, 3, SAMPLE_PARAMS)
+    plain, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
+    spec, stats = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter=drafter)
+    drafted = sum(s.drafted for s in stats)
+    accepted = sum(s.accepted for s in stats)
+    assert drafted > N_SAMPLES // 2 and 0 < accepted < drafted, "the test must exercise accepts and rejections"
+    for samples in (plain, spec):
+        stat, df = chi2_stat(samples, expected)
+        assert stat < chi2_critical(df), (stat, df)
+
+
+def test_chi2_catches_a_broken_rejection_rule(tiny_vocab_engine, monkeypatch):
+    """Resampling from p instead of norm(max(p - q, 0)) after a rejection skews the output: the test sees it."""
+    engine = tiny_vocab_engine
+    expected = exact_joint(engine.target.model, PROMPT, 3, SAMPLE_PARAMS)
+    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
+    spec, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter="draft_model")
+    stat, df = chi2_stat(spec, expected)
+    assert stat > chi2_critical(df), (stat, df)
+
+
+def test_seeded_speculative_sampling_is_reproducible(tiny_vocab_engine):
+    a, _ = sample_outputs(tiny_vocab_engine, PROMPT, 20, 8, num_draft_tokens=3, drafter="draft_model")
+    b, _ = sample_outputs(tiny_vocab_engine, PROMPT, 20, 8, num_draft_tokens=3, drafter="draft_model")
+    assert a == b and len(set(a)) > 1
