@@ -27,6 +27,8 @@ class EngineConfig:
     draft_dtype: str = "auto"       # dtype of the draft model
     ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
     ngram_max: int = 4              # ... longest suffix to match
+    grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
+    grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
@@ -38,8 +40,9 @@ class EngineConfig:
             if getattr(self, name) not in ("auto", *_DTYPES):
                 raise ModelLoadError(f"engine setting {name} must be one of auto, {', '.join(_DTYPES)}; "
                                      f"got {getattr(self, name)!r}")
-        if self.drafter not in ("auto", "draft_model", "ngram"):
-            raise ModelLoadError(f"engine setting drafter must be auto, draft_model or ngram; got {self.drafter!r}")
+        if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
+            raise ModelLoadError(f"engine setting drafter must be auto, draft_model, ngram or grammar; "
+                                 f"got {self.drafter!r}")
         if self.drafter == "draft_model" and not self.draft_checkpoint:
             raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint setting")
         if not 1 <= self.ngram_min <= self.ngram_max:

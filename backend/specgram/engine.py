@@ -16,8 +16,10 @@ import torch
 from . import sampling, verify
 from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
-from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal
-from .errors import InvalidRequest, ModelLoadError, Unsupported
+from .drafters import DraftModelDrafter, Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
+from .grammar import Guide, GrammarCompiler
+from .masks import StepMasks
+from .errors import InvalidRequest, ModelLoadError
 from .prompt import prompt_ids as build_prompt_ids
 from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
@@ -56,8 +58,13 @@ class Engine:
         self.tokenizer = tokenizer
         self.device = target.device
         self.eos_ids = self._eos_ids(target, tokenizer)
-        self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max)}
+        self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max),
+                                             "grammar": GrammarOnlyDrafter()}
         self.drafters.update(drafters or {})
+        self.grammar = GrammarCompiler(tokenizer, target.vocab_size, sorted(self.eos_ids),
+                                       cache_bytes=config.grammar_cache_mb << 20,
+                                       timeout_s=config.grammar_compile_timeout_s)
+        self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.free_slots: list[int] = list(range(config.max_slots))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -92,8 +99,9 @@ class Engine:
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
         """Validate and tokenize; raises InvalidRequest with a user-facing message. Thread-safe (no state)."""
         params.validate(self.config.default_max_tokens, self.config.max_draft_len)
+        kind = None
         if params.guide_type is not None:
-            raise Unsupported("guided decoding (guided_decoding_guide_type) is not available in this build yet")
+            kind = self.grammar.check(params.guide_type, params.guide)
         if params.drafter is None:
             params.drafter = self.config.default_drafter
         if params.drafter not in self.drafters:
@@ -107,7 +115,10 @@ class Engine:
         if len(ids) > limit:
             raise InvalidRequest(f"the prompt has {len(ids)} tokens; this model accepts at most {limit} "
                                  f"(max_seq_len {self.config.max_seq_len} minus one token to generate)")
-        return Request(prompt_ids=list(ids), params=params)
+        req = Request(prompt_ids=list(ids), params=params)
+        if kind is not None:
+            req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop
+        return req
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -123,12 +134,15 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def only_waiting_for_grammars(self) -> bool:
+        """Nothing to step but requests whose grammar is compiling (the loop may then sleep briefly)."""
+        return not self.running and all(r.pending_grammar is not None for r in self.waiting)
+
     # ---- the step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        outputs: list[RequestOutput] = []
         decoding = list(self.running.values())
-        admitted = self._admit()
+        admitted, outputs = self._admit()
         if admitted:
             outputs += self._guarded(admitted, self._prefill)
         if decoding:
@@ -147,22 +161,37 @@ class Engine:
                     outs.append(self._final(r, [], "", f"internal error during generation: {e!r}"))
             return outs
 
-    def _admit(self) -> list[Request]:
-        """Move waiting requests into free slots, keeping the padded prefill under max_prefill_tokens."""
+    def _admit(self) -> tuple[list[Request], list[RequestOutput]]:
+        """Move waiting requests into free slots, keeping the padded prefill under max_prefill_tokens.
+        A request whose grammar is still compiling keeps waiting without holding up the ones behind it;
+        one whose grammar failed to compile ends here with its error."""
         batch: list[Request] = []
-        while self.waiting and self.free_slots:
-            req = self.waiting[0]
+        failed: list[RequestOutput] = []
+        for req in list(self.waiting):
+            if not self.free_slots:
+                break
+            if req.pending_grammar is not None:
+                try:
+                    compiled = req.pending_grammar.result()
+                except InvalidRequest as e:
+                    req.finish_reason = "error"
+                    failed.append(self._final(req, [], "", str(e), "invalid"))
+                    continue
+                if compiled is None:
+                    continue
+                req.guide = Guide(compiled, max_rollback=self.config.max_draft_len + 1)
+                req.pending_grammar = None
             width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
             if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.slot = self.free_slots.pop()
             seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
             req.generator = torch.Generator().manual_seed(seed)
             self.running[req.request_id] = req
             self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer, req.prompt_ids))
             batch.append(req)
-        return batch
+        return batch, failed
 
     def _drafter_of(self, req: Request) -> Drafter:
         return self.drafters[req.params.drafter]
@@ -180,7 +209,8 @@ class Engine:
             users = [r for r in reqs if r.params.num_draft_tokens > 0 and r.params.drafter == name]
             if users:
                 drafter.admit(users)
-        first = self._pick(logits, reqs)[0].tolist()
+        index = {r.request_id: b for b, r in enumerate(reqs)}
+        first = self._pick_guided(logits, reqs, index, tentative=False)[0].tolist()
         return [self._commit(r, [t]) for r, t in zip(reqs, first)]
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
@@ -198,15 +228,28 @@ class Engine:
         return max(k, 0)
 
     def _draft(self, reqs: list[Request]) -> list[Proposal]:
-        """Each drafter proposes for the requests that use it, batched across those requests.
-        (Grammar-forced tokens will be placed in front of these proposals.)"""
+        """Grammar-forced tokens first (free), then each drafter continues the proposals of the requests that
+        use it, batched across them; draft logits are masked with the rows the target will use. After this,
+        every guided request has its mask rows for positions 0..len(proposal) and its matcher is rolled back."""
         ks = [self.draft_len(r) for r in reqs]
-        proposals = [Proposal([]) for _ in reqs]
+        index = {r.request_id: b for b, r in enumerate(reqs)}
+        prefixes = [self.masks.forced_prefix(b, r.guide, ks[b]) if r.guide else [] for b, r in enumerate(reqs)]
+        pick = (lambda logits, group: self._pick_guided(logits, group, index, tentative=True)) \
+            if any(r.guide for r in reqs) else self._pick
+        proposals = [Proposal(p) for p in prefixes]
         for name, drafter in self.drafters.items():
-            idx = [i for i, r in enumerate(reqs) if ks[i] > 0 and r.params.drafter == name]
+            idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
-                for i, prop in zip(idx, drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], self._pick)):
-                    proposals[i] = Proposal(prop.tokens[:ks[i]], None if prop.probs is None else prop.probs[:ks[i]])
+                props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick, [prefixes[i] for i in idx])
+                for i, prop in zip(idx, props):
+                    proposals[i] = prop
+        for b, r in enumerate(reqs):
+            n = min(len(proposals[b].tokens), ks[b])
+            if r.guide is not None:
+                n = self.masks.seal(b, r.guide, proposals[b].tokens[:n])
+            if n < len(proposals[b].tokens):
+                p = proposals[b]
+                proposals[b] = Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n])
         return proposals
 
     def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
@@ -215,8 +258,12 @@ class Engine:
         tokens = torch.zeros(len(reqs), width, dtype=torch.long)
         for b, (r, p) in enumerate(zip(reqs, proposals)):
             tokens[b, :1 + len(p.tokens)] = torch.tensor([r.output_ids[-1], *p.tokens])
-        return self.target.forward(tokens.to(self.device), self._slots(reqs), self._tensor([r.cache_len for r in reqs]),
-                                   self._tensor([1 + len(p.tokens) for p in proposals]), last_only=False)
+        logits = self.target.forward(tokens.to(self.device), self._slots(reqs), self._tensor([r.cache_len for r in reqs]),
+                                     self._tensor([1 + len(p.tokens) for p in proposals]), last_only=False)
+        entries = [(b * width + i, b, i) for b, r in enumerate(reqs) if r.guide is not None
+                   for i in range(1 + len(proposals[b].tokens))]
+        self.masks.apply(logits.view(-1, logits.shape[-1]), entries)       # same rows the drafts were masked with
+        return logits
 
     def _accept(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[list[int]]:
         """-> per request the tokens to commit: its accepted drafts, then one token from the target.
@@ -269,6 +316,21 @@ class Engine:
         u_final = sampling.draw_uniforms([r.generator for r in reqs])
         return verify.speculative_accept(p, q, drafts, k, u_accept.to(self.device), u_final.to(self.device))
 
+    def _pick_guided(self, logits: torch.Tensor, reqs: list[Request], index: dict[int, int],
+                     tentative: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """_pick with each guided request's grammar mask at its current position (row (b, tentative count));
+        with `tentative`, the picked token is then accepted tentatively (drafting)."""
+        guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
+        for _, r in guided:
+            self.masks.fill(index[r.request_id], r.guide)
+        self.masks.apply(logits, [(j, index[r.request_id], r.guide.tentative) for j, r in guided])
+        ids, probs = self._pick(logits, reqs)
+        if tentative:
+            for j, r in guided:
+                accepted = r.guide.try_tentative(int(ids[j]))
+                assert accepted, "a token drawn under its grammar mask was rejected by the matcher"
+        return ids, probs
+
     def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits: [B, V] -> ([B] next tokens on CPU, greedy or sampled per request;
         [B, V] probabilities when any request samples (one-hot rows for greedy ones), else None)."""
@@ -296,8 +358,10 @@ class Engine:
         for t in tokens:
             req.output_ids.append(t)
             new.append(t)
-            if t in self.eos_ids and not req.params.ignore_eos:
-                req.finish_reason = "stop"
+            if req.guide is not None:
+                req.guide.commit(t)           # must succeed: t was chosen under this position's mask
+            if (t in self.eos_ids and not req.params.ignore_eos) or (req.guide is not None and req.guide.terminated):
+                req.finish_reason = "stop"    # EOS, or the grammar is complete (its stop token accepted)
                 break
             piece = state.detok.push(t)
             state.text += piece
@@ -313,7 +377,7 @@ class Engine:
         if req.finished:
             if not stopped_by_string:
                 state.text += state.detok.flush()    # a character still held back at the very end
-            return self._final(req, new, self._take_text(state, len(state.text)), None)
+            return self._final(req, new, self._take_text(state, len(state.text)))
         end = len(state.text) - holdback(state.text, stops)
         return self._output(req, new, self._take_text(state, end))
 
@@ -327,7 +391,8 @@ class Engine:
         return RequestOutput(req.request_id, tokens, text, num_input_tokens=len(req.prompt_ids),
                              num_output_tokens=len(req.output_ids))
 
-    def _final(self, req: Request, tokens: list[int], text: str, error: str | None) -> RequestOutput:
+    def _final(self, req: Request, tokens: list[int], text: str, error: str | None = None,
+               error_kind: str | None = None) -> RequestOutput:
         """Finish bookkeeping: free the slot (its KV rows are simply overwritten later)."""
         if self.running.pop(req.request_id, None) is not None:
             self.free_slots.append(req.slot)
@@ -337,6 +402,7 @@ class Engine:
         self._text.pop(req.request_id, None)
         out = self._output(req, tokens, text)
         out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
+        out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
         return out
 
     # ---- small tensor helpers ---------------------------------------------------------------------------

@@ -55,7 +55,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_work())
+            if self.engine.only_waiting_for_grammars():
+                self._drain(block=True, timeout=0.005)     # let compiles finish without spinning
+            else:
+                self._drain(block=not self.engine.has_work())
             if self._stop.is_set():
                 break
             try:
@@ -71,9 +74,9 @@ class EngineLoop:
             if out is not None:
                 self._deliver(out)
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool, timeout: float = 0.5) -> None:
         try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,8 +56,10 @@ class SamplingParams:
         if not isinstance(self.num_draft_tokens, int) or not 0 <= self.num_draft_tokens <= max_draft_len:
             raise InvalidRequest(f"num_draft_tokens must be an integer in [0, {max_draft_len}] "
                                  f"(the configured max_draft_len), got {self.num_draft_tokens!r}")
-        if (self.guide_type is None) != (self.guide is None):
-            raise InvalidRequest("guided_decoding_guide_type and guided_decoding_guide must be given together")
+        if self.guide is not None and self.guide_type is None:
+            raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type")
+        if self.guide_type is not None and self.guide is None:
+            self.guide = ""       # fine for type "json" (any JSON); the others say what they need
         return self
 
 
@@ -64,10 +67,12 @@ class SamplingParams:
 class SpecStats:
     drafted: int = 0      # draft tokens proposed
     accepted: int = 0     # draft tokens the target accepted
-    steps: int = 0        # verify steps (target forwards after prefill)
-    accepted_hist: list[int] = field(default_factory=list)   # [a] = verify steps that accepted a drafts
+    steps: int = 0        # speculative verify steps (those with at least one draft token)
+    accepted_hist: list[int] = field(default_factory=list)   # [a] = speculative steps that accepted a drafts
 
     def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
         self.drafted += drafted
         self.accepted += accepted
         self.steps += 1
@@ -81,7 +86,7 @@ class SpecStats:
 
     @property
     def acceptance_length(self) -> float:
-        """Tokens committed per verify step (1 + accepted drafts), TensorRT-LLM's 'acceptance length'."""
+        """Tokens committed per speculative step (1 + accepted drafts), TensorRT-LLM's 'acceptance length'."""
         return (self.steps + self.accepted) / self.steps if self.steps else 0.0
 
 
@@ -94,6 +99,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
     error: str | None = None
+    error_kind: str | None = None          # "invalid" (the request's fault, e.g. its grammar) | "internal"
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     spec: SpecStats | None = None          # set on the final output
@@ -112,6 +118,8 @@ class Request:
     generator: torch.Generator | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
+    pending_grammar: Any = None            # grammar.PendingGrammar while its guide compiles
+    guide: Any = None                      # grammar.Guide once compiled (None: unconstrained)
 
     @property
     def all_ids(self) -> list[int]:

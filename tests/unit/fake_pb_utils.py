@@ -84,3 +84,36 @@ def get_input_tensor_by_name(request: InferenceRequest, name: str):
 
 def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
     return model_config.get("model_transaction_policy", {}).get("decoupled", False)
+
+
+class _Metric:
+    def __init__(self, family, labels, buckets=None):
+        self.family, self.labels, self.buckets = family, labels, buckets
+        self._value = 0.0
+        self.observations: list[float] = []
+
+    def increment(self, value):
+        assert self.family.kind == MetricFamily.COUNTER and value >= 0
+        self._value += value
+
+    def observe(self, value):
+        assert self.family.kind == MetricFamily.HISTOGRAM and self.buckets
+        self.observations.append(value)
+
+    def value(self):
+        return self._value
+
+
+class MetricFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    families: dict[str, "MetricFamily"] = {}
+
+    def __init__(self, name, description, kind):
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics: list[_Metric] = []
+        MetricFamily.families.setdefault(name, self)
+
+    def Metric(self, labels=None, buckets=None):
+        m = _Metric(self, labels or {}, buckets)
+        MetricFamily.families[self.name].metrics.append(m)
+        return m

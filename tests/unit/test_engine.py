@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specgram.errors import InvalidRequest, Unsupported
+from specgram.errors import InvalidRequest
 from specgram.request import SamplingParams
 
 from .conftest import run_to_end, text_of, tokens_of
@@ -183,7 +183,10 @@ def test_abort_frees_slot_and_leaves_others_unchanged(make_engine):
     (dict(seed=-1), "seed"),
     (dict(stop=[""]), "stop"),
     (dict(num_draft_tokens=99), "num_draft_tokens"),
-    (dict(guide_type="json"), "together"),
+    (dict(guide="{}"), "guided_decoding_guide_type"),
+    (dict(guide_type="yaml", guide="x"), "unknown guided_decoding_guide_type"),
+    (dict(guide_type="regex", guide=""), "empty"),
+    (dict(guide_type="json_schema", guide="{not json"), "not valid JSON"),
 ])
 def test_invalid_params_raise_for_that_request(make_engine, params, message):
     engine = make_engine()
@@ -195,8 +198,6 @@ def test_unsupported_features_are_refused_not_ignored(make_engine):
     engine = make_engine()
     with pytest.raises(InvalidRequest, match="drafter 'draft_model'"):   # no draft model configured here
         engine.make_request(SamplingParams(num_draft_tokens=2, drafter="draft_model"), text="hi")
-    with pytest.raises(Unsupported, match="guided"):
-        engine.make_request(SamplingParams(guide_type="json", guide=""), text="hi")
 
 
 def test_empty_prompt_and_chat_template(make_engine):

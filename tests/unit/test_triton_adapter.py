@@ -29,10 +29,12 @@ def model(tiny_ckpt):
     params = _config_parameters()
     params["checkpoint"] = {"string_value": str(tiny_ckpt)}
     params["max_slots"] = {"string_value": "2"}
+    params["ngram_min"] = {"string_value": "1"}     # random tiny models rarely repeat 2-grams
     m = module.TritonPythonModel()
     m.initialize({"model_config": json.dumps({"parameters": params,
                                               "model_transaction_policy": {"decoupled": True}}),
-                  "model_repository": str(MODEL_DIR), "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+                  "model_repository": str(MODEL_DIR), "model_instance_kind": "CPU", "model_instance_device_id": "0",
+                  "model_name": "llm", "model_version": "1"})
     yield m
     m.finalize()
     del sys.modules["triton_python_backend_utils"]
@@ -105,7 +107,10 @@ def test_sampling_parameters_json_and_request_parameters(model):
     (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
     (dict(num_draft_tokens=99), pb.TritonError.INVALID_ARG, "num_draft_tokens"),
     (dict(num_draft_tokens=2, drafter="nope"), pb.TritonError.INVALID_ARG, "drafter"),
-    (dict(guided_decoding_guide_type="json", guided_decoding_guide="{}"), pb.TritonError.UNSUPPORTED, "guided"),
+    (dict(guided_decoding_guide_type="regex", guided_decoding_guide="a(b"), pb.TritonError.INVALID_ARG, "regex"),
+    (dict(guided_decoding_guide_type="json_schema", guided_decoding_guide='{"type": "nonsense"}'),
+     pb.TritonError.INVALID_ARG, "nonsense"),
+    (dict(guided_decoding_guide_type="xml", guided_decoding_guide="<a/>"), pb.TritonError.INVALID_ARG, "xml"),
 ])
 def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, inputs, code, needle):
     [[alone]] = finish(model, request(max_tokens=8))
@@ -129,3 +134,28 @@ def test_cancelled_stream_gets_final_and_frees_its_slot(model):
     [[after]] = finish(model, request(max_tokens=4))
     assert after.error is None
     assert len(model.engine.free_slots) == 2
+
+
+def metric(name, **labels):
+    fam = pb.MetricFamily.families[name]
+    return [m for m in fam.metrics if all(m.labels.get(k) == v for k, v in labels.items())]
+
+
+def test_speculative_request_reports_statistics_and_metrics(model):
+    drafted_before = metric("specgram_draft_tokens_total")[0].value()
+    generated_before = metric("specgram_generated_tokens_total")[0].value()
+    ttft_before = len(metric("specgram_time_to_first_token_seconds")[0].observations)
+    [spec] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, ignore_eos=True,
+                                   num_draft_tokens=4, drafter="ngram"))
+    [plain] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, ignore_eos=True))
+    assert joined(spec, "output_ids") == joined(plain, "output_ids")
+    last = spec[-1].output_tensors
+    drafted, accepted = int(last["spec_drafted_tokens"][0]), int(last["spec_accepted_tokens"][0])
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert last["spec_acceptance_rate"][0] == pytest.approx(accepted / drafted)
+    assert metric("specgram_draft_tokens_total")[0].value() - drafted_before == drafted
+    assert metric("specgram_generated_tokens_total")[0].value() - generated_before == 48
+    assert len(metric("specgram_time_to_first_token_seconds")[0].observations) == ttft_before + 2
+    steps = len(metric("specgram_accepted_drafts_per_step")[0].observations)
+    assert steps > 0 and last["spec_acceptance_length"][0] > 1.0 or accepted == 0
+    assert metric("specgram_requests_total", finish_reason="length")[0].value() >= 2

@@ -2,11 +2,11 @@
 
     draft_model  a second, cheaper model (another ModelRunner with its own KV cache)
     ngram        prompt lookup: continue the latest earlier occurrence of the current suffix (free)
-Grammar-forced tokens (positions where the grammar allows one token) enter in front of any drafter's
-proposal once grammars land: Engine._draft is the slot.
+    grammar      only the tokens a request's grammar forces (exactly one legal token): free, exact
+Grammar-forced tokens also enter in front of every other drafter's proposal (the `prefixes` argument).
 """
-from .base import Drafter, PickFn, Proposal
+from .base import Drafter, GrammarOnlyDrafter, PickFn, Proposal
 from .draft_model import DraftModelDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Drafter", "PickFn", "Proposal", "DraftModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "GrammarOnlyDrafter", "PickFn", "Proposal", "DraftModelDrafter", "NgramDrafter"]

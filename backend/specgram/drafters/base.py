@@ -25,8 +25,9 @@ class Drafter:
     def admit(self, reqs: list[Request]) -> None:
         """New requests got their slots and their prompt is in the target cache."""
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn) -> list[Proposal]:
-        """Up to ks[i] tokens continuing reqs[i]'s committed tokens (fewer, or none, is fine)."""
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+        """Up to ks[i] tokens continuing reqs[i]'s committed tokens (fewer is fine). Each proposal starts with
+        prefixes[i]: tokens already drafted for free (grammar-forced), which the drafter continues."""
         raise NotImplementedError
 
     def committed(self, req: Request, accepted: int) -> None:
@@ -34,3 +35,11 @@ class Drafter:
 
     def release(self, req: Request) -> None:
         """req finished or was aborted."""
+
+
+class GrammarOnlyDrafter(Drafter):
+    """Drafts only what the grammar forces (the prefix): no model, no lookup."""
+    name = "grammar"
+
+    def propose(self, reqs, ks, pick, prefixes):
+        return [Proposal(list(p)) for p in prefixes]

@@ -1,9 +1,9 @@
 """A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
-tokens it lacks (1–2 after a step, the prompt at admission) and then its own drafts one at a time; after
-verification the valid length is the committed prefix the draft actually fed. Rows are batched across
-requests; requests with a smaller k drop out of later draft iterations.
+tokens it lacks (1–2 after a step, the prompt at admission) plus any forced prefix, then its own drafts
+one at a time; after verification the valid length is the committed prefix the draft actually fed. Rows
+are batched across requests; requests with a smaller k drop out of later draft iterations.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from ..request import Request
 from ..runner import ModelRunner
+from ..verify import one_hot_rows
 from .base import Drafter, PickFn, Proposal
 
 
@@ -29,7 +30,7 @@ class DraftModelDrafter(Drafter):
         self.runner = runner
         self.vocab = target_vocab
         self.lens: dict[int, int] = {}             # request id -> committed tokens in the draft cache
-        self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens fed, drafts fed) this step
+        self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
         dev = self.runner.device
@@ -43,41 +44,36 @@ class DraftModelDrafter(Drafter):
         return fit_vocab(logits, self.vocab)
 
     def admit(self, reqs: list[Request]) -> None:
-        for r in reqs:
-            self.lens[r.request_id] = 0
         # the prompt goes in now, in one padded forward, rather than padding a later draft step to its length
         self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs))
         for r in reqs:
             self.lens[r.request_id] = len(r.prompt_ids)
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn) -> list[Proposal]:
-        out = [Proposal([]) for _ in reqs]
-        active = [i for i, k in enumerate(ks) if k > 0]
-        if not active:
-            return out
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+        out = [Proposal(list(p)) for p in prefixes]
+        active = [i for i, k in enumerate(ks) if k > len(prefixes[i])]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
-        # iteration 0: catch up on the committed tokens the draft cache lacks (>= 1: the last one)
-        rows = [reqs[i].all_ids[self.lens.setdefault(reqs[i].request_id, 0):] for i in active]
+        # first forward: the committed tokens the draft cache lacks (>= 1: the last one) + the forced prefix
+        rows = [reqs[i].all_ids[self.lens.setdefault(reqs[i].request_id, 0):] + prefixes[i] for i in active]
         starts = [self.lens[reqs[i].request_id] for i in active]
-        for step in range(max(ks[i] for i in active)):
+        while active:
             group = [reqs[i] for i in active]
             ids, p = pick(self._forward(rows, group, starts), group)
             for j, i in enumerate(active):
+                r = reqs[i]
+                fed_drafts = len(out[i].tokens)              # drafts whose KV the draft cache now holds
+                self.fed[r.request_id] = (r.num_tokens, fed_drafts)
                 out[i].tokens.append(int(ids[j]))
                 if p is not None:
                     probs[i].append(p[j])
-            if step == 0:
-                for i in active:
-                    self.fed[reqs[i].request_id] = (reqs[i].num_tokens, 0)
-            active = [i for i in active if ks[i] > step + 1]
+            active = [i for i in active if len(out[i].tokens) < ks[i]]
             rows = [[out[i].tokens[-1]] for i in active]
-            starts = [reqs[i].num_tokens + step for i in active]
-            for i in active:
-                n, d = self.fed[reqs[i].request_id]
-                self.fed[reqs[i].request_id] = (n, d + 1)
-        for i, rows_p in probs.items():
-            if len(rows_p) == len(out[i].tokens):   # sampled requests (greedy ones need no distribution)
-                out[i].probs = torch.stack(rows_p)
+            starts = [reqs[i].num_tokens + len(out[i].tokens) - 1 for i in active]
+        for i, picked in probs.items():
+            n_prefix = len(prefixes[i])
+            if picked and len(picked) == len(out[i].tokens) - n_prefix:   # sampled requests need q
+                out[i].probs = torch.cat([one_hot_rows(prefixes[i], self.vocab, picked[0].device),
+                                          torch.stack(picked)])
         return out
 
     def committed(self, req: Request, accepted: int) -> None:

@@ -31,6 +31,10 @@ class NgramDrafter(Drafter):
     def __init__(self, n_min: int = 2, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn) -> list[Proposal]:
-        return [Proposal(lookup(np.asarray(r.all_ids, dtype=np.int64), k, self.n_min, self.n_max) if k else [])
-                for r, k in zip(reqs, ks)]
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+        out = []
+        for r, k, prefix in zip(reqs, ks, prefixes):
+            rest = k - len(prefix)
+            found = lookup(np.asarray(r.all_ids + prefix, dtype=np.int64), rest, self.n_min, self.n_max) if rest else []
+            out.append(Proposal(prefix + found))
+        return out

@@ -77,6 +77,47 @@ class _Stream:
         self.prefix = prefix            # the prompt text, sent first when the input is included in the output
         self.text: list[str] = []
         self.ids: list[int] = []
+        self.arrived = time.monotonic()
+        self.first_token_at: float | None = None
+
+
+_TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+
+
+class Metrics:
+    """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
+
+    def __init__(self, labels: dict, max_draft_len: int):
+        F = pb_utils.MetricFamily
+        counter = lambda name, doc: F(name=name, description=doc, kind=F.COUNTER).Metric(labels=labels)  # noqa: E731
+        self.drafted = counter("specgram_draft_tokens_total", "Draft tokens proposed to the target")
+        self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
+        self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
+        self.requests = {reason: F(name="specgram_requests_total", description="Finished requests by finish reason",
+                                   kind=F.COUNTER).Metric(labels={**labels, "finish_reason": reason})
+                         for reason in ("stop", "length", "cancelled", "error")}
+        self.accepted_len = F(name="specgram_accepted_drafts_per_step", kind=F.HISTOGRAM,
+                              description="Draft tokens accepted per speculative verify step").Metric(
+            labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
+        self.ttft = F(name="specgram_time_to_first_token_seconds", kind=F.HISTOGRAM,
+                      description="Time from request arrival to its first output token").Metric(
+            labels=labels, buckets=_TTFT_BUCKETS)
+
+    def record(self, st: "_Stream", out: RequestOutput) -> None:
+        if out.token_ids:
+            self.generated.increment(len(out.token_ids))
+            if st.first_token_at is None:
+                st.first_token_at = time.monotonic()
+                self.ttft.observe(st.first_token_at - st.arrived)
+        if out.finished:
+            self.requests[out.finish_reason or "error"].increment(1)
+            spec = out.spec
+            if spec is not None and spec.drafted:
+                self.drafted.increment(spec.drafted)
+                self.accepted.increment(spec.accepted)
+                for accepted, steps in enumerate(spec.accepted_hist):
+                    for _ in range(steps):
+                        self.accepted_len.observe(float(accepted))
 
 
 class TritonPythonModel:
@@ -96,6 +137,8 @@ class TritonPythonModel:
             self.engine = Engine.from_config(EngineConfig.from_dict(params))
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
+        self.metrics = Metrics({"model": args["model_name"], "version": args["model_version"]},
+                               self.engine.config.max_draft_len)
         self.loop = EngineLoop(self.engine).start()
         self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
         self.outbox: queue.Queue = queue.Queue()
@@ -149,8 +192,10 @@ class TritonPythonModel:
             return
         if out.finished:
             del self.streams[rid]
+        self.metrics.record(st, out)
         if out.error is not None and out.finish_reason == "error":
-            self._send_error(st.sender, out.error, pb_utils.TritonError.INTERNAL)
+            code = pb_utils.TritonError.INVALID_ARG if out.error_kind == "invalid" else pb_utils.TritonError.INTERNAL
+            self._send_error(st.sender, out.error, code)
             return
         if out.finish_reason == "cancelled":
             code = pb_utils.TritonError.CANCELLED if hasattr(pb_utils.TritonError, "CANCELLED") else pb_utils.TritonError.UNAVAILABLE
@@ -179,6 +224,8 @@ class TritonPythonModel:
             pb_utils.Tensor("spec_drafted_tokens", np.array([spec.drafted if spec else 0], dtype=np.int32)),
             pb_utils.Tensor("spec_accepted_tokens", np.array([spec.accepted if spec else 0], dtype=np.int32)),
             pb_utils.Tensor("spec_acceptance_rate", np.array([spec.acceptance_rate if spec else 0.0], dtype=np.float32)),
+            pb_utils.Tensor("spec_acceptance_length",
+                            np.array([spec.acceptance_length if spec else 0.0], dtype=np.float32)),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 

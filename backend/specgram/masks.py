@@ -1,0 +1,72 @@
+"""Bitmask rows of one decode step, and applying them to draft and target logits.
+
+Row (b, i) holds the grammar mask for request b's position i of this step: position 0 follows the last
+committed token, position i follows draft token i-1, and position k (after the last draft) is the bonus
+row. Draft logits at position i and target logits at verify row i get the same row, so drafts are always
+legal and draft/target probabilities live on the same support.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .grammar import Guide, bitmask_width, single_allowed_token, token_allowed
+
+
+class StepMasks:
+    def __init__(self, vocab_size: int, max_slots: int, max_draft_len: int, device: torch.device):
+        self.vocab = vocab_size
+        self.width = bitmask_width(vocab_size)
+        self.stride = max_draft_len + 1
+        # int32 [slots * (k_max + 1), W] on CPU (xgrammar fills CPU memory); pinned for one async copy on CUDA
+        self.buf = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32,
+                              pin_memory=device.type == "cuda")
+        self.device = device
+
+    def row(self, b: int, i: int) -> int:
+        return b * self.stride + i
+
+    def fill(self, b: int, guide: Guide) -> np.ndarray:
+        """Fill row (b, guide.tentative) from the guide's current state; -> that row as numpy (a view)."""
+        r = self.row(b, guide.tentative)
+        guide.fill(self.buf, r)
+        return self.buf[r].numpy()
+
+    def forced_prefix(self, b: int, guide: Guide, k: int) -> list[int]:
+        """Tokens the grammar forces next (exactly one legal token each), up to k; accepted tentatively."""
+        out: list[int] = []
+        while len(out) < k and not guide.terminated:
+            t = single_allowed_token(self.fill(b, guide))
+            if t < 0 or not guide.try_tentative(t):
+                break
+            out.append(t)
+        return out
+
+    def seal(self, b: int, guide: Guide, tokens: list[int]) -> int:
+        """After drafting: tentatively accept the drafts not yet accepted (n-gram proposals), stopping at
+        the first illegal one; fill the bonus row; roll the matcher back. -> how many drafts stay legal."""
+        n = guide.tentative
+        while n < len(tokens) and not guide.terminated and token_allowed(self.fill(b, guide), tokens[n]) \
+                and guide.try_tentative(tokens[n]):
+            n += 1
+        if not guide.terminated:
+            self.fill(b, guide)                 # the row after the last draft (bonus position)
+        guide.rollback()
+        return n
+
+    def rows_for(self, entries: list[tuple[int, int, int]], n_rows: int) -> tuple[torch.Tensor, list[int]]:
+        """entries: (logits row, b, i) -> (mask [n_rows, W] with all-ones rows elsewhere, logits rows to mask)."""
+        mask = torch.full((n_rows, self.width), -1, dtype=torch.int32)
+        idx = [e[0] for e in entries]
+        if entries:
+            mask[idx] = self.buf[[self.row(b, i) for _, b, i in entries]]
+        return mask, idx
+
+    def apply(self, logits: torch.Tensor, entries: list[tuple[int, int, int]]) -> None:
+        """logits: [N, V] (float32, any device), masked in place at the given rows."""
+        if not entries:
+            return
+        import xgrammar as xgr
+
+        mask, idx = self.rows_for(entries, logits.shape[0])
+        xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True), indices=idx)
