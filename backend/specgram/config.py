@@ -25,6 +25,9 @@ class EngineConfig:
     drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
     draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"       # dtype of the draft model
+    draft_quantization: str = "none"  # "int8": the draft is an int8 dynamic-quantized copy (of draft_checkpoint,
+                                      # or of the target when that is empty); CPU only
+    default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens
     ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
@@ -43,8 +46,14 @@ class EngineConfig:
         if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
             raise ModelLoadError(f"engine setting drafter must be auto, draft_model, ngram or grammar; "
                                  f"got {self.drafter!r}")
-        if self.drafter == "draft_model" and not self.draft_checkpoint:
-            raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint setting")
+        if self.drafter == "draft_model" and not self.has_draft_model:
+            raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint or draft_quantization setting")
+        if self.draft_quantization not in ("none", "int8"):
+            raise ModelLoadError(f"draft_quantization must be none or int8, got {self.draft_quantization!r}")
+        if self.draft_quantization == "int8" and self.torch_device().type != "cpu":
+            raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
+        if not 0 <= self.default_num_draft_tokens <= self.max_draft_len:
+            raise ModelLoadError("default_num_draft_tokens must be in [0, max_draft_len]")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string
@@ -84,7 +93,11 @@ class EngineConfig:
         return _DTYPES[value]
 
     @property
+    def has_draft_model(self) -> bool:
+        return bool(self.draft_checkpoint) or self.draft_quantization != "none"
+
+    @property
     def default_drafter(self) -> str:
         if self.drafter == "auto":
-            return "draft_model" if self.draft_checkpoint else "ngram"
+            return "draft_model" if self.has_draft_model else "ngram"
         return self.drafter

@@ -77,10 +77,16 @@ class Engine:
         target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype())
         tokenizer = load_tokenizer(path)
         drafters: dict[str, Drafter] = {}
+        draft = None
         if config.draft_checkpoint:
             check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
             draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
                                                 config.torch_dtype("draft_dtype"))
+        if config.draft_quantization == "int8":
+            from .quantize import quantize_dynamic_int8
+            base = (draft or target).model
+            draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len)
+        if draft is not None:
             drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
         return cls(config, target, tokenizer, drafters)
 
@@ -98,6 +104,8 @@ class Engine:
     def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
         """Validate and tokenize; raises InvalidRequest with a user-facing message. Thread-safe (no state)."""
+        if params.num_draft_tokens is None:
+            params.num_draft_tokens = self.config.default_num_draft_tokens
         params.validate(self.config.default_max_tokens, self.config.max_draft_len)
         kind = None
         if params.guide_type is not None:

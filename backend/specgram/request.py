@@ -24,7 +24,7 @@ class SamplingParams:
     top_k: int = 0                  # 0 or -1 = off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    num_draft_tokens: int = 0       # speculative draft length for this request; 0 = none
+    num_draft_tokens: int | None = None  # speculative draft length; 0 = none; None = the configured default
     ignore_eos: bool = False        # keep generating past EOS (fixed-length load runs)
     drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
     guide_type: str | None = None

@@ -73,7 +73,7 @@ def joined(responses, name="text_output"):
 
 
 def test_streaming_sends_deltas_then_final(model):
-    [resps] = finish(model, request(stream=True, max_tokens=12, ignore_eos=True))
+    [resps] = finish(model, request(stream=True, max_tokens=12, ignore_eos=True, num_draft_tokens=0))
     assert len(resps) == 12 and all(r.error is None for r in resps)
     assert len(joined(resps, "output_ids")) == 12
     last = resps[-1].output_tensors
@@ -147,7 +147,8 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     ttft_before = len(metric("specgram_time_to_first_token_seconds")[0].observations)
     [spec] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, ignore_eos=True,
                                    num_draft_tokens=4, drafter="ngram"))
-    [plain] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, ignore_eos=True))
+    [plain] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, ignore_eos=True,
+                                    num_draft_tokens=0))
     assert joined(spec, "output_ids") == joined(plain, "output_ids")
     last = spec[-1].output_tensors
     drafted, accepted = int(last["spec_drafted_tokens"][0]), int(last["spec_accepted_tokens"][0])

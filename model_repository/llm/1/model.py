@@ -127,10 +127,10 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("model 'llm' must be decoupled (model_transaction_policy)")
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
-        checkpoint = Path(params["checkpoint"])
-        if not checkpoint.is_absolute():
-            checkpoint = Path(args["model_repository"]) / checkpoint
-        params["checkpoint"] = str(checkpoint.resolve())
+        params["draft_checkpoint"] = os.environ.get("SPECGRAM_DRAFT_CHECKPOINT", params.get("draft_checkpoint", ""))
+        for key in ("checkpoint", "draft_checkpoint"):      # relative paths: from this model's folder
+            if params[key] and not Path(params[key]).is_absolute():
+                params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
         if args.get("model_instance_kind") == "GPU" and params.get("device", "auto") == "auto":
             params["device"] = f"cuda:{args['model_instance_device_id']}"
         try:
