@@ -187,7 +187,7 @@ class Engine:
                     continue
                 if compiled is None:
                     continue
-                req.guide = Guide(compiled, max_rollback=self.config.max_draft_len + 1)
+                req.guide = Guide(compiled)
                 req.pending_grammar = None
             width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
             if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:

@@ -120,10 +120,10 @@ def token_allowed(row: np.ndarray, token: int) -> bool:
 class Guide:
     """A request's grammar state (one xgrammar matcher) plus its tentative-accept bookkeeping."""
 
-    def __init__(self, compiled, max_rollback: int):
+    def __init__(self, compiled):
         import xgrammar as xgr
 
-        self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
+        self.matcher = xgr.GrammarMatcher(compiled)    # rollback depth is unlimited in xgrammar >= 0.2
         self.tentative = 0          # tokens accepted since the last commit, to be rolled back
 
     def fill(self, bitmask: torch.Tensor, index: int) -> None:

@@ -1,0 +1,216 @@
+"""Grammar masking through the speculative step (tiny random models, byte-level tokenizer): outputs obey the
+grammar, speculation stays exact under a grammar, forced tokens are drafted for free, sampling keeps the
+masked distribution, and bad or slow guides fail only their own request."""
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from specgram import grammar as grammar_mod
+from specgram import sampling
+from specgram.config import EngineConfig
+from specgram.engine import Engine
+from specgram.errors import InvalidRequest
+from specgram.request import SamplingParams
+
+from .conftest import run_to_end, text_of, tokens_of
+from .test_speculative import chi2_critical, chi2_stat
+from .tiny import save_checkpoint
+
+REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog|bird)", "age": [1-9][0-9]?\}'
+SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},
+                     "required": ["ok", "tag"], "additionalProperties": False})
+EBNF = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'
+GUIDES = [("regex", REGEX), ("json_schema", SCHEMA), ("ebnf", EBNF)]
+PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grammar")
+    target = save_checkpoint(root / "t", seed=0)
+    draft = save_checkpoint(root / "d", seed=11)
+    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=4,
+                                           max_seq_len=256))
+
+
+def run(engine, prompts, **params):
+    reqs = [engine.make_request(SamplingParams(**{k: (v[i] if isinstance(v, list) else v) for k, v in params.items()}),
+                                text=t) for i, t in enumerate(prompts)]
+    outs = run_to_end(engine, reqs)
+    return [outs[r.request_id] for r in reqs]
+
+
+def matcher_accepts(engine, kind, guide, ids):
+    """An independent check: a fresh xgrammar matcher accepts the ids one by one."""
+    g = grammar_mod.Guide(engine.grammar.compile(engine.grammar.check(kind, guide), guide))
+    return all(g.matcher.accept_token(t) for t in ids)
+
+
+@pytest.mark.parametrize("kind, guide", GUIDES)
+def test_outputs_obey_the_grammar_and_finish_it(engine, kind, guide):
+    outs = run(engine, PROMPTS, max_tokens=120, guide_type=kind, guide=guide)
+    finished = 0
+    for o in outs:
+        ids, text = tokens_of(o), text_of(o)
+        assert matcher_accepts(engine, kind, guide, ids)
+        if o[-1].finish_reason == "stop":
+            finished += 1
+            assert ids[-1] in engine.eos_ids
+            if kind == "regex":
+                assert re.fullmatch(REGEX, text), text
+            elif kind == "json_schema":
+                value = json.loads(text)
+                assert value["tag"] in ("x", "yz") and isinstance(value["ok"], bool) and set(value) == {"ok", "tag"}
+            else:
+                assert re.fullmatch(r"\(([0-9x])(,[0-9x])*\)", text), text
+    assert finished >= 1, "no request completed its grammar within max_tokens"
+
+
+def test_unconstrained_output_would_violate_the_grammar(engine):
+    """The masks matter: the same prompts without a guide produce text the regex rejects."""
+    outs = run(engine, PROMPTS, max_tokens=30)
+    assert not any(matcher_accepts(engine, "regex", REGEX, tokens_of(o)) for o in outs)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_identical_with_speculation_under_a_grammar(engine, k):
+    for kind, guide in GUIDES:
+        base = run(engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide)
+        for drafter in ("ngram", "draft_model", "grammar"):
+            spec = run(engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide, num_draft_tokens=k,
+                       drafter=drafter)
+            assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base], (kind, drafter)
+
+
+def test_mixed_batch_of_guided_and_free_requests_and_drafters(engine):
+    prompts = PROMPTS * 2
+    kinds = ["regex", None, "json_schema", "ebnf", None, "regex", "json_schema", None]
+    guides = {"regex": REGEX, "json_schema": SCHEMA, "ebnf": EBNF, None: None}
+    params = dict(max_tokens=50, guide_type=kinds, guide=[guides[k] for k in kinds])
+    base = run(engine, prompts, **params)
+    spec = run(engine, prompts, **params, num_draft_tokens=[3, 0, 8, 1, 5, 2, 4, 6],
+               drafter=["grammar", "ngram", "draft_model", "ngram", "draft_model", "draft_model", "grammar", "ngram"])
+    assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+
+
+def test_grammar_forced_tokens_are_drafted_for_free_and_always_accepted(engine):
+    [base] = run(engine, PROMPTS[:1], max_tokens=80, guide_type="regex", guide=REGEX)
+    [forced] = run(engine, PROMPTS[:1], max_tokens=80, guide_type="regex", guide=REGEX, num_draft_tokens=8,
+                   drafter="grammar")
+    assert tokens_of(forced) == tokens_of(base)
+    s = forced[-1].spec
+    assert s.drafted >= 8 and s.accepted == s.drafted          # a forced token is the only legal one
+    assert len(forced) < len(base)                             # several tokens per step
+
+
+def test_grammar_end_finishes_even_with_ignore_eos(engine):
+    [o] = run(engine, PROMPTS[:1], max_tokens=200, guide_type="regex", guide=r"(yes|no)", ignore_eos=True)
+    assert o[-1].finish_reason == "stop" and text_of(o) in ("yes", "no")
+
+
+def test_commit_of_an_illegal_token_is_a_bug_not_a_branch(engine):
+    g = grammar_mod.Guide(engine.grammar.compile("regex", "ab"))
+    a = engine.tokenizer("a", add_special_tokens=False)["input_ids"][0]
+    with pytest.raises(AssertionError, match="violates the grammar"):
+        g.commit(a + 1)
+
+
+@pytest.mark.parametrize("kind, guide, needle", [
+    ("regex", "a(b", "regex"), ("json_schema", '{"type": "nonsense"}', "nonsense"),
+    ("ebnf", "root ::= undefined_rule", "ebnf"), ("structural_tag", '{"format": 3}', "structural_tag"),
+])
+def test_bad_guide_fails_only_its_request(engine, kind, guide, needle):
+    good = engine.make_request(SamplingParams(max_tokens=20), text=PROMPTS[0])
+    bad = engine.make_request(SamplingParams(max_tokens=20, guide_type=kind, guide=guide), text=PROMPTS[0])
+    [alone] = run(engine, PROMPTS[:1], max_tokens=20)
+    outs = run_to_end(engine, [bad, good])
+    [err] = outs[bad.request_id]
+    assert err.finished and err.finish_reason == "error" and err.error_kind == "invalid" and needle in err.error
+    assert tokens_of(outs[good.request_id]) == tokens_of(alone)
+
+
+def test_slow_compile_does_not_hold_up_other_requests_and_times_out(engine, monkeypatch):
+    real = engine.grammar.compile
+
+    def slow(kind, guide):
+        if guide == "(slow)":
+            time.sleep(2.5)
+        return real(kind, guide)
+
+    monkeypatch.setattr(engine.grammar, "compile", slow)
+    monkeypatch.setattr(engine.grammar, "timeout_s", 1.0)
+    slow_req = engine.make_request(SamplingParams(max_tokens=5, guide_type="regex", guide="(slow)"), text="hi")
+    fast = engine.make_request(SamplingParams(max_tokens=5, ignore_eos=True), text="hi")
+    engine.add(slow_req)
+    engine.add(fast)
+    outs = {slow_req.request_id: [], fast.request_id: []}
+    t0 = time.time()
+    while engine.has_work():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+        if outs[fast.request_id] and outs[fast.request_id][-1].finished and not outs[slow_req.request_id]:
+            fast_done = time.time() - t0
+        time.sleep(0.001)
+    assert fast_done < 1.0, "the request behind a compiling grammar waited for it"
+    [err] = outs[slow_req.request_id]
+    assert err.error_kind == "invalid" and "compile_timeout_s" in err.error
+
+
+def test_oversized_guide_is_refused_at_once(engine):
+    with pytest.raises(InvalidRequest, match="larger than"):
+        engine.make_request(SamplingParams(guide_type="regex", guide="a" * (engine.grammar.max_guide_bytes + 1)),
+                            text="hi")
+
+
+# ---- sampling under a grammar: distribution ---------------------------------------------------------------
+
+CHOICE = "[abc]{3}"
+
+
+def exact_masked_joint(engine, prompt_ids, allowed, n, temperature):
+    """P(x_1..x_n) for sampling from softmax(masked logits / T), by enumeration."""
+    model = engine.target.model
+    probs = {(): 1.0}
+    for _ in range(n):
+        nxt = {}
+        seqs = list(probs)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt_ids + list(s) for s in seqs])).logits[:, -1].float()
+        mask = torch.full_like(logits, float("-inf"))
+        mask[:, allowed] = 0
+        p = sampling.probabilities(logits + mask, torch.full((len(seqs),), temperature),
+                                   torch.zeros(len(seqs), dtype=torch.long), torch.ones(len(seqs)))
+        for s, row in zip(seqs, p.tolist()):
+            for t in allowed:
+                nxt[s + (t,)] = probs[s] * row[t]
+        probs = nxt
+    return probs
+
+
+@pytest.mark.parametrize("drafter, k", [("draft_model", 3), ("ngram", 2), (None, 0)])
+def test_sampling_under_a_grammar_matches_masked_sampling(tmp_path_factory, drafter, k):
+    root = tmp_path_factory.mktemp("gs")
+    eng = Engine.from_config(EngineConfig(checkpoint=str(save_checkpoint(root / "t", seed=4, init=0.05)),
+                                          draft_checkpoint=str(save_checkpoint(root / "d", seed=9, init=0.05)),
+                                          max_slots=64, max_seq_len=64))
+    prompt = eng.tokenizer("abc cab bca: ", add_special_tokens=False)["input_ids"]
+    allowed = [eng.tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abc"]
+    expected = exact_masked_joint(eng, prompt, allowed, 3, 1.0)
+    n = 2000
+    reqs = [eng.make_request(SamplingParams(max_tokens=4, temperature=1.0, seed=i, guide_type="regex", guide=CHOICE,
+                                            num_draft_tokens=k, drafter=drafter), prompt_ids=prompt)
+            for i in range(n)]
+    outs = run_to_end(eng, reqs)
+    samples = []
+    for r in reqs:
+        ids = tokens_of(outs[r.request_id])
+        assert len(ids) == 4 and ids[3] in eng.eos_ids     # three letters, then the grammar's forced end
+        samples.append(tuple(ids[:3]))
+    if k:
+        stats = [outs[r.request_id][-1].spec for r in reqs]
+        assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
+    stat, df = chi2_stat(samples, expected)
+    assert stat < chi2_critical(df), (stat, df)
