@@ -88,9 +88,18 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
 
 class _Metric:
     def __init__(self, family, labels, buckets=None):
-        self.family, self.labels, self.buckets = family, labels, buckets
+        import weakref
+        self._family_ref = weakref.ref(family)     # Triton too: a Metric does not keep its family alive
+        self.labels, self.buckets = labels, buckets
         self._value = 0.0
         self.observations: list[float] = []
+
+    @property
+    def family(self):
+        fam = self._family_ref()
+        if fam is None:
+            raise TritonModelException("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
+        return fam
 
     def increment(self, value):
         assert self.family.kind == MetricFamily.COUNTER and value >= 0
@@ -106,14 +115,29 @@ class _Metric:
 
 class MetricFamily:
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    families: dict[str, "MetricFamily"] = {}
+
+    registry: dict[str, list] = {}    # name -> every Metric created under that name (for the tests to read)
 
     def __init__(self, name, description, kind):
         self.name, self.description, self.kind = name, description, kind
-        self.metrics: list[_Metric] = []
-        MetricFamily.families.setdefault(name, self)
 
     def Metric(self, labels=None, buckets=None):
         m = _Metric(self, labels or {}, buckets)
-        MetricFamily.families[self.name].metrics.append(m)
+        MetricFamily.registry.setdefault(self.name, []).append(m)
         return m
+
+
+class Logger:
+    errors: list[str] = []
+
+    @staticmethod
+    def log_error(msg):
+        Logger.errors.append(msg)
+
+    @staticmethod
+    def log_info(msg):
+        pass
+
+    @staticmethod
+    def log_warn(msg):
+        pass

@@ -137,8 +137,7 @@ def test_cancelled_stream_gets_final_and_frees_its_slot(model):
 
 
 def metric(name, **labels):
-    fam = pb.MetricFamily.families[name]
-    return [m for m in fam.metrics if all(m.labels.get(k) == v for k, v in labels.items())]
+    return [m for m in pb.MetricFamily.registry[name] if all(m.labels.get(k) == v for k, v in labels.items())]
 
 
 def test_speculative_request_reports_statistics_and_metrics(model):

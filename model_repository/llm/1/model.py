@@ -89,18 +89,24 @@ class Metrics:
 
     def __init__(self, labels: dict, max_draft_len: int):
         F = pb_utils.MetricFamily
-        counter = lambda name, doc: F(name=name, description=doc, kind=F.COUNTER).Metric(labels=labels)  # noqa: E731
+        self._families = []   # a MetricFamily must outlive its Metrics: keep every family referenced
+
+        def family(name, doc, kind):
+            self._families.append(F(name=name, description=doc, kind=kind))
+            return self._families[-1]
+
+        counter = lambda name, doc: family(name, doc, F.COUNTER).Metric(labels=labels)  # noqa: E731
         self.drafted = counter("specgram_draft_tokens_total", "Draft tokens proposed to the target")
         self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
         self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
-        self.requests = {reason: F(name="specgram_requests_total", description="Finished requests by finish reason",
-                                   kind=F.COUNTER).Metric(labels={**labels, "finish_reason": reason})
+        finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
+        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason})
                          for reason in ("stop", "length", "cancelled", "error")}
-        self.accepted_len = F(name="specgram_accepted_drafts_per_step", kind=F.HISTOGRAM,
-                              description="Draft tokens accepted per speculative verify step").Metric(
+        self.accepted_len = family("specgram_accepted_drafts_per_step",
+                                   "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
             labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
-        self.ttft = F(name="specgram_time_to_first_token_seconds", kind=F.HISTOGRAM,
-                      description="Time from request arrival to its first output token").Metric(
+        self.ttft = family("specgram_time_to_first_token_seconds",
+                           "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
             labels=labels, buckets=_TTFT_BUCKETS)
 
     def record(self, st: "_Stream", out: RequestOutput) -> None:
@@ -179,6 +185,8 @@ class TritonPythonModel:
                     self._send_output(rid, payload)
             except queue.Empty:
                 pass
+            except Exception as e:  # noqa: BLE001 - one bad response must not stop every other stream
+                pb_utils.Logger.log_error(f"llm: sending a response failed: {e!r}")
             now = time.monotonic()
             if now - last_poll >= _CANCEL_POLL_S:
                 last_poll = now

@@ -1,0 +1,89 @@
+"""Guided decoding through the real tritonserver with the default model: JSON-schema outputs on JME schemas
+parse and validate (jsonschema), regex and EBNF outputs match, bad guides get INVALID_ARG alone."""
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from triton_server import REPO, errors_of, ids_of, last_value, stream_infer, text_of
+
+JME = REPO.parent / "shared" / "data" / "jsonschemabench" / "JME"
+
+
+def jme_cases(n=6):
+    if not JME.is_dir():
+        pytest.skip(f"JME schemas not found at {JME}")
+    cases = []
+    for f in sorted(JME.glob("*.json"))[:n]:
+        case = json.loads(f.read_text())
+        data = next(t["data"] for t in case["tests"] if t["valid"])
+        cases.append((f.name, case["schema"], data))
+    return cases
+
+
+def guided(server, prompt, kind, guide, max_tokens=200, **extra):
+    return stream_infer(server.grpc_url, {
+        "text_input": prompt, "apply_chat_template": True, "stream": True, "max_tokens": max_tokens,
+        "guided_decoding_guide_type": kind, "guided_decoding_guide": guide, **extra})
+
+
+def test_json_schema_outputs_validate(triton_server):
+    cases = jme_cases()
+
+    def one(case):
+        name, schema, data = case
+        prompt = (f"Extract the record as JSON matching the schema.\nRecord: {json.dumps(data)}\n"
+                  f"Schema: {json.dumps(schema)}")
+        return guided(triton_server, prompt, "json_schema", json.dumps(schema), 256)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(one, cases))
+    finished = 0
+    for (name, schema, _), resps in zip(cases, results):
+        assert not errors_of(resps), (name, errors_of(resps))
+        if last_value(resps, "finish_reason") == "stop":
+            finished += 1
+            jsonschema.validate(json.loads(text_of(resps)), schema)
+    assert finished >= len(cases) // 2, f"only {finished}/{len(cases)} finished within max_tokens"
+
+
+def test_regex_and_ebnf_outputs_match(triton_server):
+    regex = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])"
+    r = guided(triton_server, "When did the first Moon landing happen? Answer with a date.", "regex", regex, 30)
+    assert last_value(r, "finish_reason") == "stop" and re.fullmatch(regex, text_of(r)), (text_of(r), ids_of(r))
+    ebnf = 'root ::= "[" color (", " color)? (", " color)? "]"\ncolor ::= "red" | "green" | "blue" | "yellow"'
+    e = guided(triton_server, "List three colors.", "ebnf", ebnf, 40)
+    assert last_value(e, "finish_reason") == "stop", text_of(e)
+    assert re.fullmatch(r"\[(red|green|blue|yellow)(, (red|green|blue|yellow)){0,2}\]", text_of(e)), text_of(e)
+    j = guided(triton_server, "Describe a cat as a JSON object.", "json", "", 60, num_draft_tokens=0)
+    if last_value(j, "finish_reason") == "stop":
+        json.loads(text_of(j))
+
+
+def test_speculation_under_a_grammar_is_exact(triton_server):
+    regex = r'\{"city": "[A-Z][a-z]{2,12}", "country": "[A-Z][a-z]{2,12}"\}'
+    prompt = "Paris is the capital of France. Give city and country as JSON."
+    plain = guided(triton_server, prompt, "regex", regex, 40, num_draft_tokens=0)
+    forced = guided(triton_server, prompt, "regex", regex, 40, num_draft_tokens=6, drafter="grammar")
+    lookup = guided(triton_server, prompt, "regex", regex, 40, num_draft_tokens=4, drafter="ngram")
+    assert ids_of(forced) == ids_of(plain) == ids_of(lookup)
+    assert last_value(forced, "spec_drafted_tokens") > 0
+    assert last_value(forced, "spec_accepted_tokens") == last_value(forced, "spec_drafted_tokens")
+
+
+def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
+    good_inputs = {"text_input": "Name a fruit.", "apply_chat_template": True, "stream": True, "max_tokens": 16}
+    solo = ids_of(stream_infer(triton_server.grpc_url, good_inputs))
+    bad = [("json_schema", '{"type": "nonsense"}', "nonsense"), ("regex", "([a-z", "regex"),
+           ("yaml", "a: b", "yaml"), ("json_schema", "{not json", "JSON")]
+    with ThreadPoolExecutor(len(bad) + 1) as pool:
+        good = pool.submit(stream_infer, triton_server.grpc_url, good_inputs)
+        futures = [pool.submit(guided, triton_server, "hi", kind, guide, 10) for kind, guide, _ in bad]
+        results = [f.result() for f in futures]
+        assert ids_of(good.result()) == solo
+    for (kind, guide, needle), r in zip(bad, results):
+        assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)
+        assert "INVALID_ARG" in r[0]["error"] or "invalid" in r[0]["error"].lower() or needle in r[0]["error"]
