@@ -34,7 +34,9 @@ INPUT_DTYPES = {
     "top_k": "INT32",
     "seed": "UINT64",
     "stop": "BYTES",  # dims [-1]
+    "ignore_eos": "BOOL",
     "num_draft_tokens": "INT32",
+    "drafter": "BYTES",
     "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES",
     "exclude_input_in_output": "BOOL",
@@ -44,17 +46,27 @@ INPUT_DTYPES = {
 }
 _NP = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 SCALAR_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens",
-                  "spec_drafted_tokens", "spec_accepted_tokens", "spec_acceptance_rate")
+                  "spec_drafted_tokens", "spec_accepted_tokens", "spec_acceptance_rate", "spec_acceptance_length")
 
 
 def build_inputs(values: dict[str, Any]):
-    """name -> python value (str/bool/int/float, list for `stop`, dict/list for JSON inputs)."""
+    """name -> python value (str/bool/int/float, list for `stop`, dict/list for JSON inputs), or a numpy
+    array sent as is (its own dtype for names outside the contract: useful to test wrong types)."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
 
     inputs = []
     for name, value in values.items():
         if value is None:
             continue
+        if isinstance(value, np.ndarray):
+            arr, dtype = value, INPUT_DTYPES.get(name) or np_to_triton_dtype(value.dtype)
+            inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+            inp.set_data_from_numpy(arr.astype(_NP[dtype]) if dtype in _NP else arr)
+            inputs.append(inp)
+            continue
+        if name not in INPUT_DTYPES:
+            raise KeyError(f"unknown input {name!r}: pass a numpy array to send it anyway")
         dtype = INPUT_DTYPES[name]
         if name in ("sampling_parameters", "messages") and not isinstance(value, (str, bytes)):
             value = json.dumps(value)
@@ -103,8 +115,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--top-k", type=int)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
-    ap.add_argument("--num-draft-tokens", type=int)
-    ap.add_argument("--guide-type", help="guided_decoding_guide_type (e.g. json, json_schema, regex, grammar)")
+    ap.add_argument("--num-draft-tokens", type=int, help="speculative draft length k (0 = off)")
+    ap.add_argument("--drafter", help="ngram | draft_model | grammar (default: the server's configured drafter)")
+    ap.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past EOS")
+    ap.add_argument("--guide-type", help="guided_decoding_guide_type (json, json_schema, regex, ebnf, structural_tag)")
     ap.add_argument("--guide", help="guided_decoding_guide (text or @file)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--exclude-input-in-output", dest="exclude_input", action="store_true", default=None)
@@ -142,6 +156,8 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "stop": args.stop,
         "num_draft_tokens": args.num_draft_tokens,
+        "drafter": args.drafter,
+        "ignore_eos": args.ignore_eos,
         "guided_decoding_guide_type": args.guide_type,
         "guided_decoding_guide": args.guide,
         "exclude_input_in_output": args.exclude_input,

@@ -32,28 +32,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Triton dtypes of the `llm` inputs (STRING is BYTES on the client side). `stop` has dims [-1].
-INPUT_DTYPES = {
-    "text_input": "BYTES",
-    "stream": "BOOL",
-    "max_tokens": "INT32",
-    "temperature": "FP32",
-    "top_p": "FP32",
-    "top_k": "INT32",
-    "seed": "UINT64",
-    "stop": "BYTES",
-    "ignore_eos": "BOOL",
-    "num_draft_tokens": "INT32",
-    "drafter": "BYTES",
-    "guided_decoding_guide_type": "BYTES",
-    "guided_decoding_guide": "BYTES",
-    "exclude_input_in_output": "BOOL",
-    "sampling_parameters": "BYTES",
-    "apply_chat_template": "BOOL",
-    "messages": "BYTES",
-}
-_NP_OF = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64,
-          "UINT64": np.uint64, "FP32": np.float32}
+# The client CLI owns the contract's input dtypes and the tensor building; tests use the same code.
+sys.path.insert(0, str(REPO / "client"))
+from stream_client import INPUT_DTYPES, build_inputs as make_inputs  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- server
@@ -222,36 +203,6 @@ class TritonServer:
 
 
 # --------------------------------------------------------------------------- client helpers
-def make_inputs(inputs: dict[str, Any]):
-    """name -> value. Python values get the `llm` contract's dtype (dict/list values of
-    sampling_parameters/messages are JSON-encoded; `stop` takes a list). A numpy array is sent as is
-    (dtype from the contract if the name is known, else from the array) - useful for odd shapes/types."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    tensors = []
-    for name, value in inputs.items():
-        if value is None:
-            continue
-        if isinstance(value, np.ndarray):
-            dtype = INPUT_DTYPES.get(name) or np_to_triton_dtype(value.dtype)
-            arr = value.astype(_NP_OF[dtype]) if dtype in _NP_OF and value.dtype != _NP_OF[dtype] else value
-        else:
-            if name not in INPUT_DTYPES:
-                raise KeyError(f"unknown input {name!r}: pass a numpy array to send it anyway")
-            dtype = INPUT_DTYPES[name]
-            if name in ("sampling_parameters", "messages") and not isinstance(value, (str, bytes)):
-                value = json.dumps(value)
-            items = list(value) if isinstance(value, (list, tuple)) else [value]
-            if dtype == "BYTES":
-                items = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in items]
-            arr = np.array(items, dtype=_NP_OF[dtype])
-        t = grpcclient.InferInput(name, list(arr.shape), dtype)
-        t.set_data_from_numpy(arr)
-        tensors.append(t)
-    return tensors
-
-
 def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
                  request_id: str = "", parameters: dict | None = None) -> list[dict]:
     """Send one request over a gRPC stream and return all its responses, in order, as dicts:
