@@ -49,7 +49,9 @@ class StepMasks:
         while n < len(tokens) and not guide.terminated and token_allowed(self.fill(b, guide), tokens[n]) \
                 and guide.try_tentative(tokens[n]):
             n += 1
-        if not guide.terminated:
+        if guide.terminated:                    # the drafts end with the stop token: nothing may follow it,
+            self.buf[self.row(b, n)] = -1       # and the bonus token is never committed; leave it unmasked
+        else:
             self.fill(b, guide)                 # the row after the last draft (bonus position)
         guide.rollback()
         return n
