@@ -32,6 +32,8 @@ class EngineConfig:
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
     grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
+    json_strict: int = 1            # json_schema: 1 = no properties beyond the schema's unless it allows them
+    json_any_whitespace: int = 1    # json_schema: 1 = free whitespace, 0 = fixed compact layout
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):

@@ -3,7 +3,8 @@
 
 Each step:  admit -> prefill (new requests get their first token) -> decode step for the others:
             draft -> verify (one batched target forward) -> accept -> commit -> emit.
-Draft is empty until a drafter is configured, which makes verify a plain decode over [last token].
+A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
+carry a Guide (grammar.py); masks.py holds the step's bitmask rows, choose.py the token decisions.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import sampling, verify
+from . import choose
 from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
 from .drafters import DraftModelDrafter, Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
@@ -63,7 +64,9 @@ class Engine:
         self.drafters.update(drafters or {})
         self.grammar = GrammarCompiler(tokenizer, target.vocab_size, sorted(self.eos_ids),
                                        cache_bytes=config.grammar_cache_mb << 20,
-                                       timeout_s=config.grammar_compile_timeout_s)
+                                       timeout_s=config.grammar_compile_timeout_s,
+                                       json_strict=bool(config.json_strict),
+                                       json_any_whitespace=bool(config.json_any_whitespace))
         self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.free_slots: list[int] = list(range(config.max_slots))[::-1]
         self.waiting: deque[Request] = deque()
@@ -243,7 +246,7 @@ class Engine:
         index = {r.request_id: b for b, r in enumerate(reqs)}
         prefixes = [self.masks.forced_prefix(b, r.guide, ks[b]) if r.guide else [] for b, r in enumerate(reqs)]
         pick = (lambda logits, group: self._pick_guided(logits, group, index, tentative=True)) \
-            if any(r.guide for r in reqs) else self._pick
+            if any(r.guide for r in reqs) else choose.pick
         proposals = [Proposal(p) for p in prefixes]
         for name, drafter in self.drafters.items():
             idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
@@ -274,86 +277,30 @@ class Engine:
         return logits
 
     def _accept(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[list[int]]:
-        """-> per request the tokens to commit: its accepted drafts, then one token from the target.
-        Greedy rows: the longest prefix the target's argmax agrees with. Sampled rows: speculative sampling."""
-        B, T, V = logits.shape
-        K = T - 1
-        k = [len(p.tokens) for p in proposals]
-        drafts = torch.zeros(B, K, dtype=torch.long, device=self.device)
-        for b, p in enumerate(proposals):
-            if p.tokens:
-                drafts[b, :len(p.tokens)] = self._tensor(p.tokens)
-        k_t = self._tensor(k)
-        accepted = torch.zeros(B, dtype=torch.long, device=self.device)
-        nxt = torch.zeros(B, dtype=torch.long, device=self.device)
-        g = [b for b, r in enumerate(reqs) if r.params.greedy]
-        if g:
-            target_ids = logits[g].argmax(-1)                                               # [G, T]
-            accepted[g] = verify.greedy_accept(target_ids, drafts[g], k_t[g])
-            nxt[g] = target_ids.gather(1, accepted[g][:, None]).squeeze(1)
-        s = [b for b, r in enumerate(reqs) if not r.params.greedy]
-        if s:
-            accepted[s], nxt[s] = self._speculative_sample([reqs[b] for b in s], [proposals[b] for b in s],
-                                                           logits[s], drafts[s], k_t[s])
-        accepted_l, nxt_l, drafts_l = accepted.tolist(), nxt.tolist(), drafts.tolist()
+        """-> per request the tokens to commit: its accepted drafts, then one token from the target."""
+        accepted, nxt = choose.accept(reqs, proposals, logits)
         out = []
-        for b, r in enumerate(reqs):
-            a = accepted_l[b]
+        for r, p, a, t in zip(reqs, proposals, accepted, nxt):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-            r.spec.record(k[b], a)
+            r.spec.record(len(p.tokens), a)
             self._drafter_of(r).committed(r, a)
-            out.append(drafts_l[b][:a] + [nxt_l[b]])
+            out.append(p.tokens[:a] + [t])
         return out
-
-    def _speculative_sample(self, reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits: [S, K+1, V] for the sampled requests -> (accepted [S], next token [S])."""
-        S, T, V = logits.shape
-        K = T - 1
-        rep = lambda vals, dt: self._tensor([v for v in vals for _ in range(T)], dt)  # noqa: E731 - per row, per position
-        p = sampling.probabilities(logits.reshape(S * T, V), rep([r.params.temperature for r in reqs], torch.float32),
-                                   rep([r.params.top_k for r in reqs], torch.long),
-                                   rep([r.params.top_p for r in reqs], torch.float32)).reshape(S, T, V)
-        q = torch.zeros(S, K, V, device=self.device)
-        u_accept = torch.ones(S, K, dtype=torch.float64)
-        for i, (r, prop) in enumerate(zip(reqs, proposals)):
-            n = len(prop.tokens)
-            if n:
-                q[i, :n] = prop.probs.to(q.device) if prop.probs is not None else \
-                    verify.one_hot_rows(prop.tokens, V, self.device)
-                u_accept[i, :n] = sampling.draw_uniforms([r.generator] * n)      # exactly k + 1 draws per step
-        u_final = sampling.draw_uniforms([r.generator for r in reqs])
-        return verify.speculative_accept(p, q, drafts, k, u_accept.to(self.device), u_final.to(self.device))
 
     def _pick_guided(self, logits: torch.Tensor, reqs: list[Request], index: dict[int, int],
                      tentative: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """_pick with each guided request's grammar mask at its current position (row (b, tentative count));
+        """choose.pick with each guided request's grammar mask at its current position (row (b, tentative count));
         with `tentative`, the picked token is then accepted tentatively (drafting)."""
         guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
         for _, r in guided:
             self.masks.fill(index[r.request_id], r.guide)
         self.masks.apply(logits, [(j, index[r.request_id], r.guide.tentative) for j, r in guided])
-        ids, probs = self._pick(logits, reqs)
+        ids, probs = choose.pick(logits, reqs)
         if tentative:
             for j, r in guided:
                 accepted = r.guide.try_tentative(int(ids[j]))
                 assert accepted, "a token drawn under its grammar mask was rejected by the matcher"
         return ids, probs
-
-    def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits: [B, V] -> ([B] next tokens on CPU, greedy or sampled per request;
-        [B, V] probabilities when any request samples (one-hot rows for greedy ones), else None)."""
-        ids = sampling.greedy(logits)
-        sampled = [b for b, r in enumerate(reqs) if not r.params.greedy]
-        if not sampled:
-            return ids.cpu(), None
-        rows = [reqs[b] for b in sampled]
-        probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
-        probs[sampled] = sampling.probabilities(
-            logits[sampled], self._tensor([r.params.temperature for r in rows], torch.float32),
-            self._tensor([r.params.top_k for r in rows]), self._tensor([r.params.top_p for r in rows], torch.float32))
-        u = sampling.draw_uniforms([r.generator for r in rows]).to(self.device)
-        ids[sampled] = sampling.sample(probs[sampled], u)
-        return ids.cpu(), probs
 
     # ---- commit and emit --------------------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ def normalize_guide_type(guide_type: str) -> str:
 
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], cache_bytes: int,
-                 compile_threads: int = 2, timeout_s: float = 30.0, max_guide_bytes: int = 256 * 1024):
+                 compile_threads: int = 2, timeout_s: float = 30.0, max_guide_bytes: int = 256 * 1024,
+                 json_strict: bool = True, json_any_whitespace: bool = True):
         import xgrammar as xgr
 
         self.xgr = xgr
@@ -45,6 +46,12 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self.max_guide_bytes = max_guide_bytes
         self.vocab_size = vocab_size
+        # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default;
+        # JSON Schema itself allows them, and small models then ramble on adding keys).
+        # any_whitespace: free whitespace between tokens; False fixes the layout, which makes more positions
+        # grammar-forced (free drafts) but may push a model off the formatting it prefers.
+        self.json_strict = json_strict
+        self.json_any_whitespace = json_any_whitespace
 
     def check(self, guide_type: str, guide: str) -> str:
         """Cheap checks done when the request arrives; -> the normalized guide type."""
@@ -66,7 +73,8 @@ class GrammarCompiler:
             if kind == "json":
                 return self.compiler.compile_builtin_json_grammar()
             if kind == "json_schema":
-                return self.compiler.compile_json_schema(guide, any_whitespace=True, strict_mode=False)
+                return self.compiler.compile_json_schema(guide, any_whitespace=self.json_any_whitespace,
+                                                         strict_mode=self.json_strict)
             if kind == "regex":
                 return self.compiler.compile_regex(guide)
             if kind == "ebnf":

@@ -34,7 +34,8 @@ def layer():
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(CHECKPOINT)
     eos = tok.eos_token_id
-    compiler = GrammarCompiler(tok, 49152, [eos], cache_bytes=128 << 20)
+    # JSON Schema semantics (extra properties allowed unless forbidden), not the engine's strict default
+    compiler = GrammarCompiler(tok, 49152, [eos], cache_bytes=128 << 20, json_strict=False)
     return tok, compiler, StepMasks(49152, 1, 0, __import__("torch").device("cpu")), eos
 
 
