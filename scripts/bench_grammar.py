@@ -1,0 +1,542 @@
+"""Grammar-constrained decoding in process (no Triton): what the grammar costs and what speculation gains under it.
+
+    python scripts/bench_grammar.py              # full run on JME schemas, ~10 min on a 2-core CPU
+    python scripts/bench_grammar.py --quick      # 3 schemas, 48 tokens: a smoke run (writes grammar_cpu_quick.*)
+
+One run prints (and writes to docs/benchmarks/grammar_cpu.md / .json):
+  compile     GrammarCompiler.compile(json_schema) for every JME schema: cache miss (fresh cache) and hit
+              (same schema again), p50/p99 ms
+  mask work   per engine.step(): wall time inside StepMasks.fill / forced_prefix / seal / apply and the
+              tentative accepts of Engine._pick_guided (monkeypatched here, outermost call only), p50/p90/p99 µs
+              per step and per request-step (divided by the guided requests in that step); matcher commits
+              (Guide.commit) are reported beside it, not inside it
+  tok/s       the same prompts unconstrained vs json_schema-guided, both without speculation, batch 1 and 8
+  speculation guided, each drafter (grammar = forced tokens only, ngram, int8 draft model): tok/s, α, tokens per
+              step, speedup vs guided no-speculation at the same batch size, exact (same ids as guided no-spec)
+  validity    finished guided outputs that parse and validate against their schema (jsonschema)
+
+Prompts: chat-templated extraction tasks built from each schema's first valid instance
+("Extract the record as JSON matching the schema. Record: <instance> Schema: <schema>"), greedy. Batch 1 =
+the prompts one after another; batch 8 = groups of 8 submitted together. Grammars are compiled (cache hits)
+before each timed run starts, so decode timings exclude compiles.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "backend"))
+
+import torch  # noqa: E402
+
+from specgram import grammar as grammar_mod  # noqa: E402
+from specgram import masks as masks_mod  # noqa: E402
+from specgram.config import EngineConfig  # noqa: E402
+from specgram.engine import Engine  # noqa: E402
+from specgram.errors import InvalidRequest  # noqa: E402
+from specgram.request import SamplingParams  # noqa: E402
+
+JME = "/work/shared/data/jsonschemabench/JME"
+INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} Schema: {schema}"
+
+# name -> (guided, drafter, k)
+CONFIGS = {
+    "unconstrained": (False, None, 0),
+    "none": (True, None, 0),
+    "grammar-k4": (True, "grammar", 4),
+    "grammar-k8": (True, "grammar", 8),
+    "ngram-k4": (True, "ngram", 4),
+    "int8-k2": (True, "draft_model", 2),
+    "int8-k4": (True, "draft_model", 4),
+}
+
+
+# ---- instrumentation ------------------------------------------------------------------------------------
+
+class MaskTimer:
+    """Wall time spent in grammar-mask code per engine.step(), by outermost wrapped call."""
+
+    MASK = ("fill", "forced_prefix", "seal", "apply", "tentative")   # the headline "mask work"
+
+    def __init__(self):
+        self.depth = 0
+        self.cur: dict[str, float] = defaultdict(float)    # outermost calls, this step
+        self.incl: dict[str, float] = defaultdict(float)   # every call, this step
+        self.calls: dict[str, int] = defaultdict(int)
+        self.forced = 0
+        self.guides: set[int] = set()
+        self.steps: list[dict] = []
+        self.enabled = True
+
+    def wrap(self, owner, attr: str, cat: str):
+        fn = getattr(owner, attr)
+        timer = self
+
+        def wrapped(*a, **kw):
+            outer = timer.depth == 0
+            timer.depth += 1
+            t0 = time.perf_counter()
+            try:
+                out = fn(*a, **kw)
+            finally:
+                dt = time.perf_counter() - t0
+                timer.depth -= 1
+                timer.incl[cat] += dt           # inclusive, nested or not
+                timer.calls[cat] += 1
+                if outer:                       # nested calls are counted in their outermost caller
+                    timer.cur[cat] += dt
+            if cat == "forced_prefix":
+                timer.forced += len(out)
+            return out
+
+        wrapped.__wrapped__ = fn
+        setattr(owner, attr, wrapped)
+
+    def install(self) -> None:
+        SM, G = masks_mod.StepMasks, grammar_mod.Guide
+        self.wrap(SM, "fill", "fill")
+        self.wrap(SM, "forced_prefix", "forced_prefix")
+        self.wrap(SM, "seal", "seal")
+        self.wrap(SM, "apply", "apply")
+        self.wrap(G, "try_tentative", "tentative")   # top level only from Engine._pick_guided (drafting)
+        self.wrap(G, "rollback", "rollback")         # top level never (inside seal); kept for completeness
+        self.wrap(G, "commit", "commit")
+        self.wrap(SM, "rows_for", "rows_for")        # inside apply: gathering the mask rows
+        import xgrammar
+        self.wrap(xgrammar, "apply_token_bitmask_inplace", "kernel")   # inside apply: xgrammar's CPU kernel
+        orig_commit = G.commit
+        timer = self
+
+        def commit(guide, token):
+            timer.guides.add(id(guide))
+            return orig_commit(guide, token)
+        G.commit = commit
+        orig_step = Engine.step
+
+        def step(engine):
+            timer.cur.clear()
+            timer.incl.clear()
+            timer.calls.clear()
+            timer.forced = 0
+            timer.guides.clear()
+            t0 = time.perf_counter()
+            out = orig_step(engine)
+            wall = time.perf_counter() - t0
+            if timer.enabled and timer.guides:
+                timer.steps.append(dict(wall=wall, n=len(timer.guides), fills=timer.calls["fill"], forced=timer.forced,
+                                        fill_incl=timer.incl["fill"], rows_for=timer.incl["rows_for"],
+                                        kernel=timer.incl["kernel"], apply_calls=timer.calls["apply"],
+                                        mask=sum(timer.cur[c] for c in MaskTimer.MASK), **dict(timer.cur)))
+            return out
+        Engine.step = step
+
+    def take(self) -> list[dict]:
+        s, self.steps = self.steps, []
+        return s
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def mask_summary(steps: list[dict]) -> dict:
+    per_step = [1e6 * s["mask"] for s in steps]
+    per_req = [1e6 * s["mask"] / s["n"] for s in steps]
+    tot_mask = sum(s["mask"] for s in steps)
+    cats = {c: sum(s.get(c, 0.0) for s in steps) for c in MaskTimer.MASK}
+    return dict(
+        steps=len(steps),
+        step_p50=pct(per_step, 50), step_p90=pct(per_step, 90), step_p99=pct(per_step, 99),
+        req_p50=pct(per_req, 50), req_p90=pct(per_req, 90), req_p99=pct(per_req, 99),
+        commit_p50=pct([1e6 * s.get("commit", 0.0) for s in steps], 50),
+        share=tot_mask / max(sum(s["wall"] for s in steps), 1e-12),
+        fills_per_step=statistics.mean(s["fills"] for s in steps) if steps else 0.0,
+        fill_us=1e6 * sum(s["fill_incl"] for s in steps) / max(sum(s["fills"] for s in steps), 1),
+        fill_share=sum(s["fill_incl"] for s in steps) / max(tot_mask, 1e-12),
+        breakdown={c: v / max(tot_mask, 1e-12) for c, v in cats.items()},
+        rows_for_share=sum(s["rows_for"] for s in steps) / max(tot_mask, 1e-12),
+        kernel_share=sum(s["kernel"] for s in steps) / max(tot_mask, 1e-12),
+        apply_us=1e6 * cats["apply"] / max(sum(s["apply_calls"] for s in steps), 1),
+    )
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+def load_jme() -> list[dict]:
+    files = sorted(glob.glob(f"{JME}/*.json"), key=lambda f: int(re.findall(r"\d+", Path(f).stem)[-1]))
+    out = []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        valid = [t["data"] for t in d.get("tests", []) if t.get("valid", True)]
+        out.append(dict(name=Path(f).stem, schema=d["schema"], guide=json.dumps(d["schema"]),
+                        instance=valid[0] if valid else None))
+    return out
+
+
+def prompt_ids(tok, item: dict) -> list[int]:
+    text = INSTRUCTION.format(record=json.dumps(item["instance"]), schema=item["guide"])
+    chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok(chat, add_special_tokens=False)["input_ids"]
+
+
+# ---- compile --------------------------------------------------------------------------------------------
+
+def bench_compile(engine: Engine, items: list[dict]) -> dict:
+    gc_ = engine.grammar
+    gc_.compiler.clear_cache()
+    miss, hit, failed = [], [], []
+    for it in items:
+        t0 = time.perf_counter()
+        try:
+            gc_.compile("json_schema", it["guide"])
+        except InvalidRequest as e:
+            failed.append((it["name"], str(e)[:120]))
+            continue
+        miss.append(1e3 * (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        gc_.compile("json_schema", it["guide"])
+        hit.append(1e3 * (time.perf_counter() - t0))
+    return dict(n=len(items), compiled=len(miss), failed=failed,
+                miss_p50=pct(miss, 50), miss_p90=pct(miss, 90), miss_p99=pct(miss, 99), miss_max=max(miss, default=0),
+                miss_mean=statistics.mean(miss) if miss else 0,
+                hit_p50=pct(hit, 50), hit_p90=pct(hit, 90), hit_p99=pct(hit, 99), hit_max=max(hit, default=0),
+                cache_mb=gc_.cache_bytes() / 2**20)
+
+
+# ---- decode runs ----------------------------------------------------------------------------------------
+
+def make_requests(engine: Engine, items, pids, cfg: str, max_tokens: int):
+    guided, drafter, k = CONFIGS[cfg]
+    reqs = []
+    for it, ids in zip(items, pids):
+        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
+                           guide_type="json_schema" if guided else None, guide=it["guide"] if guided else None)
+        reqs.append(engine.make_request(p, prompt_ids=ids))
+    for r in reqs:                                  # compiles (cache hits) finish before the clock starts
+        if r.pending_grammar is not None:
+            r.pending_grammar.future.result()
+    return reqs
+
+
+def drive(engine: Engine, reqs) -> tuple[dict, dict, int]:
+    finals, nout = {}, defaultdict(int)
+    steps = 0
+    for r in reqs:
+        engine.add(r)
+    while engine.has_work():
+        steps += 1
+        for o in engine.step():
+            nout[o.request_id] += 1
+            if o.finished:
+                finals[o.request_id] = o
+    return finals, nout, steps
+
+
+def run(engine: Engine, items, pids, cfg: str, max_tokens: int, batch: int) -> dict:
+    reqs = make_requests(engine, items, pids, cfg, max_tokens)
+    gc.collect()
+    finals, nout, steps = {}, {}, 0
+    t0 = time.perf_counter()
+    for i in range(0, len(reqs), batch):
+        f, n, s = drive(engine, reqs[i:i + batch])
+        finals.update(f)
+        nout.update(n)
+        steps += s
+    dt = time.perf_counter() - t0
+    for r in reqs:
+        if finals[r.request_id].error:
+            raise RuntimeError(f"{cfg}: {finals[r.request_id].error}")
+    return dict(seconds=dt, outs=[r.output_ids for r in reqs], steps=steps,
+                reasons=[finals[r.request_id].finish_reason for r in reqs],
+                drafted=sum(finals[r.request_id].spec.drafted for r in reqs),
+                accepted=sum(finals[r.request_id].spec.accepted for r in reqs),
+                req_steps=sum(nout[r.request_id] for r in reqs))
+
+
+def parse_json(text: str, lenient: bool):
+    try:
+        return True, json.loads(text)
+    except ValueError:
+        pass
+    if lenient:
+        a, b = text.find("{"), text.rfind("}")
+        if 0 <= a < b:
+            try:
+                return True, json.loads(text[a:b + 1])
+            except ValueError:
+                pass
+    return False, None
+
+
+def validity(tok, items, outs, reasons, lenient: bool) -> dict:
+    import jsonschema
+
+    n_stop = n_parse = n_valid = 0
+    for it, ids, why in zip(items, outs, reasons):
+        n_stop += why == "stop"
+        ok, obj = parse_json(tok.decode(ids, skip_special_tokens=True).strip(), lenient)
+        if not ok:
+            continue
+        n_parse += 1
+        try:
+            jsonschema.validate(obj, it["schema"])
+            n_valid += 1
+        except jsonschema.exceptions.ValidationError:
+            pass
+        except jsonschema.exceptions.SchemaError:
+            pass
+    return dict(n=len(outs), stop=n_stop, parse=n_parse, valid=n_valid)
+
+
+def forced_positions(engine: Engine, items, outs) -> float:
+    """Replay the outputs through fresh matchers: the share of output positions where the grammar allowed exactly
+    one token (an upper bound on what grammar-forced drafting could propose)."""
+    buf = torch.zeros((1, grammar_mod.bitmask_width(engine.target.vocab_size)), dtype=torch.int32)
+    forced = total = 0
+    for it, ids in zip(items, outs):
+        g = grammar_mod.Guide(engine.grammar.compile("json_schema", it["guide"]))
+        for t in ids:
+            if g.terminated:
+                break
+            g.fill(buf, 0)
+            total += 1
+            forced += grammar_mod.single_allowed_token(buf[0].numpy()) >= 0
+            if not g.matcher.accept_token(t):
+                break
+    return forced / max(total, 1)
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+def machine() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
+                     .stdout.splitlines() if line.startswith("Model name"))
+    except Exception:  # noqa: BLE001
+        model = platform.processor() or "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads"
+
+
+def versions() -> str:
+    out = []
+    for p in ("torch", "transformers", "xgrammar", "jsonschema"):
+        try:
+            out.append(f"{p} {md.version(p)}")
+        except md.PackageNotFoundError:
+            out.append(f"{p} ?")
+    return ", ".join(out) + f", Python {platform.python_version()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct"))
+    ap.add_argument("--schemas", type=int, default=8, help="JME schemas used as decode prompts (evenly spaced)")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--out", default="", help="output stem (default docs/benchmarks/grammar_cpu[_quick])")
+    ap.add_argument("--quick", action="store_true", help="2 schemas (compile: 5), 48 tokens, batches 1 and 2")
+    args = ap.parse_args()
+    if args.quick:
+        args.schemas, args.max_tokens, args.batches = 2, 48, [1, 2]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+    for must in ("none", "unconstrained")[::-1]:
+        if must not in names:
+            names.insert(0, must)
+    names.sort(key=list(CONFIGS).index)
+    out_stem = Path(args.out) if args.out else REPO / "docs" / "benchmarks" / ("grammar_cpu_quick" if args.quick
+                                                                                else "grammar_cpu")
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+
+    items = load_jme()
+    all_items = items[:5] if args.quick else items
+    from specgram.engine import load_tokenizer
+    tok = load_tokenizer(args.model)
+    # decode prompts: evenly spaced schemas whose instance fits comfortably in max_tokens
+    fits = [it for it in items if it["instance"] is not None
+            and len(tok(json.dumps(it["instance"]))["input_ids"]) <= 0.6 * args.max_tokens]
+    step = max(len(fits) // args.schemas, 1)
+    chosen = fits[::step][:args.schemas]
+    pids = [prompt_ids(tok, it) for it in chosen]
+    max_slots = max(args.batches)
+    max_seq_len = max(map(len, pids)) + args.max_tokens + 16
+    need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
+    config = EngineConfig(checkpoint=args.model, device="cpu", dtype="float32", max_slots=max_slots,
+                          max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=args.max_tokens,
+                          draft_quantization="int8" if need_int8 else "none")
+    engine = Engine.from_config(config)
+    timer = MaskTimer()
+    timer.install()
+
+    header = (f"{Path(args.model).name} fp32 target on {machine()}; {versions()}; "
+              f"load avg at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}")
+    print(f"# {header}", flush=True)
+    print(f"# decode prompts: {', '.join(it['name'] for it in chosen)} (prompt tokens mean "
+          f"{statistics.mean(map(len, pids)):.0f}, max {max(map(len, pids))}); max_tokens {args.max_tokens}, greedy",
+          flush=True)
+
+    # 1. compile
+    comp = bench_compile(engine, all_items)
+    print(f"# compile: {comp['compiled']}/{comp['n']} schemas; miss p50 {comp['miss_p50']:.1f} ms p99 "
+          f"{comp['miss_p99']:.1f} ms; hit p50 {comp['hit_p50']:.3f} ms p99 {comp['hit_p99']:.3f} ms", flush=True)
+    for name, err in comp["failed"]:
+        print(f"#   failed {name}: {err}", flush=True)
+    for it in chosen:                                   # the decode grammars stay cached (hits) from here on
+        engine.grammar.compile("json_schema", it["guide"])
+
+    # 2. warm-up: every config, every batch size, a few tokens
+    timer.enabled = False
+    for b in args.batches:
+        for n in names:
+            run(engine, chosen[:b], pids[:b], n, 6, b)
+    timer.enabled = True
+    timer.take()
+
+    # 3. timed runs
+    rows = []
+    for b in args.batches:
+        ref = None
+        for n in names:
+            guided, drafter, k = CONFIGS[n]
+            r = run(engine, chosen, pids, n, args.max_tokens, b)
+            steps = timer.take()
+            tokens = sum(map(len, r["outs"]))
+            row = dict(batch=b, config=n, guided=guided, drafter=drafter or "none", k=k, tokens=tokens,
+                       seconds=r["seconds"], tps=tokens / r["seconds"], engine_steps=r["steps"],
+                       ms_per_step=1e3 * r["seconds"] / r["steps"],
+                       tok_per_step=tokens / max(r["req_steps"], 1),
+                       alpha=r["accepted"] / r["drafted"] if r["drafted"] else None,
+                       drafted=r["drafted"], accepted=r["accepted"],
+                       forced=sum(s["forced"] for s in steps),
+                       stop=sum(x == "stop" for x in r["reasons"]), n=len(r["outs"]),
+                       validity=validity(tok, chosen, r["outs"], r["reasons"], lenient=not guided),
+                       forced_positions=forced_positions(engine, chosen, r["outs"]) if n == "none" else None,
+                       mask=mask_summary(steps) if guided else None)
+            if n == "none":
+                ref = r
+            row["exact"] = (r["outs"] == ref["outs"]) if guided and ref is not None else None
+            row["_outs"] = r["outs"]
+            rows.append(row)
+            a = f"{row['alpha']:.2f}" if row["alpha"] is not None else "-"
+            ms = row["mask"]
+            print(f"# batch {b} {n}: {row['tps']:.1f} tok/s, {tokens} tokens, {row['ms_per_step']:.1f} ms/step, "
+                  f"α {a}, tok/step {row['tok_per_step']:.2f}, valid {row['validity']['valid']}/{row['n']}"
+                  + (f", mask p50 {ms['step_p50']:.0f} µs/step ({100 * ms['share']:.1f}% of step)" if ms else ""),
+                  flush=True)
+    for b in args.batches:
+        base = next(r for r in rows if r["batch"] == b and r["config"] == "none")
+        for r in rows:
+            if r["batch"] == b:
+                r["speedup"] = r["tps"] / base["tps"]
+
+    md_text = report(args, command, header, chosen, pids, comp, rows, time.perf_counter() - t_start)
+    print()
+    print(md_text)
+    out_stem.parent.mkdir(parents=True, exist_ok=True)
+    out_stem.with_suffix(".md").write_text(md_text)
+    out_stem.with_suffix(".json").write_text(json.dumps(dict(
+        command=command, header=header, prompts=[it["name"] for it in chosen], max_tokens=args.max_tokens,
+        compile=comp, rows=[{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]), indent=1))
+    print(f"\n# wrote {out_stem.with_suffix('.md')} and .json; total {time.perf_counter() - t_start:.0f} s; "
+          f"load avg now {os.getloadavg()[0]:.2f}", flush=True)
+
+
+def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
+    L = ["# Grammar-constrained decoding on CPU (JME schemas)", "",
+         f"Command: `{command}` ({elapsed:.0f} s)  ", f"Machine: {header}", "",
+         f"Decode prompts: {len(chosen)} JME schemas ({', '.join(it['name'] for it in chosen)}), chat-templated "
+         f"extraction (\"{INSTRUCTION}\"), prompt tokens mean {statistics.mean(map(len, pids)):.0f}; greedy, "
+         f"max_tokens {args.max_tokens}, guide_type json_schema. Batch 1 = prompts one after another; batch "
+         f"{max(args.batches)} = submitted together. One timed run per row, after a warm-up; the machine is noisy, "
+         "so read differences under ~10% as noise.", "",
+         "## Compile time (GrammarCompiler.compile, json_schema)", "",
+         "| schemas | compiled | miss p50 ms | miss p90 ms | miss p99 ms | miss max ms | hit p50 ms | hit p99 ms | cache MiB |",
+         "|---|---|---|---|---|---|---|---|---|",
+         f"| {comp['n']} | {comp['compiled']} | {comp['miss_p50']:.1f} | {comp['miss_p90']:.1f} | {comp['miss_p99']:.1f} | "
+         f"{comp['miss_max']:.1f} | {comp['hit_p50']:.3f} | {comp['hit_p99']:.3f} | {comp['cache_mb']:.1f} |", ""]
+    if comp["failed"]:
+        L += ["Failed to compile: " + "; ".join(f"{n} ({e})" for n, e in comp["failed"]), ""]
+    L += ["Miss = first compile after `clear_cache()`; hit = the same schema again (xgrammar's compiled-grammar cache). "
+          "Called directly, without the engine's compile thread pool.", "",
+          "## Mask work per step", "",
+          "Wall time per `engine.step()` inside StepMasks.fill / forced_prefix / seal / apply and the tentative "
+          "accepts in Engine._pick_guided (outermost call only). Per request-step = that step's time / guided "
+          "requests in it. fill % = share of that time in xgrammar fill_next_token_bitmask (nested calls included); "
+          "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
+          "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of "
+          "the committed tokens), not included in the mask figures.", "",
+          "| batch | drafter | k | steps | µs/step p50 | p90 | p99 | µs/req-step p50 | p90 | p99 | % of step | fills/step | µs/fill | fill % | apply % (gather, kernel) | µs/apply | commit µs/step p50 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["mask"]
+        if m:
+            L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {m['steps']} | {m['step_p50']:.0f} | {m['step_p90']:.0f} | "
+                     f"{m['step_p99']:.0f} | {m['req_p50']:.0f} | {m['req_p90']:.0f} | {m['req_p99']:.0f} | "
+                     f"{100 * m['share']:.1f} | {m['fills_per_step']:.1f} | {m['fill_us']:.0f} | "
+                     f"{100 * m['fill_share']:.0f} | {100 * m['breakdown']['apply']:.0f} ({100 * m['rows_for_share']:.0f}, "
+                     f"{100 * m['kernel_share']:.0f}) | {m['apply_us']:.0f} | {m['commit_p50']:.0f} |")
+    L += ["", "## Constrained vs unconstrained (no speculation)", "",
+          "Output tok/s; the unconstrained outputs differ in length (ms/step is the fairer per-step cost).", "",
+          "| batch | unconstrained tok/s | guided tok/s | ratio | unconstrained ms/step | guided ms/step | "
+          "unconstrained tokens | guided tokens | valid unconstrained | valid guided |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for b in args.batches:
+        u = next(r for r in rows if r["batch"] == b and r["config"] == "unconstrained")
+        g = next(r for r in rows if r["batch"] == b and r["config"] == "none")
+        L.append(f"| {b} | {u['tps']:.1f} | {g['tps']:.1f} | {g['tps'] / u['tps']:.2f}× | {u['ms_per_step']:.1f} | "
+                 f"{g['ms_per_step']:.1f} | {u['tokens']} | {g['tokens']} | {u['validity']['valid']}/{u['n']} | "
+                 f"{g['validity']['valid']}/{g['n']} |")
+    g1 = next(r for r in rows if r["config"] == "none")
+    L += ["", f"Positions where the grammar allows exactly one token (replaying the guided outputs): "
+          f"{100 * g1['forced_positions']:.1f}%.", ""]
+    L += ["", "Valid = parses as JSON and validates against the schema (jsonschema); the unconstrained text is parsed "
+          "leniently (the outermost `{...}`).", "",
+          "## Speculation under the grammar", "",
+          "| batch | drafter | k | tok/s | α | tok/step | forced/token | speedup | exact | finished (stop) | valid |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["guided"]:
+            continue
+        a = f"{r['alpha']:.2f}" if r["alpha"] is not None else "–"
+        v = r["validity"]
+        L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {r['tps']:.1f} | {a} | {r['tok_per_step']:.2f} | "
+                 f"{r['forced'] / max(r['tokens'], 1):.2f} | {r['speedup']:.2f}× | {'yes' if r['exact'] else 'NO'} | "
+                 f"{r['stop']}/{r['n']} | {v['valid']}/{v['n']} ({100 * v['valid'] / max(v['stop'], 1):.0f}% of finished) |")
+    L += ["", "α = accepted / drafted draft tokens (grammar-forced drafts included); tok/step = output tokens / "
+          "request-steps (prefill step counts); forced/token = grammar-forced draft tokens proposed per output token; "
+          "speedup = tok/s / guided no-speculation tok/s at the same batch size; exact = output ids equal guided "
+          "no-speculation for every prompt; int8 = int8 dynamic-quantized copy of the target "
+          "(draft_quantization=\"int8\").", ""]
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    main()
