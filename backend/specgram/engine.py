@@ -179,9 +179,7 @@ class Engine:
         batch: list[Request] = []
         failed: list[RequestOutput] = []
         for req in list(self.waiting):
-            if not self.free_slots:
-                break
-            if req.pending_grammar is not None:
+            if req.pending_grammar is not None:     # checked even with no free slot: errors go out at once
                 try:
                     compiled = req.pending_grammar.result()
                 except InvalidRequest as e:
@@ -192,6 +190,8 @@ class Engine:
                     continue
                 req.guide = Guide(compiled)
                 req.pending_grammar = None
+            if not self.free_slots:
+                continue
             width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
             if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:
                 break

@@ -1,4 +1,4 @@
-"""JSONSchemaBench corpus (../shared/data/jsonschemabench) through our grammar layer with the real default
+"""JSONSchemaBench corpus (a sample vendored in tests/data; the full set in ../shared/data) through our grammar layer with the real default
 tokenizer: for each schema xgrammar compiles, every valid instance (json.dumps, tokenized as the model would
 tokenize it) is accepted token by token, the end-of-sequence token is then allowed, and the invalid
 instances are not all accepted. Counts per folder go to build/jsonschemabench_counts.md.
@@ -14,7 +14,7 @@ from specgram.grammar import GrammarCompiler, Guide, token_allowed
 from specgram.masks import StepMasks
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("JSONSCHEMABENCH", REPO.parent / "shared" / "data" / "jsonschemabench"))
+DATA = Path(os.environ.get("JSONSCHEMABENCH", REPO / "tests" / "data" / "jsonschemabench"))  # vendored sample
 CHECKPOINT = REPO / "models" / "SmolLM2-135M-Instruct"
 SAMPLE = 12
 # Schemas that xgrammar compiles into a narrower grammar than JSON Schema allows (its documented limits),

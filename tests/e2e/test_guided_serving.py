@@ -10,7 +10,7 @@ import pytest
 
 from triton_server import REPO, errors_of, ids_of, last_value, stream_infer, text_of
 
-JME = REPO.parent / "shared" / "data" / "jsonschemabench" / "JME"
+JME = REPO / "tests" / "data" / "jsonschemabench" / "JME"
 
 
 def jme_cases(n=6):
