@@ -28,6 +28,7 @@ class EngineConfig:
     draft_quantization: str = "none"  # "int8": the draft is an int8 dynamic-quantized copy (of draft_checkpoint,
                                       # or of the target when that is empty); CPU only
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens
+    default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
     ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
@@ -54,8 +55,9 @@ class EngineConfig:
             raise ModelLoadError(f"draft_quantization must be none or int8, got {self.draft_quantization!r}")
         if self.draft_quantization == "int8" and self.torch_device().type != "cpu":
             raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
-        if not 0 <= self.default_num_draft_tokens <= self.max_draft_len:
-            raise ModelLoadError("default_num_draft_tokens must be in [0, max_draft_len]")
+        for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
+            if not 0 <= getattr(self, name) <= self.max_draft_len:
+                raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string

@@ -108,7 +108,8 @@ class Engine:
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
         """Validate and tokenize; raises InvalidRequest with a user-facing message. Thread-safe (no state)."""
         if params.num_draft_tokens is None:
-            params.num_draft_tokens = self.config.default_num_draft_tokens
+            params.num_draft_tokens = self.config.default_num_draft_tokens_guided if params.guide_type is not None \
+                else self.config.default_num_draft_tokens
         params.validate(self.config.default_max_tokens, self.config.max_draft_len)
         kind = None
         if params.guide_type is not None:

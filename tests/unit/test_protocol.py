@@ -65,3 +65,14 @@ def test_load_errors_are_clear(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ModelLoadError, match="not supported"):
         Engine.from_config(EngineConfig(checkpoint=str(tmp_path)))
+
+
+def test_default_draft_length_depends_on_the_guide(tiny_ckpt):
+    from specgram.engine import Engine
+    from specgram.request import SamplingParams
+    engine = Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), default_num_draft_tokens=1,
+                                             default_num_draft_tokens_guided=3))
+    assert engine.make_request(SamplingParams(), text="hi").params.num_draft_tokens == 1
+    guided = engine.make_request(SamplingParams(guide_type="regex", guide="a+"), text="hi")
+    assert guided.params.num_draft_tokens == 3
+    assert engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi").params.num_draft_tokens == 0
