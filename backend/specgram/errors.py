@@ -9,9 +9,5 @@ class InvalidRequest(EngineError):
     """The request itself is wrong (bad type, value, prompt, guide). Maps to INVALID_ARG."""
 
 
-class Unsupported(InvalidRequest):
-    """A well-formed request asks for something this build does not do yet. Maps to UNSUPPORTED."""
-
-
 class ModelLoadError(EngineError):
     """The checkpoint or the engine settings cannot be used; raised at load time with an actionable message."""

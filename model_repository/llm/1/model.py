@@ -24,7 +24,7 @@ except ImportError:  # running from a source tree without the install
 
 from specgram.config import EngineConfig
 from specgram.engine import Engine
-from specgram.errors import EngineError, InvalidRequest, Unsupported
+from specgram.errors import EngineError, InvalidRequest
 from specgram.loop import EngineLoop
 from specgram.protocol import ClientRequest, parse
 from specgram.request import RequestOutput
@@ -159,8 +159,7 @@ class TritonPythonModel:
                 creq = parse(read_inputs(request), read_parameters(request))
                 req = self.engine.make_request(creq.params, text=creq.text, messages=creq.messages, chat=creq.chat)
             except InvalidRequest as e:
-                code = pb_utils.TritonError.UNSUPPORTED if isinstance(e, Unsupported) else pb_utils.TritonError.INVALID_ARG
-                self._send_error(sender, str(e), code)
+                self._send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
