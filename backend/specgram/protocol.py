@@ -16,13 +16,26 @@ from .prompt import parse_messages
 from .request import SamplingParams
 
 
+def _number(v: Any) -> Any:
+    """Numbers may arrive as JSON strings (genai-perf sends sampling_parameters {"max_tokens": "32"}, and
+    vllm_backend accepts that); anything that does not parse stays as it is and fails the type check."""
+    if isinstance(v, str):
+        try:
+            return float(v) if any(c in v for c in ".eE") or v.strip().lower() in ("nan", "inf", "-inf") else int(v)
+        except ValueError:
+            return v
+    return v
+
+
 def _int(name: str, v: Any) -> int:
+    v = _number(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
         raise InvalidRequest(f"{name} must be an integer, got {v!r}")
     return int(v)
 
 
 def _float(name: str, v: Any) -> float:
+    v = _number(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise InvalidRequest(f"{name} must be a finite number, got {v!r}")
     return float(v)

@@ -19,6 +19,14 @@ def test_defaults_follow_the_stream_flag():
     assert parse({"text_input": "x", "stream": True, "exclude_input_in_output": False}).exclude_input_in_output is False
 
 
+def test_numbers_as_strings_as_genai_perf_sends_them():
+    c = parse({"text_input": "x", "sampling_parameters": json.dumps({"max_tokens": "32", "temperature": "0.5"})})
+    assert c.params.max_tokens == 32 and c.params.temperature == 0.5
+    for bad in ({"max_tokens": "32.5"}, {"max_tokens": "many"}, {"temperature": "nan"}):
+        with pytest.raises(InvalidRequest):
+            parse({"text_input": "x", "sampling_parameters": json.dumps(bad)})
+
+
 def test_http_style_values_and_stop_forms():
     c = parse({"text_input": "x"}, {"stream": "true", "stop": "END", "max_tokens": 4.0})
     assert c.stream is True and c.params.stop == ["END"] and c.params.max_tokens == 4
