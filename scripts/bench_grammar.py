@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "backend"))
 
 import torch  # noqa: E402
+from bench_common import select_configs  # noqa: E402
 
 from specgram import grammar as grammar_mod  # noqa: E402
 from specgram import masks as masks_mod  # noqa: E402
@@ -362,14 +363,7 @@ def main() -> None:
         args.schemas, args.max_tokens, args.batches = 2, 48, [1, 2]
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        ap.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
-    for must in ("none", "unconstrained")[::-1]:
-        if must not in names:
-            names.insert(0, must)
-    names.sort(key=list(CONFIGS).index)
+    names = select_configs(ap, args.configs, CONFIGS, ("unconstrained", "none"))
     out_stem = Path(args.out) if args.out else REPO / "docs" / "benchmarks" / ("grammar_cpu_quick" if args.quick
                                                                                 else "grammar_cpu")
     load0 = os.getloadavg()

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "backend"))
 
 import torch  # noqa: E402
+from bench_common import select_configs  # noqa: E402
 
 from specgram.config import EngineConfig  # noqa: E402
 from specgram.drafters import DraftModelDrafter  # noqa: E402
@@ -155,12 +156,7 @@ def main() -> None:
         args.prompts, args.max_tokens, args.batches = 2, 48, [1, 2]
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        ap.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
-    if "none" not in names:
-        names.insert(0, "none")                       # the reference for speedup and exactness
+    names = select_configs(ap, args.configs, CONFIGS, ("none",))   # "none": the reference for speedup, exactness
     max_slots = max(args.batches)
 
     tok = load_tokenizer(args.model)
