@@ -209,12 +209,8 @@ class Engine:
         return self.drafters[req.params.drafter]
 
     def _prefill(self, reqs: list[Request]) -> list[RequestOutput]:
-        width = max(len(r.prompt_ids) for r in reqs)
-        tokens = torch.zeros(len(reqs), width, dtype=torch.long)
-        for b, r in enumerate(reqs):
-            tokens[b, :len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
-        logits = self.target.forward(tokens.to(self.device), self._slots(reqs), self._zeros(reqs),
-                                     self._tensor([len(r.prompt_ids) for r in reqs]), last_only=True)   # [B, V]
+        logits = self.target.forward_rows([r.prompt_ids for r in reqs], [r.slot for r in reqs], [0] * len(reqs),
+                                          last_only=True)                                              # [B, V]
         for r in reqs:
             r.cache_len = len(r.prompt_ids)
         for name, drafter in self.drafters.items():
@@ -266,12 +262,9 @@ class Engine:
 
     def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
         """One batched target forward over [last committed token, d_0 .. d_{k-1}] for every request."""
-        width = 1 + max(len(p.tokens) for p in proposals)
-        tokens = torch.zeros(len(reqs), width, dtype=torch.long)
-        for b, (r, p) in enumerate(zip(reqs, proposals)):
-            tokens[b, :1 + len(p.tokens)] = torch.tensor([r.output_ids[-1], *p.tokens])
-        logits = self.target.forward(tokens.to(self.device), self._slots(reqs), self._tensor([r.cache_len for r in reqs]),
-                                     self._tensor([1 + len(p.tokens) for p in proposals]), last_only=False)
+        logits = self.target.forward_rows([[r.output_ids[-1], *p.tokens] for r, p in zip(reqs, proposals)],
+                                          [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
+        width = logits.shape[1]
         entries = [(b * width + i, b, i) for b, r in enumerate(reqs) if r.guide is not None
                    for i in range(1 + len(proposals[b].tokens))]
         self.masks.apply(logits.view(-1, logits.shape[-1]), entries)       # same rows the drafts were masked with
@@ -360,14 +353,3 @@ class Engine:
         out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
         out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
         return out
-
-    # ---- small tensor helpers ---------------------------------------------------------------------------
-
-    def _tensor(self, values, dtype=torch.long) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
-
-    def _slots(self, reqs: list[Request]) -> torch.Tensor:
-        return self._tensor([r.slot for r in reqs])
-
-    def _zeros(self, reqs: list[Request]) -> torch.Tensor:
-        return torch.zeros(len(reqs), dtype=torch.long, device=self.device)

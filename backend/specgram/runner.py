@@ -83,6 +83,17 @@ class ModelRunner:
             raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
         return cls(model.to(device), max_slots, max_seq_len)
 
+    def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
+        """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b]
+        (rows are right-padded here)."""
+        width = max(map(len, rows))
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, row in enumerate(rows):
+            tokens[b, :len(row)] = torch.tensor(row)
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
+        return self.forward(tokens.to(self.device), as_tensor(slots), as_tensor(starts),
+                            as_tensor([len(row) for row in rows]), last_only)
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
                 last_only: bool) -> torch.Tensor:

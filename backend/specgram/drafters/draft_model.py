@@ -33,14 +33,7 @@ class DraftModelDrafter(Drafter):
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
-        dev = self.runner.device
-        width = max(map(len, rows))
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, row in enumerate(rows):
-            tokens[b, :len(row)] = torch.tensor(row)
-        logits = self.runner.forward(tokens.to(dev), torch.tensor([r.slot for r in reqs], device=dev),
-                                     torch.tensor(starts, device=dev), torch.tensor([len(x) for x in rows], device=dev),
-                                     last_only=True)
+        logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, last_only=True)
         return fit_vocab(logits, self.vocab)
 
     def admit(self, reqs: list[Request]) -> None:
