@@ -1,0 +1,177 @@
+"""Run records -> summary rows, the markdown report and the PNG plots."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from cases import is_valid
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo, frac = int(pos), pos - int(pos)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * frac
+
+
+def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
+    """One row of the table. reference = ours in-process, target only, same guide and concurrency (same ids?)."""
+    reqs = run["requests"]
+    tokens = sum(len(r["ids"]) for r in reqs)
+    itl = [1000 * (r["latency_s"] - r["ttft_s"]) / (len(r["ids"]) - 1) for r in reqs if len(r["ids"]) > 1]
+    same = None
+    if reference is not None:
+        ref = {r["case"]: r["ids"] for r in reference["requests"]}
+        same = sum(ref.get(r["case"]) == r["ids"] for r in reqs)
+    return dict(
+        system=run["system"], config=run["config"], guided=run["guided"], concurrency=run["concurrency"],
+        tokens=tokens, wall_s=run["wall_s"], tok_s=tokens / run["wall_s"],
+        ttft_p50=1000 * pct([r["ttft_s"] for r in reqs], 50), ttft_p90=1000 * pct([r["ttft_s"] for r in reqs], 90),
+        itl_p50=pct(itl, 50), itl_p90=pct(itl, 90),
+        lat_p50=pct([r["latency_s"] for r in reqs], 50), lat_p90=pct([r["latency_s"] for r in reqs], 90),
+        lat_p99=pct([r["latency_s"] for r in reqs], 99),
+        acceptance=(run["accepted"] / run["drafted"]) if run.get("drafted") else None,
+        drafted=run.get("drafted"), valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in reqs),
+        n=len(reqs), same_ids=same,
+    )
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """ratio = tok/s / the same system's target-only tok/s at the same guide and concurrency."""
+    base = {(r["system"], r["guided"], r["concurrency"]): r["tok_s"] for r in rows if r["config"] == "target only"}
+    for r in rows:
+        b = base.get((r["system"], r["guided"], r["concurrency"]))
+        r["ratio"] = r["tok_s"] / b if b else None
+
+
+def find(rows, system, config, guided, c):
+    return next((r for r in rows if r["system"] == system and r["config"] == config and r["guided"] == guided
+                 and r["concurrency"] == c), None)
+
+
+def best(rows, system, guided, c):
+    cands = [r for r in rows if r["system"] == system and r["guided"] == guided and r["concurrency"] == c]
+    return max(cands, key=lambda r: r["tok_s"]) if cands else None
+
+
+def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
+    """The ratios the issue asks for, each with the two rows it divides."""
+    out = []
+
+    def ratio(label, a, b):
+        if a and b:
+            out.append(f"| {label} | {a['tok_s'] / b['tok_s']:.2f}× | {a['system']} · {a['config']} "
+                       f"({a['tok_s']:.1f}) ÷ {b['system']} · {b['config']} ({b['tok_s']:.1f}) |")
+        else:
+            out.append(f"| {label} | – | not measured in this run |")
+
+    lo, hi = min(concurrency), max(concurrency)
+    T, I = "ours via Triton", "ours in-process"
+    for c in (lo, hi):
+        for g in (False, True):
+            ratio(f"spec ÷ no-spec, {'guided' if g else 'unguided'}, c={c} (Triton, best drafter)",
+                  best([r for r in rows if r["config"] != "target only"], T, g, c), find(rows, T, "target only", g, c))
+    for c in (lo, hi):
+        ratio(f"constrained ÷ unconstrained, target only, c={c} (Triton)",
+              find(rows, T, "target only", True, c), find(rows, T, "target only", False, c))
+    for c in (lo, hi):
+        for g in (False, True):
+            ratio(f"Triton ÷ in-process, target only, {'guided' if g else 'unguided'}, c={c}",
+                  find(rows, T, "target only", g, c), find(rows, I, "target only", g, c))
+    for g in (False, True):
+        ratio(f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
+              find(rows, T, "target only", g, hi), find(rows, T, "target only", g, lo))
+    peers = sorted({r["system"] for r in rows if r["system"] not in (T, I)})
+    for peer in peers:
+        for c in (lo, hi):
+            for g in (False, True):
+                ratio(f"ours ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c} (Triton)",
+                      find(rows, T, "target only", g, c), find(rows, peer, "target only", g, c))
+                ratio(f"ours ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c} (Triton)",
+                      best(rows, T, g, c), best(rows, peer, g, c))
+    return out
+
+
+def _f(v, fmt="{:.1f}"):
+    return "–" if v is None or v != v else fmt.format(v)
+
+
+def table(rows: list[dict]) -> list[str]:
+    L = ["| system | config | guide | c | output tok/s | ÷ target only | TTFT p50 ms | ITL p50 ms | latency p50 / p90 / "
+         "p99 s | acceptance | valid | same ids as ours |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        same = "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}"
+        L.append(f"| {r['system']} | {r['config']} | {'json_schema' if r['guided'] else '–'} | {r['concurrency']} | "
+                 f"{r['tok_s']:.1f} | {_f(r['ratio'], '{:.2f}×')} | {r['ttft_p50']:.0f} | {_f(r['itl_p50'])} | "
+                 f"{r['lat_p50']:.1f} / {r['lat_p90']:.1f} / {r['lat_p99']:.1f} | {_f(r['acceptance'], '{:.0%}')} | "
+                 f"{r['valid']}/{r['n']} | {same} |")
+    return L
+
+
+# colour = configuration, line and marker = system
+_COLOR = {"target only": "tab:blue", "ngram k4": "tab:orange", "int8 draft k2": "tab:green",
+          "grammar-forced k4": "tab:purple"}
+_STYLE = {"ours in-process": ":", "ours via Triton": "-", "HF transformers": "--", "vLLM-CPU float32": "-.",
+          "vLLM-CPU bfloat16": (0, (5, 1, 1, 1, 1, 1))}
+_MARK = {"ours in-process": "o", "ours via Triton": "s", "HF transformers": "^", "vLLM-CPU float32": "D",
+         "vLLM-CPU bfloat16": "v"}
+
+
+def plots(rows: list[dict], out_dir: Path) -> list[str]:
+    """tok/s vs concurrency (one line per system · config, guided and unguided panels); latency percentiles
+    at the highest concurrency. -> written file names."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
+    for ax, guided in zip(axes, (False, True)):
+        series = sorted({(r["system"], r["config"]) for r in rows if r["guided"] == guided})
+        for system, config in series:
+            pts = sorted((r["concurrency"], r["tok_s"]) for r in rows
+                         if r["system"] == system and r["config"] == config and r["guided"] == guided)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=_STYLE.get(system, "-"),
+                    marker=_MARK.get(system, "o"), color=_COLOR.get(config, "black"), label=f"{system} · {config}")
+        ax.set_title("JSON-schema guided" if guided else "unguided")
+        ax.set_xlabel("concurrent requests")
+        ax.set_xscale("log", base=2)
+        cs = sorted({r["concurrency"] for r in rows})
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("output tokens / s (all requests)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "tok_s_vs_concurrency.png", dpi=110)
+    files.append("tok_s_vs_concurrency.png")
+    plt.close(fig)
+
+    hi = max(r["concurrency"] for r in rows)
+    sel = [r for r in rows if r["concurrency"] == hi]
+    fig, axes = plt.subplots(1, 2, figsize=(14, max(4, 0.28 * len(sel) + 1.5)))
+    labels = [f"{r['system']} · {r['config']}{' · guided' if r['guided'] else ''}" for r in sel]
+    y = list(range(len(sel)))
+    for ax, (what, keys) in zip(axes, (("request latency s", ("lat_p50", "lat_p90", "lat_p99")),
+                                       ("TTFT ms", ("ttft_p50", "ttft_p90")))):
+        h = 0.8 / len(keys)
+        for j, key in enumerate(keys):
+            ax.barh([v + j * h for v in y], [r[key] for r in sel], height=h, label=key.split("_")[1])
+        ax.set_yticks([v + 0.4 - h / 2 for v in y])
+        ax.set_yticklabels(labels if ax is axes[0] else [], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(what)
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"latency percentiles at {hi} concurrent requests")
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency_percentiles.png", dpi=110)
+    files.append("latency_percentiles.png")
+    plt.close(fig)
+    return files
+
+
+def mean_prompt(cases) -> float:
+    return statistics.mean(len(c["prompt_ids"]) for c in cases)
