@@ -1,13 +1,43 @@
-# Stub until the GPU issue (#6): the intended image, not yet built or verified anywhere.
-# Plan: NGC Triton image (pinned tag) + pinned CUDA torch, transformers, xgrammar, the engine package, and
-# the model repository; checkpoints mounted as a volume (see README "Container").
-FROM nvcr.io/nvidia/tritonserver:24.10-py3
+# The GPU image: NGC Triton (Python backend) + CUDA torch + transformers + xgrammar + the specgram engine and
+# the model repository. Checkpoints are NOT baked in: mount a HF checkpoint folder at /models/target.
+#
+#   docker build -t specgram-triton .
+#   docker run --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
+#       -v /path/to/checkpoint:/models/target:ro specgram-triton
+#
+# Not built or run on the development machines (no Docker, no GPU there): linted with hadolint by the test
+# suite (tests/unit/test_deploy_files.py). README "Container" says what was and was not verified.
+
+# 24.12: Triton 2.53, CUDA 12.6, Ubuntu 24.04 with Python 3.12 (the Python backend stub's interpreter).
+FROM nvcr.io/nvidia/tritonserver:24.12-py3
+
+# Ubuntu 24.04's system Python is "externally managed" (PEP 668); this image is the environment.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1
+
 WORKDIR /opt/specgram
-COPY requirements.txt ./
-# torch comes as the CUDA build matching the image; the CPU pin in requirements.txt is for the dev machines.
-RUN pip install --no-cache-dir torch==2.5.1 transformers==5.24.0 safetensors==0.8.0 xgrammar==0.2.9
+
+# torch: the CUDA 12.6 build, pinned (the dev machines pin the CPU build of the same version).
+RUN pip install --index-url https://download.pytorch.org/whl/cu126 torch==2.13.0
+
+COPY requirements-gpu.txt ./
+RUN pip install -r requirements-gpu.txt
+
 COPY backend/ backend/
-RUN pip install --no-cache-dir --no-deps ./backend
+RUN pip install --no-deps ./backend
+
 COPY model_repository/ model_repository/
-ENV SPECGRAM_CHECKPOINT=/models/checkpoint
+
+# The `llm` model reads its checkpoint from here (overrides config.pbtxt's relative dev path).
+# SPECGRAM_DRAFT_CHECKPOINT likewise names a draft model folder, if one is mounted.
+ENV SPECGRAM_CHECKPOINT=/models/target
+VOLUME ["/models"]
+
+EXPOSE 8000 8001 8002
+
+# Ready = the server is up and every model (here: llm) is loaded. Loading a large checkpoint takes minutes.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
+
 CMD ["tritonserver", "--model-repository=/opt/specgram/model_repository"]

@@ -88,6 +88,13 @@ class EngineConfig:
             raise ModelLoadError(f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
         if dev.type not in ("cpu", "cuda"):
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ModelLoadError(f"device {self.device!r} was asked for, but CUDA is not available here "
+                                     "(no GPU, or a CPU-only torch build): use device cpu or auto")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ModelLoadError(f"device {self.device!r} was asked for, but only {torch.cuda.device_count()} "
+                                     "CUDA device(s) are visible")
         return dev
 
     def torch_dtype(self, which: str = "dtype") -> torch.dtype:

@@ -3,6 +3,7 @@ import pytest
 from specgram.config import EngineConfig
 from specgram.engine import Engine
 
+from ..conftest import TEST_DEVICE
 from .tiny import save_checkpoint
 
 
@@ -16,7 +17,9 @@ def make_engine(tiny_ckpt):
     def make(**kw) -> Engine:
         kw.setdefault("max_slots", 4)
         kw.setdefault("max_seq_len", 256)
-        return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), device="cpu", **kw))
+        kw.setdefault("device", TEST_DEVICE)
+        kw.setdefault("dtype", "float32")      # exactness tests compare with HF float32 on CPU
+        return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), **kw))
     return make
 
 

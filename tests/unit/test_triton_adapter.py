@@ -159,3 +159,25 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     steps = len(metric("specgram_accepted_drafts_per_step")[0].observations)
     assert steps > 0 and last["spec_acceptance_length"][0] > 1.0 or accepted == 0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() >= 2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the load error on a machine without CUDA")
+def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
+    sys.modules["triton_python_backend_utils"] = pb
+    try:
+        spec = importlib.util.spec_from_file_location("llm_model_gpu", MODEL_DIR / "1" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        params = _config_parameters()
+        params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+        args = {"model_config": json.dumps({"parameters": params, "model_transaction_policy": {"decoupled": True}}),
+                "model_repository": str(MODEL_DIR), "model_instance_kind": "GPU", "model_instance_device_id": "1",
+                "model_name": "llm", "model_version": "1"}
+        with pytest.raises(pb.TritonModelException, match=r"'cuda:1' was asked for, but CUDA is not available"):
+            module.TritonPythonModel().initialize(args)
+        params["device"] = {"string_value": "cpu"}     # KIND_GPU + device cpu: the settings disagree
+        args["model_config"] = json.dumps({"parameters": params, "model_transaction_policy": {"decoupled": True}})
+        with pytest.raises(pb.TritonModelException, match="KIND_GPU places this instance on GPU 1"):
+            module.TritonPythonModel().initialize(args)
+    finally:
+        del sys.modules["triton_python_backend_utils"]

@@ -26,6 +26,7 @@ from specgram.config import EngineConfig
 from specgram.engine import Engine
 from specgram.errors import EngineError, InvalidRequest
 from specgram.loop import EngineLoop
+from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
 from specgram.request import RequestOutput
 
@@ -137,9 +138,9 @@ class TritonPythonModel:
         for key in ("checkpoint", "draft_checkpoint"):      # relative paths: from this model's folder
             if params[key] and not Path(params[key]).is_absolute():
                 params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
-        if args.get("model_instance_kind") == "GPU" and params.get("device", "auto") == "auto":
-            params["device"] = f"cuda:{args['model_instance_device_id']}"
         try:
+            params["device"] = resolve_device(args.get("model_instance_kind"), args.get("model_instance_device_id"),
+                                              params.get("device", "auto"))
             self.engine = Engine.from_config(EngineConfig.from_dict(params))
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
