@@ -12,11 +12,12 @@ import torch
 from . import sampling, verify
 from .drafters import Proposal
 from .request import Request
+from .transfer import h2d, long_tensor
 
 
 def _params(reqs: list[Request], device, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> temperature, top_k, top_p: [len(reqs) * repeat], each request's value repeated `repeat` times."""
-    rep = lambda vals, dt: torch.tensor([v for v in vals for _ in range(repeat)], dtype=dt, device=device)  # noqa: E731
+    rep = lambda vals, dt: h2d(torch.tensor([v for v in vals for _ in range(repeat)], dtype=dt), device)  # noqa: E731
     return (rep([r.params.temperature for r in reqs], torch.float32), rep([r.params.top_k for r in reqs], torch.long),
             rep([r.params.top_p for r in reqs], torch.float32))
 
@@ -31,7 +32,7 @@ def pick(logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch
     rows = [reqs[b] for b in sampled]
     probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
     probs[sampled] = sampling.probabilities(logits[sampled], *_params(rows, logits.device))
-    u = sampling.draw_uniforms([r.generator for r in rows]).to(logits.device)
+    u = h2d(sampling.draw_uniforms([r.generator for r in rows]), logits.device)
     ids[sampled] = sampling.sample(probs[sampled], u)
     return ids.cpu(), probs
 
@@ -42,11 +43,12 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor)
     the target's argmax agrees with, then its token. Sampled rows: speculative sampling."""
     B, T, V = logits.shape
     dev = logits.device
-    k = torch.tensor([len(p.tokens) for p in proposals], device=dev)
-    drafts = torch.zeros(B, T - 1, dtype=torch.long, device=dev)
+    k = long_tensor([len(p.tokens) for p in proposals], dev)
+    drafts = torch.zeros(B, T - 1, dtype=torch.long)                  # built on the host, one non-blocking copy
     for b, p in enumerate(proposals):
         if p.tokens:
-            drafts[b, :len(p.tokens)] = torch.tensor(p.tokens, device=dev)
+            drafts[b, :len(p.tokens)] = torch.tensor(p.tokens)
+    drafts = h2d(drafts, dev)
     accepted = torch.zeros(B, dtype=torch.long, device=dev)
     nxt = torch.zeros(B, dtype=torch.long, device=dev)
     g = [b for b, r in enumerate(reqs) if r.params.greedy]
@@ -58,7 +60,7 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor)
     if s:
         accepted[s], nxt[s] = _speculative_sample([reqs[b] for b in s], [proposals[b] for b in s], logits[s],
                                                   drafts[s], k[s])
-    return accepted.tolist(), nxt.tolist()
+    return accepted.tolist(), nxt.tolist()          # the step's one device -> host sync
 
 
 def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,4 +76,4 @@ def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tenso
             q[i, :n] = prop.probs.to(dev) if prop.probs is not None else verify.one_hot_rows(prop.tokens, V, dev)
             u_accept[i, :n] = sampling.draw_uniforms([r.generator] * n)      # exactly k + 1 draws per step
     u_final = sampling.draw_uniforms([r.generator for r in reqs])
-    return verify.speculative_accept(p, q, drafts, k, u_accept.to(dev), u_final.to(dev))
+    return verify.speculative_accept(p, q, drafts, k, h2d(u_accept, dev), h2d(u_final, dev))

@@ -35,6 +35,8 @@ class EngineConfig:
     grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
     json_strict: int = 1            # json_schema: 1 = no properties beyond the schema's unless it allows them
     json_any_whitespace: int = 1    # json_schema: 1 = free whitespace, 0 = fixed compact layout
+    cuda_graphs: int = 0            # 1 = decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
+                                    # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
@@ -58,6 +60,8 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not 0 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
+        if self.cuda_graphs not in (0, 1):
+            raise ModelLoadError(f"cuda_graphs must be 0 or 1, got {self.cuda_graphs}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string

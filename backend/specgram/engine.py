@@ -51,6 +51,13 @@ class _TextState:
         self.detok, self.text, self.sent = detok, "", 0
 
 
+def _cut(p: Proposal, n: int) -> Proposal:
+    """The first n drafts of a proposal (the proposal itself when it is not longer)."""
+    if n >= len(p.tokens):
+        return p
+    return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n])
+
+
 class Engine:
     def __init__(self, config: EngineConfig, target: ModelRunner, tokenizer,
                  drafters: dict[str, Drafter] | None = None):
@@ -58,6 +65,8 @@ class Engine:
         self.target = target
         self.tokenizer = tokenizer
         self.device = target.device
+        # verify forward before the matchers' seal (see _decode): worth it where forwards run asynchronously
+        self.overlap_grammar = self.device.type == "cuda"
         self.eos_ids = self._eos_ids(target, tokenizer)
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max),
                                              "grammar": GrammarOnlyDrafter()}
@@ -77,18 +86,20 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> "Engine":
         path = str(Path(config.checkpoint))
         device = config.torch_device()
-        target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype())
+        static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
+        target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
+                                             static)
         tokenizer = load_tokenizer(path)
         drafters: dict[str, Drafter] = {}
         draft = None
         if config.draft_checkpoint:
             check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
             draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
-                                                config.torch_dtype("draft_dtype"))
+                                                config.torch_dtype("draft_dtype"), static)
         if config.draft_quantization == "int8":
             from .quantize import quantize_dynamic_int8
             base = (draft or target).model
-            draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len)
+            draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len, static)
         if draft is not None:
             drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
         return cls(config, target, tokenizer, drafters)
@@ -224,7 +235,19 @@ class Engine:
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
         reqs = [r for r in reqs if not r.finished]          # aborted between admission and now
         proposals = self._draft(reqs)
-        logits = self._verify_forward(reqs, proposals)      # [B, 1 + max k, V]
+        if self.overlap_grammar:
+            # The verify forward is queued before the grammar work only the masking needs: the matchers check
+            # the drafts and fill the bonus rows on the CPU while the GPU computes. Drafts that seal() cuts were
+            # verified anyway: causal attention keeps the logits before the cut exact, and the KV written past
+            # it lies beyond cache_len (overwritten later).
+            logits = self._verify_forward(reqs, proposals)  # [B, 1 + max k, V], not yet masked
+            proposals = self._seal(reqs, proposals)
+        else:
+            # On CPU a forward blocks, so there is nothing to overlap, and verifying a draft that the grammar
+            # cuts would cost real work: cut first, then verify only what is left.
+            proposals = self._seal(reqs, proposals)
+            logits = self._verify_forward(reqs, proposals)
+        self._mask_verify(reqs, proposals, logits)
         accepted = self._accept(reqs, proposals, logits)
         return [self._commit(r, toks) for r, toks in zip(reqs, accepted)]
 
@@ -237,8 +260,8 @@ class Engine:
 
     def _draft(self, reqs: list[Request]) -> list[Proposal]:
         """Grammar-forced tokens first (free), then each drafter continues the proposals of the requests that
-        use it, batched across them; draft logits are masked with the rows the target will use. After this,
-        every guided request has its mask rows for positions 0..len(proposal) and its matcher is rolled back."""
+        use it, batched across them; draft logits are masked with the rows the target will use. Proposals are
+        cut to this step's k; guided ones stay tentatively accepted in their matchers until _seal()."""
         ks = [self.draft_len(r) for r in reqs]
         index = {r.request_id: b for b, r in enumerate(reqs)}
         prefixes = [self.masks.forced_prefix(b, r.guide, ks[b]) if r.guide else [] for b, r in enumerate(reqs)]
@@ -251,24 +274,26 @@ class Engine:
                 props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick, [prefixes[i] for i in idx])
                 for i, prop in zip(idx, props):
                     proposals[i] = prop
-        for b, r in enumerate(reqs):
-            n = min(len(proposals[b].tokens), ks[b])
-            if r.guide is not None:
-                n = self.masks.seal(b, r.guide, proposals[b].tokens[:n])
-            if n < len(proposals[b].tokens):
-                p = proposals[b]
-                proposals[b] = Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n])
-        return proposals
+        return [_cut(p, ks[b]) for b, p in enumerate(proposals)]
+
+    def _seal(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
+        """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
+        bonus row filled, the matcher rolled back. After this every guided request has its mask rows for
+        positions 0..len(proposal)."""
+        return [_cut(p, self.masks.seal(b, r.guide, p.tokens)) if r.guide is not None else p
+                for b, (r, p) in enumerate(zip(reqs, proposals))]
 
     def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
         """One batched target forward over [last committed token, d_0 .. d_{k-1}] for every request."""
-        logits = self.target.forward_rows([[r.output_ids[-1], *p.tokens] for r, p in zip(reqs, proposals)],
-                                          [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
+        return self.target.forward_rows([[r.output_ids[-1], *p.tokens] for r, p in zip(reqs, proposals)],
+                                        [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
+
+    def _mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
+        """Mask the verify logits in place with the same rows the drafts were masked with."""
         width = logits.shape[1]
         entries = [(b * width + i, b, i) for b, r in enumerate(reqs) if r.guide is not None
                    for i in range(1 + len(proposals[b].tokens))]
-        self.masks.apply(logits.view(-1, logits.shape[-1]), entries)       # same rows the drafts were masked with
-        return logits
+        self.masks.apply(logits.view(-1, logits.shape[-1]), entries)
 
     def _accept(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[list[int]]:
         """-> per request the tokens to commit: its accepted drafts, then one token from the target."""

@@ -18,9 +18,12 @@ class StepMasks:
         self.vocab = vocab_size
         self.width = bitmask_width(vocab_size)
         self.stride = max_draft_len + 1
-        # int32 [slots * (k_max + 1), W] on CPU (xgrammar fills CPU memory); pinned for one async copy on CUDA
-        self.buf = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32,
-                              pin_memory=device.type == "cuda")
+        # int32 [slots * (k_max + 1), W] on CPU: xgrammar fills host memory
+        self.buf = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32)
+        # the rows one apply() needs, at their logits rows (a verify has <= max_slots * (k_max + 1) rows)
+        self.stage = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32,
+                                pin_memory=device.type == "cuda")
+        self._copy_done = None      # CUDA event: the last copy out of `stage` has run
         self.device = device
 
     def row(self, b: int, i: int) -> int:
@@ -56,19 +59,27 @@ class StepMasks:
         guide.rollback()
         return n
 
-    def rows_for(self, entries: list[tuple[int, int, int]], n_rows: int) -> tuple[torch.Tensor, list[int]]:
-        """entries: (logits row, b, i) -> (mask [n_rows, W] with all-ones rows elsewhere, logits rows to mask)."""
-        mask = torch.full((n_rows, self.width), -1, dtype=torch.int32)
+    def rows_for(self, entries: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
+        """entries: (logits row, b, i) -> (mask [max logits row + 1, W] holding row (b, i) at each entry's logits
+        row, the logits rows to mask). Rows not listed are left stale: the kernel reads only the listed ones.
+        The mask is a view of a staging buffer reused by the next call (pinned on CUDA)."""
         idx = [e[0] for e in entries]
-        if entries:
-            mask[idx] = self.buf[[self.row(b, i) for _, b, i in entries]]
-        return mask, idx
+        if self._copy_done is not None:         # the previous async copy out of the staging buffer must be done
+            self._copy_done.synchronize()       # (already true in practice: every step syncs on its results)
+            self._copy_done = None
+        self.stage[idx] = self.buf[[self.row(b, i) for _, b, i in entries]]
+        return self.stage[:max(idx) + 1], idx
 
     def apply(self, logits: torch.Tensor, entries: list[tuple[int, int, int]]) -> None:
-        """logits: [N, V] (float32, any device), masked in place at the given rows."""
+        """logits: [N, V] (float32, on self.device), masked in place at the given rows by xgrammar's kernel
+        (its CUDA kernel on GPU: the mask goes over in one non-blocking copy from pinned memory)."""
         if not entries:
             return
         import xgrammar as xgr
 
-        mask, idx = self.rows_for(entries, logits.shape[0])
-        xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True), indices=idx)
+        mask, idx = self.rows_for(entries)
+        if logits.device.type == "cuda":
+            mask = mask.to(logits.device, non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
+        xgr.apply_token_bitmask_inplace(logits, mask, indices=idx)

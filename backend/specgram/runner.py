@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ModelLoadError
-from .kv_cache import KVCache, make_write_index
+from .kv_cache import KVCache, WriteIndex, make_write_index
+from .transfer import h2d
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -51,7 +52,10 @@ def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | 
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int):
+    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0):
+        """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
+        that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
+        positions of headroom per row (for the padded entries of a row near max_seq_len)."""
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
@@ -66,12 +70,18 @@ class ModelRunner:
             window = None
         self.window = window if window and window < max_seq_len else None
         self.max_seq_len = max_seq_len
-        self.cache = KVCache(cfg.num_hidden_layers, max_slots, self.num_kv_heads, max_seq_len, self.head_dim,
-                             self.dtype, self.device)
+        self.scratch_slot = max_slots                       # used only by the static path
+        extra_slots, headroom = (1, static_width) if static_width else (0, 0)
+        self.cache = KVCache(cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads,
+                             max_seq_len + headroom, self.head_dim, self.dtype, self.device)
+        self.graphed = None
+        if static_width:
+            from .cuda_graphs import GraphedForward
+            self.graphed = GraphedForward(self, max_slots, static_width)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
-                        dtype: torch.dtype) -> "ModelRunner":
+                        dtype: torch.dtype, static_width: int = 0) -> "ModelRunner":
         from transformers import AutoModelForCausalLM
 
         _check_checkpoint(Path(path))
@@ -81,30 +91,42 @@ class ModelRunner:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         except Exception as e:  # transformers raises many types; the message is what the user needs
             raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
-        return cls(model.to(device), max_slots, max_seq_len)
+        return cls(model.to(device), max_slots, max_seq_len, static_width)
 
     def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
-        """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b]
-        (rows are right-padded here)."""
+        """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].
+        Everything that depends on the row lengths (padding, the cache write index, the attended length) is
+        computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
+        Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on."""
         width = max(map(len, rows))
+        if self.graphed is not None and self.graphed.handles(len(rows), width):
+            return self.graphed.forward(rows, slots, starts, last_only)
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         for b, row in enumerate(rows):
             tokens[b, :len(row)] = torch.tensor(row)
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
-        return self.forward(tokens.to(self.device), as_tensor(slots), as_tensor(starts),
-                            as_tensor([len(row) for row in rows]), last_only)
+        num_new = [len(row) for row in rows]
+        s, st, n = (torch.tensor(v, dtype=torch.long) for v in (slots, starts, num_new))
+        widx = make_write_index(s, st, n, width)                     # on the host: no nonzero() on the device
+        dev = self.device
+        widx = WriteIndex(*(h2d(t, dev) for t in (widx.batch_idx, widx.step_idx, widx.slot_idx, widx.pos_idx)))
+        return self.forward(h2d(tokens, dev), h2d(s, dev), h2d(st, dev), h2d(n, dev), last_only,
+                            length=max(a + b for a, b in zip(starts, num_new)), widx=widx)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
-                last_only: bool) -> torch.Tensor:
+                last_only: bool, length: int | None = None, widx: WriteIndex | None = None) -> torch.Tensor:
         """tokens: [B, T] (right-padded), slots/starts/num_new: [B] on self.device.
         Writes the new tokens' KV into the cache and returns logits (float32):
-        [B, V] at each row's last new token if last_only, else [B, T, V]."""
+        [B, V] at each row's last new token if last_only, else [B, T, V].
+        length (max of starts + num_new) and widx (make_write_index) may be given precomputed on the host;
+        computed here they cost a device -> host sync each."""
         B, T = tokens.shape
-        length = int((starts + num_new).max())
+        if length is None:
+            length = int((starts + num_new).max())
         positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]     # [B, T]
         positions = positions.clamp_max(self.max_seq_len - 1)                            # padding stays in range
-        widx = make_write_index(slots, starts, num_new, T)
+        if widx is None:
+            widx = make_write_index(slots, starts, num_new, T)
         mask = attention_mask(starts, T, length, self.window)
 
         inner = self.model.model
@@ -118,6 +140,28 @@ class ModelRunner:
         if last_only:
             h = h[torch.arange(B, device=self.device), num_new - 1]                     # [B, hidden]
         return self.model.lm_head(h).float()
+
+    @torch.inference_mode()
+    def forward_static(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """The shape-static forward that CUDA graphs capture: tokens [B, T], slots/starts [B] on the device
+        -> logits [B, T, V] float32 (positions past a row's own tokens are padding: their logits are unused). No host syncs and no data-dependent shapes: every (row, step) entry
+        is written to the cache (padding lands at positions >= the row's valid length, inside the headroom,
+        or in the scratch slot), and attention spans the whole cache row, masked by position.
+        Rows must satisfy starts + T <= cache positions (the headroom guarantees it for T <= static_width)."""
+        B, T = tokens.shape
+        L = self.cache.k.shape[3]                                                        # cache positions
+        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]     # [B, T]
+        steps = torch.arange(T, device=self.device).repeat(B)                           # [B*T]
+        rows = torch.arange(B, device=self.device).repeat_interleave(T)                 # [B*T]
+        widx = WriteIndex(rows, steps, slots[rows], positions.reshape(-1))
+        mask = attention_mask(starts, T, L, self.window)
+        inner = self.model.model
+        h = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(h, position_ids=positions)
+        for i, layer in enumerate(inner.layers):
+            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask, L)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(inner.norm(h)).float()
 
     def _attention(self, layer_idx, attn, x, cos, sin, slots, widx, mask, length) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .transfer import long_tensor
+
 
 def _prefix_len(ok: torch.Tensor) -> torch.Tensor:
     """ok: [B, K] bool -> [B] length of the all-true prefix."""
@@ -62,5 +64,5 @@ def one_hot_rows(tokens: list[int], vocab: int, device) -> torch.Tensor:
     """The 'distribution' of a deterministic drafter: [len(tokens), V] one-hot."""
     out = torch.zeros(len(tokens), vocab, device=device)
     if tokens:
-        out[torch.arange(len(tokens)), torch.tensor(tokens, device=device)] = 1.0
+        out[torch.arange(len(tokens), device=device), long_tensor(tokens, device)] = 1.0
     return out

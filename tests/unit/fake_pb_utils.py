@@ -50,6 +50,7 @@ class ResponseSender:
         self.responses: list[tuple[InferenceResponse | None, int]] = []
         self.done = threading.Event()
         self._cancelled = False
+        self.cancel_checks = 0
 
     def send(self, response=None, flags=0):
         assert not self.done.is_set(), "a response was sent after the FINAL flag"
@@ -58,6 +59,7 @@ class ResponseSender:
             self.done.set()
 
     def is_cancelled(self) -> bool:
+        self.cancel_checks += 1          # each is a round trip to the server process in real Triton
         return self._cancelled
 
     def cancel(self):

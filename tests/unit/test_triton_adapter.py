@@ -136,6 +136,20 @@ def test_cancelled_stream_gets_final_and_frees_its_slot(model):
     assert len(model.engine.free_slots) == 2
 
 
+def test_cancellation_is_polled_at_a_bounded_rate(model):
+    """is_cancelled() is a round trip to the server process: each stream is asked at most every 0.25 s."""
+    import time
+    reqs = [request(stream=True, max_tokens=60, ignore_eos=True) for _ in range(2)]
+    t0 = time.monotonic()
+    model.execute(reqs)
+    for r in reqs:
+        assert r.sender.done.wait(60)
+    elapsed = time.monotonic() - t0
+    for r in reqs:
+        assert len(r.sender.responses) >= 30
+        assert r.sender.cancel_checks <= elapsed / 0.25 + 2, (r.sender.cancel_checks, elapsed)
+
+
 def metric(name, **labels):
     return [m for m in pb.MetricFamily.registry[name] if all(m.labels.get(k) == v for k, v in labels.items())]
 
@@ -163,6 +177,7 @@ def test_speculative_request_reports_statistics_and_metrics(model):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the load error on a machine without CUDA")
 def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
+    previous = sys.modules.get("triton_python_backend_utils")
     sys.modules["triton_python_backend_utils"] = pb
     try:
         spec = importlib.util.spec_from_file_location("llm_model_gpu", MODEL_DIR / "1" / "model.py")
@@ -180,4 +195,7 @@ def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
         with pytest.raises(pb.TritonModelException, match="KIND_GPU places this instance on GPU 1"):
             module.TritonPythonModel().initialize(args)
     finally:
-        del sys.modules["triton_python_backend_utils"]
+        if previous is None:
+            del sys.modules["triton_python_backend_utils"]
+        else:
+            sys.modules["triton_python_backend_utils"] = previous
