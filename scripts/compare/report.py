@@ -84,13 +84,14 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
         ratio(f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
               find(rows, T, "target only", g, hi), find(rows, T, "target only", g, lo))
     peers = sorted({r["system"] for r in rows if r["system"] not in (T, I)})
-    for peer in peers:
-        for c in (lo, hi):
-            for g in (False, True):
-                ratio(f"ours ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c} (Triton)",
-                      find(rows, T, "target only", g, c), find(rows, peer, "target only", g, c))
-                ratio(f"ours ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c} (Triton)",
-                      best(rows, T, g, c), best(rows, peer, g, c))
+    for ours, how in ((I, "in-process"), (T, "Triton")):   # the peers run in process (HF; vLLM's LLM class)
+        for peer in peers:
+            for c in (lo, hi):
+                for g in (False, True):
+                    ratio(f"ours ({how}) ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c}",
+                          find(rows, ours, "target only", g, c), find(rows, peer, "target only", g, c))
+                    ratio(f"ours ({how}) ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c}",
+                          best(rows, ours, g, c), best(rows, peer, g, c))
     return out
 
 
