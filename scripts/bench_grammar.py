@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import glob
 import importlib.metadata as md
 import json
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -44,6 +42,9 @@ sys.path.insert(0, str(REPO / "backend"))
 import torch  # noqa: E402
 from bench_common import select_configs  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts" / "compare"))
+from cases import INSTRUCTION, load_jme  # noqa: E402  (JME schemas: ../shared/data, else the vendored sample)
+
 from specgram import grammar as grammar_mod  # noqa: E402
 from specgram import masks as masks_mod  # noqa: E402
 from specgram.config import EngineConfig  # noqa: E402
@@ -51,8 +52,6 @@ from specgram.engine import Engine  # noqa: E402
 from specgram.errors import InvalidRequest  # noqa: E402
 from specgram.request import SamplingParams  # noqa: E402
 
-JME = "/work/shared/data/jsonschemabench/JME"
-INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} Schema: {schema}"
 
 # name -> (guided, drafter, k)
 CONFIGS = {
@@ -182,17 +181,6 @@ def mask_summary(steps: list[dict]) -> dict:
 
 
 # ---- data -----------------------------------------------------------------------------------------------
-
-def load_jme() -> list[dict]:
-    files = sorted(glob.glob(f"{JME}/*.json"), key=lambda f: int(re.findall(r"\d+", Path(f).stem)[-1]))
-    out = []
-    for f in files:
-        d = json.loads(Path(f).read_text())
-        valid = [t["data"] for t in d.get("tests", []) if t.get("valid", True)]
-        out.append(dict(name=Path(f).stem, schema=d["schema"], guide=json.dumps(d["schema"]),
-                        instance=valid[0] if valid else None))
-    return out
-
 
 def prompt_ids(tok, item: dict) -> list[int]:
     text = INSTRUCTION.format(record=json.dumps(item["instance"]), schema=item["guide"])
