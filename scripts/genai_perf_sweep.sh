@@ -5,7 +5,10 @@
 # at least 4), OUTPUT_TOKENS (48), INPUT_TOKENS (200), OUT_DIR (docs/benchmarks/genai_perf).
 # genai-perf 0.0.16 goes into its own venv, build/peers/genai-perf, on demand (never by set-up or CI). Its
 # PyPI dependency `perf-analyzer` is an empty placeholder, so it runs the project's perf_analyzer 2.51
-# (.venv/bin, libraries from build/lib; scripts/setup.sh provides both).
+# (.venv/bin, libraries from build/lib; scripts/setup.sh provides both). Exact output lengths come from
+# max_tokens + ignore_eos (genai-perf's --output-tokens-mean-deterministic sends min_tokens, which the model
+# does not implement and rejects as an unknown sampling parameter). No warm-up requests: perf_analyzer 2.51
+# with --warmup-request-count 1 at concurrency 2 never stopped sending (seen here).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$REPO/scripts/env.sh"
@@ -49,8 +52,8 @@ for c in "${CONCURRENCY[@]}"; do
   # PATH: genai-perf from its venv, perf_analyzer from the project venv (env.sh put .venv/bin on PATH).
   PATH="$GP_VENV/bin:$PATH" genai-perf profile -m llm --backend vllm --endpoint-type kserve --streaming -u "$URL" \
     --tokenizer "$REPO/models/SmolLM2-135M-Instruct" --concurrency "$c" --request-count "$n" \
-    --warmup-request-count 1 --synthetic-input-tokens-mean "$INPUT_TOKENS" --synthetic-input-tokens-stddev 0 \
-    --output-tokens-mean "$OUTPUT_TOKENS" --output-tokens-mean-deterministic --extra-inputs ignore_eos:true \
+    --warmup-request-count 0 --synthetic-input-tokens-mean "$INPUT_TOKENS" --synthetic-input-tokens-stddev 0 \
+    --output-tokens-mean "$OUTPUT_TOKENS" --extra-inputs ignore_eos:true \
     --random-seed 0 \
     --artifact-dir "$artifacts/c$c" > "$OUT_DIR/c$c.log" 2>&1 || { tail -20 "$OUT_DIR/c$c.log" >&2; exit 1; }
   cp "$(find "$artifacts/c$c" -name '*genai_perf.csv' | head -1)" "$OUT_DIR/c$c.csv"

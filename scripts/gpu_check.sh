@@ -21,7 +21,10 @@ if [ "${1:-}" = "--prepare" ]; then
   plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
   # versions from requirements.lock; the image already has torch, numpy, safetensors, huggingface_hub, pytest
-  for pkg in xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 transformers==5.24.0 tokenizers==0.23.3 regex==2026.11.19; do
+  # xgrammar imports pydantic at module load, and the image has no pydantic: carried with its three helpers
+  for pkg in xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 transformers==5.24.0 tokenizers==0.23.3 regex==2026.11.19 \
+             pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+             typing_extensions==4.16.0; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       "${plat[@]}" -d "$CARRY/wheels" "$pkg"
   done

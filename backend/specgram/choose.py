@@ -30,10 +30,11 @@ def pick(logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch
     if not sampled:
         return ids.cpu(), None
     rows = [reqs[b] for b in sampled]
+    at = long_tensor(sampled, logits.device)        # a python-list index would be a blocking copy on CUDA
     probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
-    probs[sampled] = sampling.probabilities(logits[sampled], *_params(rows, logits.device))
+    probs[at] = sampling.probabilities(logits[at], *_params(rows, logits.device))
     u = h2d(sampling.draw_uniforms([r.generator for r in rows]), logits.device)
-    ids[sampled] = sampling.sample(probs[sampled], u)
+    ids[at] = sampling.sample(probs[at], u)
     return ids.cpu(), probs
 
 
@@ -51,16 +52,18 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor)
     drafts = h2d(drafts, dev)
     accepted = torch.zeros(B, dtype=torch.long, device=dev)
     nxt = torch.zeros(B, dtype=torch.long, device=dev)
-    g = [b for b, r in enumerate(reqs) if r.params.greedy]
-    if g:
+    g_rows = [b for b, r in enumerate(reqs) if r.params.greedy]
+    if g_rows:
+        g = long_tensor(g_rows, dev)                  # a python-list index would be a blocking copy on CUDA
         target_ids = logits[g].argmax(-1)                                               # [G, T]
         accepted[g] = verify.greedy_accept(target_ids, drafts[g], k[g])
         nxt[g] = target_ids.gather(1, accepted[g][:, None]).squeeze(1)
-    s = [b for b, r in enumerate(reqs) if not r.params.greedy]
-    if s:
-        accepted[s], nxt[s] = _speculative_sample([reqs[b] for b in s], [proposals[b] for b in s], logits[s],
-                                                  drafts[s], k[s])
-    return accepted.tolist(), nxt.tolist()          # the step's one device -> host sync
+    s_rows = [b for b, r in enumerate(reqs) if not r.params.greedy]
+    if s_rows:
+        s = long_tensor(s_rows, dev)
+        accepted[s], nxt[s] = _speculative_sample([reqs[b] for b in s_rows], [proposals[b] for b in s_rows],
+                                                  logits[s], drafts[s], k[s])
+    return accepted.tolist(), nxt.tolist()          # the verify step waits for the device here
 
 
 def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:

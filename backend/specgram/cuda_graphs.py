@@ -5,17 +5,26 @@ replaying a captured graph launches them all at once. Graphs need fixed shapes a
 they capture is ModelRunner.forward_static: every row padded to the bucket, every (row, step) KV entry written
 (padding lands past the row's valid length, or in the cache's scratch slot for padding rows), attention over
 the whole cache row. Buckets: batch 1, 2, 4, 8, ... up to max_slots; width = k + 1 exactly (1 .. max_width).
-Graphs are captured lazily on first use (a capture costs about one forward plus the warm-up), share one
-memory pool, and are on only with the engine setting cuda_graphs = 1.
+Graphs are captured lazily on first use (a capture costs about one forward plus the warm-up), and are on
+only with the engine setting cuda_graphs = 1; a shape whose capture fails runs the same path eagerly.
+The graphs of one runner share a memory pool: a graph's output [bucket, T, V] is valid until that runner's
+next forward (the engine consumes verify logits, and copies draft picks, before then).
+Known costs, not yet measured on a GPU: attention reads the whole cache row (max_seq_len + headroom), not the
+used length, so long max_seq_len makes each replay read more than an eager forward (a length bucket in the
+graph key would fix it); each graph keeps its own fp32 output (bucket x T x V).
 
 On CPU nothing is captured: the same padded static path runs eagerly. That is how the CPU tests cover the
 bucketing, padding and static forward that the graphs replay on GPU.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .transfer import h2d
+
+log = logging.getLogger(__name__)
 
 
 def batch_bucket(b: int, max_batch: int) -> int:
@@ -73,7 +82,7 @@ class GraphedForward:
         self.runner = runner
         self.max_batch = max_batch
         self.max_width = max_width
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph | None] = {}     # None: capture failed, runs eagerly
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
 
     def handles(self, batch: int, width: int) -> bool:
@@ -84,14 +93,20 @@ class GraphedForward:
         B, T = len(rows), max(map(len, rows))
         bucket = batch_bucket(B, self.max_batch)
         tokens, slots_t, starts_t, num_new = pad_rows(rows, slots, starts, bucket, self.runner.scratch_slot)
-        if self.pool is None:
-            dev = self.runner.device
-            out = self.runner.forward_static(tokens.to(dev), slots_t.to(dev), starts_t.to(dev))
-        else:
-            key = (bucket, T)
-            if key not in self.graphs:
+        key = (bucket, T)
+        if self.pool is not None and key not in self.graphs:
+            try:
                 self.graphs[key] = _Graph(self.runner, bucket, T, self.pool)
-            out = self.graphs[key].replay(tokens, slots_t, starts_t)
+            except Exception as e:  # noqa: BLE001 - an op that cannot be captured: this shape runs eagerly
+                log.warning("CUDA graph capture failed for batch bucket %d, width %d (runs eagerly): %r",
+                            bucket, T, e)
+                self.graphs[key] = None
+        graph = self.graphs.get(key)
+        if graph is not None:
+            out = graph.replay(tokens, slots_t, starts_t)
+        else:                                   # CPU, or a shape whose capture failed: the same path, eagerly
+            dev = self.runner.device
+            out = self.runner.forward_static(h2d(tokens, dev), h2d(slots_t, dev), h2d(starts_t, dev))
         out = out[:B]
         if last_only:
             last = h2d(num_new[:B] - 1, out.device)
