@@ -87,11 +87,10 @@ def run_triton(args, cases, max_seq_len) -> list[dict]:
     return results
 
 
-def run_hf(args, cases) -> list[dict]:
+def run_hf(args, cases, eos: set[int]) -> list[dict]:
     import xgrammar as xgr
 
     tok, model = hf.load(args.model)
-    eos = hf.eos_ids(model, tok)
     assistant = hf.int8_assistant(model)
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)
     compiler = xgr.GrammarCompiler(info)
@@ -139,18 +138,6 @@ def run_vllm(args, cases) -> tuple[list[dict], str]:
             version = data["vllm"]
             results += data["results"]
     return results, version
-
-
-def eos_ids(model: str, tok) -> set[int]:
-    from transformers import GenerationConfig
-
-    ids = {tok.eos_token_id}
-    try:
-        gen = GenerationConfig.from_pretrained(model).eos_token_id
-        ids.update(gen if isinstance(gen, (list, tuple)) else [gen] if gen is not None else [])
-    except OSError:
-        pass
-    return ids
 
 
 def ensure_matplotlib() -> None:
@@ -202,6 +189,7 @@ def main() -> None:
     torch.manual_seed(0)
     tok = load_tokenizer(args.model)
     cases = cases_mod.select_cases(tok, args.prompts, args.max_tokens)
+    eos = cases_mod.eos_ids(args.model, tok)
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16
     log(f"{len(cases)} cases: {', '.join(c['name'] for c in cases)}; prompt tokens mean "
         f"{report.mean_prompt(cases):.0f}; max_tokens {args.max_tokens}; concurrency {args.concurrency}")
@@ -224,7 +212,7 @@ def main() -> None:
                 elif system == "triton":
                     data = dict(runs=run_triton(args, cases, max_seq_len))
                 elif system == "hf":
-                    data = dict(runs=run_hf(args, cases))
+                    data = dict(runs=run_hf(args, cases, eos))
                 else:
                     vllm_runs, version = run_vllm(args, cases)
                     data = dict(runs=vllm_runs, vllm=version)
@@ -236,10 +224,9 @@ def main() -> None:
         runs += data["runs"]
         vllm_version = data.get("vllm", vllm_version)
 
-    eos = eos_ids(args.model, tok)
     for run in runs:                  # one token count for all: output ids up to, not including, EOS
         for q in run["requests"]:
-            q["ids"] = hf.trim(q["ids"], eos)
+            q["ids"] = cases_mod.trim_at_eos(q["ids"], eos)
     refs = {(r["guided"], r["concurrency"]): r for r in runs
             if r["system"] == "ours in-process" and r["config"] == "target only"}
     rows = [report.summarize(r, cases, refs.get((r["guided"], r["concurrency"]))) for r in runs]

@@ -40,10 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "backend"))
 
 import torch  # noqa: E402
-from bench_common import select_configs  # noqa: E402
+from bench_common import common_args, select_configs, set_threads  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts" / "compare"))
-from cases import INSTRUCTION, load_jme  # noqa: E402  (JME schemas: ../shared/data, else the vendored sample)
+from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: ../shared/data or vendored)
+from report import pct  # noqa: E402
 
 from specgram import grammar as grammar_mod  # noqa: E402
 from specgram import masks as masks_mod  # noqa: E402
@@ -149,16 +150,6 @@ class MaskTimer:
         return s
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
 def mask_summary(steps: list[dict]) -> dict:
     per_step = [1e6 * s["mask"] for s in steps]
     per_req = [1e6 * s["mask"] / s["n"] for s in steps]
@@ -181,12 +172,6 @@ def mask_summary(steps: list[dict]) -> dict:
 
 
 # ---- data -----------------------------------------------------------------------------------------------
-
-def prompt_ids(tok, item: dict) -> list[int]:
-    text = INSTRUCTION.format(record=json.dumps(item["instance"]), schema=item["guide"])
-    chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-    return tok(chat, add_special_tokens=False)["input_ids"]
-
 
 # ---- compile --------------------------------------------------------------------------------------------
 
@@ -338,19 +323,13 @@ def versions() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct"))
+    common_args(ap, CONFIGS, 160, "2 schemas (compile: 5), 48 tokens, batches 1 and 2")
     ap.add_argument("--schemas", type=int, default=8, help="JME schemas used as decode prompts (evenly spaced)")
-    ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--out", default="", help="output stem (default docs/benchmarks/grammar_cpu[_quick])")
-    ap.add_argument("--quick", action="store_true", help="2 schemas (compile: 5), 48 tokens, batches 1 and 2")
     args = ap.parse_args()
     if args.quick:
         args.schemas, args.max_tokens, args.batches = 2, 48, [1, 2]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     names = select_configs(ap, args.configs, CONFIGS, ("unconstrained", "none"))
     out_stem = Path(args.out) if args.out else REPO / "docs" / "benchmarks" / ("grammar_cpu_quick" if args.quick
                                                                                 else "grammar_cpu")
@@ -363,11 +342,8 @@ def main() -> None:
     from specgram.engine import load_tokenizer
     tok = load_tokenizer(args.model)
     # decode prompts: evenly spaced schemas whose instance fits comfortably in max_tokens
-    fits = [it for it in items if it["instance"] is not None
-            and len(tok(json.dumps(it["instance"]))["input_ids"]) <= 0.6 * args.max_tokens]
-    step = max(len(fits) // args.schemas, 1)
-    chosen = fits[::step][:args.schemas]
-    pids = [prompt_ids(tok, it) for it in chosen]
+    chosen = select_cases(tok, args.schemas, args.max_tokens, items)
+    pids = [it["prompt_ids"] for it in chosen]
     max_slots = max(args.batches)
     max_seq_len = max(map(len, pids)) + args.max_tokens + 16
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)

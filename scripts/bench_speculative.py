@@ -33,11 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "backend"))
 
 import torch  # noqa: E402
-from bench_common import select_configs  # noqa: E402
+from bench_common import common_args, select_configs, set_threads  # noqa: E402
 
 from specgram.config import EngineConfig  # noqa: E402
 from specgram.drafters import DraftModelDrafter  # noqa: E402
 from specgram.engine import Engine, load_tokenizer  # noqa: E402
+from specgram.prompt import prompt_ids as build_prompt_ids  # noqa: E402
 from specgram.request import SamplingParams  # noqa: E402
 from specgram.runner import ModelRunner  # noqa: E402
 
@@ -143,26 +144,18 @@ def ideal_speedup(alpha: float, k: int, c: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct"))
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--max-tokens", type=int, default=96)
+    common_args(ap, CONFIGS, 96, "2 prompts, 48 tokens, batches 1 and 2")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per row (median tok/s)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts, 48 tokens, batches 1 and 2")
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.batches = 2, 48, [1, 2]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     names = select_configs(ap, args.configs, CONFIGS, ("none",))   # "none": the reference for speedup, exactness
     max_slots = max(args.batches)
 
     tok = load_tokenizer(args.model)
-    prompt_ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                              tokenize=False), add_special_tokens=False)["input_ids"]
-                  for p in PROMPTS[:args.prompts]]
+    prompt_ids = [build_prompt_ids(tok, p, None, chat=True) for p in PROMPTS[:args.prompts]]
     max_seq_len = max(map(len, prompt_ids)) + args.max_tokens + 16
     config = EngineConfig(checkpoint=args.model, device="cpu", dtype="float32", max_slots=max_slots,
                           max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=args.max_tokens)

@@ -30,8 +30,7 @@ cleanup() { [[ -n "$server_pid" ]] && kill -- -"$server_pid" 2>/dev/null || true
 trap cleanup EXIT
 if [[ -z "${URL:-}" ]]; then
   read -r HTTP_PORT GRPC_PORT METRICS_PORT < <(python -c "
-import socket; s=[socket.socket() for _ in range(3)]; [x.bind(('127.0.0.1', 0)) for x in s]
-print(*[x.getsockname()[1] for x in s])")
+import sys; sys.path.insert(0, '$REPO/tests/e2e'); from triton_server import free_ports; print(*free_ports(3))")
   export HTTP_PORT GRPC_PORT METRICS_PORT
   setsid bash "$REPO/scripts/serve.sh" > "$REPO/build/genai-perf-server.log" 2>&1 &
   server_pid=$!

@@ -22,6 +22,7 @@ import logging
 
 import torch
 
+from .runner import right_pad     # runner imports this module only inside ModelRunner(): no cycle
 from .transfer import h2d
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,8 @@ def batch_bucket(b: int, max_batch: int) -> int:
 def pad_rows(rows: list[list[int]], slots: list[int], starts: list[int], bucket: int, scratch_slot: int):
     """Ragged rows -> host tensors of the bucket's shape: tokens [bucket, T] (right-padded with 0), slots,
     starts, num_new [bucket]. Padding rows feed one token at position 0 of the scratch slot."""
-    B, T = len(rows), max(map(len, rows))
-    tokens = torch.zeros(bucket, T, dtype=torch.long)
-    for b, row in enumerate(rows):
-        tokens[b, :len(row)] = torch.tensor(row)
-    pad = bucket - B
+    tokens = right_pad(rows, bucket)
+    pad = bucket - len(rows)
     slots_t = torch.tensor(list(slots) + [scratch_slot] * pad, dtype=torch.long)
     starts_t = torch.tensor(list(starts) + [0] * pad, dtype=torch.long)
     num_new = torch.tensor([len(r) for r in rows] + [1] * pad, dtype=torch.long)

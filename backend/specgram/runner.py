@@ -51,6 +51,15 @@ def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | 
     return mask[:, None]
 
 
+def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
+    """Ragged token rows -> long [n_rows (default len(rows)), T] on the host, right-padded with 0 (padding
+    rows are all 0)."""
+    tokens = torch.zeros(n_rows or len(rows), max(map(len, rows)), dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens[b, :len(row)] = torch.tensor(row)
+    return tokens
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0):
         """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
@@ -101,9 +110,7 @@ class ModelRunner:
         width = max(map(len, rows))
         if self.graphed is not None and self.graphed.handles(len(rows), width):
             return self.graphed.forward(rows, slots, starts, last_only)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, row in enumerate(rows):
-            tokens[b, :len(row)] = torch.tensor(row)
+        tokens = right_pad(rows)
         num_new = [len(row) for row in rows]
         s, st, n = (torch.tensor(v, dtype=torch.long) for v in (slots, starts, num_new))
         widx = make_write_index(s, st, n, width)                     # on the host: no nonzero() on the device

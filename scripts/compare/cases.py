@@ -39,15 +39,39 @@ def prompt_text(item: dict) -> str:
 
 
 def chat_ids(tok, text: str) -> list[int]:
-    """The same ids the engine builds for apply_chat_template=True (specgram.prompt.prompt_ids)."""
-    rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-    return tok(rendered, add_special_tokens=False)["input_ids"]
+    """The ids the engine builds for a request with apply_chat_template=True (its own prompt builder)."""
+    from specgram.prompt import prompt_ids
+
+    return prompt_ids(tok, text, None, chat=True)
 
 
-def select_cases(tok, n: int, max_tokens: int, folder: str | None = None) -> list[dict]:
-    """n evenly spaced JME schemas whose reference instance takes at most 60% of max_tokens (so a correct answer
-    fits); each with prompt text and ids added."""
-    items = [it for it in load_jme(folder) if it["instance"] is not None
+def eos_ids(model: str, tok) -> set[int]:
+    """The tokenizer's EOS and the checkpoint's generation_config EOS ids."""
+    from transformers import GenerationConfig
+
+    ids = {tok.eos_token_id}
+    try:
+        gen = GenerationConfig.from_pretrained(model).eos_token_id
+        ids.update(gen if isinstance(gen, (list, tuple)) else [gen] if gen is not None else [])
+    except OSError:
+        pass
+    return ids
+
+
+def trim_at_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """Output ids up to, not including, the first EOS: one token count for every system."""
+    out = []
+    for t in ids:
+        if t in eos:
+            break
+        out.append(t)
+    return out
+
+
+def select_cases(tok, n: int, max_tokens: int, items: list[dict] | None = None) -> list[dict]:
+    """n evenly spaced JME schemas (of `items`, default load_jme()) whose reference instance takes at most 60% of
+    max_tokens (so a correct answer fits); each with prompt text and ids added."""
+    items = [it for it in (load_jme() if items is None else items) if it["instance"] is not None
              and len(tok(json.dumps(it["instance"]))["input_ids"]) <= 0.6 * max_tokens]
     chosen = items[::max(len(items) // n, 1)][:n]
     for it in chosen:

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from cases import trim_at_eos
+
 # config name -> generate() keyword arguments beyond greedy / max_new_tokens (None: built at run time)
 CONFIGS = {
     "target only": {},
@@ -57,23 +59,6 @@ def int8_assistant(model):
     return quantize_dynamic_int8(model)
 
 
-def eos_ids(model, tok) -> set[int]:
-    ids = {tok.eos_token_id}
-    gen = model.generation_config.eos_token_id
-    ids.update(gen if isinstance(gen, (list, tuple)) else [gen] if gen is not None else [])
-    return ids
-
-
-def trim(ids: list[int], eos: set[int]) -> list[int]:
-    """Generated ids up to (not including) the first EOS."""
-    out = []
-    for t in ids:
-        if t in eos:
-            break
-        out.append(t)
-    return out
-
-
 @torch.inference_mode()
 def run(tok, model, cases, config, guided, concurrency, max_tokens, eos: set[int], assistant=None,
         compiler=None) -> dict:
@@ -110,7 +95,7 @@ def run(tok, model, cases, config, guided, concurrency, max_tokens, eos: set[int
                              assistant_model=kwargs.get("assistant_model"))
         end = time.perf_counter()
         for row, i in enumerate(group):
-            gen = trim(out[row, width:].tolist(), eos)
+            gen = trim_at_eos(out[row, width:].tolist(), eos)
             # this row's last token (or its EOS) exists once the sequence reached width + len(gen) + 1
             need = width + min(len(gen) + 1, max_tokens)
             finished_at = next((t for t, n in clock.marks if n >= need), end)

@@ -30,12 +30,13 @@ def counters(llm) -> dict[str, float]:
     return out
 
 
-def run(llm, tok, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
+def run(llm, tok, eos, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
+    from cases import trim_at_eos
+
     engine = llm.llm_engine
-    eos = {tok.eos_token_id}
     before = counters(llm)
     todo = list(range(len(cases)))
     live: dict[str, dict] = {}
@@ -58,11 +59,7 @@ def run(llm, tok, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
             if ids and r["ttft_s"] is None:
                 r["ttft_s"] = now - r["t0"]
             if out.finished:
-                gen = []
-                for t in ids:
-                    if t in eos:
-                        break
-                    gen.append(t)
+                gen = trim_at_eos(ids, eos)
                 r.update(ids=gen, text=tok.decode(gen, skip_special_tokens=True), latency_s=now - r.pop("t0"),
                          finish=out.outputs[0].finish_reason)
                 done.append(live.pop(out.request_id))
@@ -84,7 +81,10 @@ def main() -> None:
     from vllm import LLM
 
     import vllm
+    from cases import eos_ids    # this script's folder: stdlib-only at import, so it loads in the vLLM venv
+
     tok = AutoTokenizer.from_pretrained(job["model"])
+    eos = eos_ids(job["model"], tok)
     results = []
     max_len = max(len(c["prompt_ids"]) for c in job["cases"]) + job["max_tokens"] + 16
     for k in job["speculative"]:
@@ -96,9 +96,9 @@ def main() -> None:
         print(f"# vLLM {vllm.__version__} {job['dtype']} speculative={k}: engine ready in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         for guided in job["guided"]:
-            run(llm, tok, job["cases"][:2], guided, k, 2, 8, job["dtype"])            # warm-up
+            run(llm, tok, eos, job["cases"][:2], guided, k, 2, 8, job["dtype"])            # warm-up
             for c in job["concurrency"]:
-                r = run(llm, tok, job["cases"], guided, k, c, job["max_tokens"], job["dtype"])
+                r = run(llm, tok, eos, job["cases"], guided, k, c, job["max_tokens"], job["dtype"])
                 toks = sum(len(q["ids"]) for q in r["requests"])
                 print(f"# {r['system']} {r['config']} guided={guided} c={c}: {toks / r['wall_s']:.1f} tok/s",
                       flush=True)
