@@ -7,6 +7,10 @@ only attention over our KV cache and the batching of ragged rows are ours.
 A forward takes B rows; row b appends num_new[b] tokens to slot slots[b] starting at position starts[b].
 Rows are right-padded to a common width T. This covers prefill (T = prompt length), decode (T = 1) and
 speculative verification (T = k + 1) with one code path.
+
+Two implementations of that forward: transformers' modules with PyTorch ops (any device; the CUDA-graph
+path), and on CPU the native one (native.py: our kernels, fused projections, attention reading the cache in
+place), chosen by the `linear` setting (auto = native where its kernels build).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 
 from .errors import ModelLoadError
 from .kv_cache import KVCache, WriteIndex, make_write_index
+from .linear import resolve_kind
 from .transfer import h2d
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -60,16 +65,44 @@ def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
     return tokens
 
 
+def _plain_linears(model: torch.nn.Module) -> bool:
+    """True when every projection is a float nn.Linear (not, e.g., an int8 dynamic-quantized copy)."""
+    mods = [model.lm_head] + [m for layer in model.model.layers for m in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    return all(type(m) is torch.nn.Linear for m in mods)
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0):
+    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0,
+                 linear: str = "auto"):
         """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
-        positions of headroom per row (for the padded entries of a row near max_seq_len)."""
+        positions of headroom per row (for the padded entries of a row near max_seq_len).
+        linear: "auto" | "native" | "torch" (linear.py). The native CPU forward keeps activations and the KV
+        cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
+        `model` itself stays as loaded (tests use it as the reference)."""
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        if linear == "native" or (static_width == 0 and _plain_linears(model)):
+            kind, lib = resolve_kind(linear, self.device, self.dtype)
+        else:
+            kind, lib = "torch", None
+        self.native = None
+        if kind == "native":
+            from .native import NativeForward, supports
+            why = supports(model)
+            if why is None:
+                self.native = NativeForward(model, lib)
+                self.dtype = torch.float32                   # activations and the KV cache
+            elif linear == "native":
+                raise ModelLoadError(f"the native CPU forward does not support this model ({why}); use linear torch")
+            else:
+                kind = "torch"
+        self.linear_kind = kind
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -88,9 +121,17 @@ class ModelRunner:
             from .cuda_graphs import GraphedForward
             self.graphed = GraphedForward(self, max_slots, static_width)
 
+    def linear_layers(self) -> list[torch.nn.Module]:
+        """Every weight matmul of one forward, in order (the lm_head last), as this runner calls them."""
+        if self.native is not None:
+            return self.native.linear_layers()
+        return [m for layer in self.model.model.layers for m in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [self.model.lm_head]
+
     @classmethod
     def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
-                        dtype: torch.dtype, static_width: int = 0) -> "ModelRunner":
+                        dtype: torch.dtype, static_width: int = 0, linear: str = "auto") -> "ModelRunner":
         from transformers import AutoModelForCausalLM
 
         _check_checkpoint(Path(path))
@@ -100,7 +141,7 @@ class ModelRunner:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         except Exception as e:  # transformers raises many types; the message is what the user needs
             raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
-        return cls(model.to(device), max_slots, max_seq_len, static_width)
+        return cls(model.to(device), max_slots, max_seq_len, static_width, linear)
 
     def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
         """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].
@@ -127,6 +168,8 @@ class ModelRunner:
         [B, V] at each row's last new token if last_only, else [B, T, V].
         length (max of starts + num_new) and widx (make_write_index) may be given precomputed on the host;
         computed here they cost a device -> host sync each."""
+        if self.native is not None:
+            return self.native(self.cache, tokens, slots, starts, num_new, last_only, self.window)
         B, T = tokens.shape
         if length is None:
             length = int((starts + num_new).max())

@@ -1,0 +1,46 @@
+/* Row-wise elementwise work between the matmuls, one call each instead of several torch ops.
+ *
+ * specgram_add_rmsnorm: h[m] += delta[m] (when delta is given), then out[m] = w * h[m] / sqrt(mean(h[m]^2) + eps),
+ *   for M rows of N floats; the sum of squares is accumulated in double (exact enough that the order of
+ *   summation does not matter at float precision), then the rounding follows transformers' LlamaRMSNorm:
+ *   h * rsqrt(var + eps), then weight * that.
+ * specgram_silu_mul: out[m, j] = silu(gu[m, j]) * gu[m, I + j] for the fused gate|up output gu [M, 2I].
+ * All per row: batch-invariant.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "vexp.h"
+
+void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
+                          int64_t N, int nthreads) {
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
+    for (int64_t m = 0; m < M; ++m) {
+        float *x = h + m * N;
+        if (delta) {
+            const float *d = delta + m * N;
+            for (int64_t j = 0; j < N; ++j) x[j] = x[j] + d[j];
+        }
+        double ss = 0.0;
+        for (int64_t j = 0; j < N; ++j) ss += (double)x[j] * (double)x[j];
+        float var = (float)(ss / (double)N);
+        float r = 1.0f / sqrtf(var + eps);
+        float *y = out + m * N;
+        for (int64_t j = 0; j < N; ++j) y[j] = w[j] * (x[j] * r);
+    }
+}
+
+void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads) {
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
+    for (int64_t m = 0; m < M; ++m) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        float *y = out + m * I;
+        int64_t j = 0;
+        for (; j + 16 <= I; j += 16) {
+            __m512 gv = _mm512_loadu_ps(g + j);
+            __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+            _mm512_storeu_ps(y + j, _mm512_mul_ps(sig, _mm512_loadu_ps(u + j)));
+        }
+        for (; j < I; ++j) y[j] = (g[j] / (1.0f + expf(-g[j]))) * u[j];
+    }
+}

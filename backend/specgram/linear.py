@@ -1,0 +1,96 @@
+"""The weight matmuls of a forward: PyTorch's (any device) or the native small-M CPU kernel (kernels/gemm.c).
+
+Why a kernel of our own on CPU: a decode, verify or draft step multiplies a few rows by every weight, so its
+cost is reading the weights once. PyTorch's CPU matmuls (MKL / oneDNN) run those shapes well below the memory
+bandwidth once M > 1 (a verify over 5 rows cost about 2x a 1-row decode), and their per-row results change
+with M (other blocking), which would let batch composition and draft width change greedy output. The native
+kernel reads each weight once per call for up to 8 rows per register tile and accumulates every output in
+the same order whatever M is: bitwise batch-invariant (tests/unit/test_linear.py checks both properties).
+
+Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels
+
+BLOCK = 32   # outputs per packed block (NB in gemm.c)
+LINEAR_KINDS = ("auto", "native", "torch")
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [N, K] -> packed [ceil(N / 32), K, 32] of `dtype` (float32 or bfloat16), contiguous; element
+    [b, k, j] = weight[32 b + j, k], zero past N."""
+    n, k = weight.shape
+    blocks = -(-n // BLOCK)
+    padded = torch.zeros(blocks * BLOCK, k, dtype=weight.dtype)
+    padded[:n] = weight.detach().cpu()
+    return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous().to(dtype)
+
+
+class NativeLinear(torch.nn.Module):
+    """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("packed", pack(weight.float(), weight_dtype), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+        self._fn = lib.specgram_gemm_bf16 if weight_dtype == torch.bfloat16 else lib.specgram_gemm_f32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        m = x2.shape[0]
+        y = torch.empty(m, self.out_features, dtype=torch.float32)
+        if m:
+            self._fn(x2.data_ptr(), m, self.in_features, self.in_features, self.packed.data_ptr(),
+                     self.out_features, 0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+                     self.out_features, torch.get_num_threads())
+        return y.view(*lead, self.out_features)
+
+
+class TorchLinear(torch.nn.Module):
+    """F.linear over a (possibly fused) weight: the path for CUDA and for CPUs without the native kernel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
+    """-> ("native", lib) or ("torch", None). auto = native on a CPU whose kernel builds, for fp32/bf16 models."""
+    if kind not in LINEAR_KINDS:
+        raise ValueError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {kind!r}")
+    if kind == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        if kind == "native":
+            raise ValueError(f"the native linear kernel runs on CPU in float32/bfloat16, not {device.type}/{dtype}")
+        return "torch", None
+    lib = kernels.load()
+    if lib is None:
+        if kind == "native":
+            raise ValueError("the native linear kernel is not available here (needs AVX-512 and a C compiler)")
+        return "torch", None
+    return "native", lib
+
+
+def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], kind: str, lib,
+                weight_dtype: torch.dtype) -> torch.nn.Module:
+    """One module computing the concatenation of several projections of the same input (fused when > 1)."""
+    weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+    if all(b is None for b in biases):
+        bias = None
+    else:
+        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+    if kind == "native":
+        return NativeLinear(weight, bias, weight_dtype, lib)
+    return TorchLinear(weight, bias)

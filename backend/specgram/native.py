@@ -1,0 +1,117 @@
+"""The CPU forward on our own kernels (kernels/*.c): a Llama-family decoder step as ~8 native calls per layer.
+
+Per layer:  x = rmsnorm(h) -> qkv = x W_qkv -> rotary + cache write -> attention (reads the cache in place)
+            -> h += attn W_o; x = rmsnorm(h) -> gu = x W_gate|up -> a = silu(gate) * up -> h += a W_down
+Why: a decode or verify step at small batch is bound by streaming the weights once; PyTorch's eager path
+spends as long again on ~40 small ops per layer and on gathering whole cache rows for attention. Here the
+matmuls run at the memory bound (gemm.c) and everything between them is one call per concern.
+
+Exactness: every kernel computes each token row on its own, in an order that does not depend on the batch,
+the row's width or the cache length of other rows, so a token's logits are bitwise the same alone, batched,
+or as one of k + 1 verify positions. Against transformers' eager float32 forward the logits agree to about
+1e-5 (summation order of matmuls, softmax and norms; tests/unit/test_native.py measures it).
+
+Shapes: B rows of T new tokens (right-padded), M = B*T token rows, hidden size E, H query heads and Hkv KV
+heads of size D, intermediate size I; the cache holds [S slots, Hkv, P positions, D] per layer, float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from .linear import make_linear
+
+SUPPORTED_ACTS = ("silu",)
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None if the native forward can run this model, else the reason it cannot."""
+    cfg = model.config
+    if getattr(cfg, "hidden_act", None) not in SUPPORTED_ACTS:
+        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
+    layer = model.model.layers[0]
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm, model.model.norm):
+        if not hasattr(norm, "variance_epsilon") or getattr(norm, "bias", None) is not None:
+            return f"norm {type(norm).__name__}"
+    if getattr(layer.self_attn.o_proj, "bias", None) is not None:
+        return "o_proj bias"
+    return None
+
+
+class _Layer:
+    __slots__ = ("qkv", "o", "gate_up", "down", "w_in", "eps_in", "w_post", "eps_post")
+
+
+def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    return norm.weight.detach().float().contiguous(), float(norm.variance_epsilon)
+
+
+class NativeForward:
+    def __init__(self, model: torch.nn.Module, lib):
+        cfg = model.config
+        inner = model.model
+        wdt = next(model.parameters()).dtype              # matmul weights keep it (float32 or bfloat16)
+        self.lib = lib
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.E, self.I = cfg.hidden_size, cfg.intermediate_size
+        self.scaling = float(inner.layers[0].self_attn.scaling)
+        self.layers = []
+        for layer in inner.layers:
+            a, mlp, L = layer.self_attn, layer.mlp, _Layer()
+            qkv = [a.q_proj, a.k_proj, a.v_proj]
+            L.qkv = make_linear([m.weight for m in qkv], [m.bias for m in qkv], "native", lib, wdt)
+            L.o = make_linear([a.o_proj.weight], [None], "native", lib, wdt)
+            gu = [mlp.gate_proj, mlp.up_proj]
+            L.gate_up = make_linear([m.weight for m in gu], [m.bias for m in gu], "native", lib, wdt)
+            L.down = make_linear([mlp.down_proj.weight], [mlp.down_proj.bias], "native", lib, wdt)
+            L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
+            L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
+            self.layers.append(L)
+        self.w_final, self.eps_final = _norm_weight(inner.norm)
+        self.lm_head = make_linear([model.lm_head.weight], [model.lm_head.bias], "native", lib, wdt)
+
+    def linear_layers(self) -> list[torch.nn.Module]:
+        return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
+
+    @torch.inference_mode()
+    def __call__(self, cache, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
+                 last_only: bool, window: int | None) -> torch.Tensor:
+        """tokens [B, T] long, slots/starts/num_new [B] long, all on the CPU. Writes the new tokens' KV into
+        `cache` and returns float32 logits: [B, V] at each row's last new token if last_only, else [B, T, V]."""
+        lib, nt = self.lib, torch.get_num_threads()
+        B, T = tokens.shape
+        M, E, H, Hkv, D, I = B * T, self.E, self.H, self.Hkv, self.D, self.I
+        P = cache.k.shape[3]
+        slots, starts, num_new = (t.contiguous() for t in (slots, starts, num_new))
+        positions = (starts[:, None] + torch.arange(T)[None, :]).clamp_max(P - 1)              # [B, T]
+        h = self.embed(tokens).float().reshape(M, E).contiguous()        # residual stream, updated in place
+        cos, sin = self.rotary(h.view(B, T, E), position_ids=positions)                         # [B, T, D]
+        cos, sin = cos.float().reshape(M, D).contiguous(), sin.float().reshape(M, D).contiguous()
+        x = torch.empty(M, E)                                            # normed input of the next matmul
+        q = torch.empty(M, H * D)                                        # rotated queries
+        att = torch.empty(M, H * D)
+        act = torch.empty(M, I)
+        ptr = lambda t: t.data_ptr()  # noqa: E731
+        idx = (ptr(slots), ptr(starts), ptr(num_new))
+        first = self.layers[0]
+        lib.specgram_add_rmsnorm(ptr(h), None, ptr(first.w_in), first.eps_in, ptr(x), M, E, nt)
+        for i, L in enumerate(self.layers):
+            kc, vc = cache.k[i], cache.v[i]                              # [S, Hkv, P, D] views
+            qkv = L.qkv(x)                                               # [M, (H + 2 Hkv) D]
+            lib.specgram_rope_cache_write(ptr(qkv), ptr(cos), ptr(sin), ptr(kc), ptr(vc), *idx, B, T, H, Hkv, D, P,
+                                          ptr(q), nt)
+            lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), *idx, B, T, H, Hkv, D, P, window or 0, self.scaling,
+                                   ptr(att), nt)
+            o = L.o(att)                    # named: a tensor must outlive the native call that reads it
+            lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), M, E, nt)
+            gu = L.gate_up(x)
+            lib.specgram_silu_mul(ptr(gu), ptr(act), M, I, nt)
+            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (self.w_final, self.eps_final)
+            down = L.down(act)
+            lib.specgram_add_rmsnorm(ptr(h), ptr(down), ptr(w), eps, ptr(x), M, E, nt)
+        x = x.view(B, T, E)
+        if last_only:
+            x = x[torch.arange(B), num_new - 1]                                                 # [B, E]
+        return self.lm_head(x)
