@@ -35,6 +35,9 @@ class EngineConfig:
     grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
     json_strict: int = 1            # json_schema: 1 = no properties beyond the schema's unless it allows them
     json_any_whitespace: int = 1    # json_schema: 1 = free whitespace, 0 = fixed compact layout
+    linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
+                                    # batch-invariant), "torch" (transformers' modules), auto = native where
+                                    # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
     cuda_graphs: int = 0            # 1 = decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
 
@@ -60,6 +63,8 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not 0 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
+        if self.linear not in ("auto", "native", "torch"):
+            raise ModelLoadError(f"engine setting linear must be auto, native or torch, got {self.linear!r}")
         if self.cuda_graphs not in (0, 1):
             raise ModelLoadError(f"cuda_graphs must be 0 or 1, got {self.cuda_graphs}")
         if not 1 <= self.ngram_min <= self.ngram_max:

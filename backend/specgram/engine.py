@@ -88,14 +88,14 @@ class Engine:
         device = config.torch_device()
         static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
         target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
-                                             static)
+                                             static, config.linear)
         tokenizer = load_tokenizer(path)
         drafters: dict[str, Drafter] = {}
         draft = None
         if config.draft_checkpoint:
             check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
             draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
-                                                config.torch_dtype("draft_dtype"), static)
+                                                config.torch_dtype("draft_dtype"), static, config.linear)
         if config.draft_quantization == "int8":
             from .quantize import quantize_dynamic_int8
             base = (draft or target).model

@@ -1,6 +1,8 @@
 """Preallocated KV cache indexed by (slot, position).
 
-Layout per layer: k, v: [num_slots, num_kv_heads, max_seq_len, head_dim].
+Layout per layer: k, v: [num_slots, num_kv_heads, max_seq_len, head_dim]; the native CPU forward keeps k as
+[num_slots, num_kv_heads, head_dim, max_seq_len] instead (positions last: its attention loads 16 positions
+per vector), and reads and writes the cache itself (kernels/attention.c).
 A row's valid length lives with its request (Request.cache_len), not here: entries at positions >= that
 length are never read (the attention mask hides them), so rolling back rejected draft tokens is free —
 the next write simply overwrites them.
@@ -31,9 +33,10 @@ def make_write_index(slots: torch.Tensor, starts: torch.Tensor, num_new: torch.T
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, k_positions_last: bool = False):
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        k_shape = (num_layers, num_slots, num_kv_heads, head_dim, max_seq_len) if k_positions_last else shape
+        self.k = torch.zeros(k_shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len

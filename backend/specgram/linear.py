@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
+from .errors import ModelLoadError
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 LINEAR_KINDS = ("auto", "native", "torch")
@@ -70,15 +71,15 @@ class TorchLinear(torch.nn.Module):
 def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
     """-> ("native", lib) or ("torch", None). auto = native on a CPU whose kernel builds, for fp32/bf16 models."""
     if kind not in LINEAR_KINDS:
-        raise ValueError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {kind!r}")
+        raise ModelLoadError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {kind!r}")
     if kind == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         if kind == "native":
-            raise ValueError(f"the native linear kernel runs on CPU in float32/bfloat16, not {device.type}/{dtype}")
+            raise ModelLoadError(f"the native linear kernel runs on CPU in float32/bfloat16, not {device.type}/{dtype}")
         return "torch", None
     lib = kernels.load()
     if lib is None:
         if kind == "native":
-            raise ValueError("the native linear kernel is not available here (needs AVX-512 and a C compiler)")
+            raise ModelLoadError("the native linear kernel is not available here (needs AVX-512 and a C compiler)")
         return "torch", None
     return "native", lib
 

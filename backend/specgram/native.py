@@ -11,8 +11,9 @@ the row's width or the cache length of other rows, so a token's logits are bitwi
 or as one of k + 1 verify positions. Against transformers' eager float32 forward the logits agree to about
 1e-5 (summation order of matmuls, softmax and norms; tests/unit/test_native.py measures it).
 
-Shapes: B rows of T new tokens (right-padded), M = B*T token rows, hidden size E, H query heads and Hkv KV
-heads of size D, intermediate size I; the cache holds [S slots, Hkv, P positions, D] per layer, float32.
+Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
+heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
+[S, Hkv, P, D], float32.
 """
 from __future__ import annotations
 
@@ -77,41 +78,49 @@ class NativeForward:
     @torch.inference_mode()
     def __call__(self, cache, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
                  last_only: bool, window: int | None) -> torch.Tensor:
-        """tokens [B, T] long, slots/starts/num_new [B] long, all on the CPU. Writes the new tokens' KV into
-        `cache` and returns float32 logits: [B, V] at each row's last new token if last_only, else [B, T, V]."""
-        lib, nt = self.lib, torch.get_num_threads()
+        """tokens [B, T] long (right-padded), slots/starts/num_new [B] long, all on the CPU. Writes the new
+        tokens' KV into `cache` and returns float32 logits: [B, V] at each row's last new token if last_only,
+        else [B, T, V] (zeros at padding). Padding is dropped first: the layers see only the N real tokens."""
         B, T = tokens.shape
-        M, E, H, Hkv, D, I = B * T, self.E, self.H, self.Hkv, self.D, self.I
-        P = cache.k.shape[3]
-        slots, starts, num_new = (t.contiguous() for t in (slots, starts, num_new))
-        positions = (starts[:, None] + torch.arange(T)[None, :]).clamp_max(P - 1)              # [B, T]
-        h = self.embed(tokens).float().reshape(M, E).contiguous()        # residual stream, updated in place
-        cos, sin = self.rotary(h.view(B, T, E), position_ids=positions)                         # [B, T, D]
-        cos, sin = cos.float().reshape(M, D).contiguous(), sin.float().reshape(M, D).contiguous()
-        x = torch.empty(M, E)                                            # normed input of the next matmul
-        q = torch.empty(M, H * D)                                        # rotated queries
-        att = torch.empty(M, H * D)
-        act = torch.empty(M, I)
+        valid = torch.arange(T)[None, :] < num_new[:, None]                                    # [B, T]
+        positions = (starts[:, None] + torch.arange(T)[None, :])[valid]                         # [N]
+        tok_slots = slots[:, None].expand(B, T)[valid]                                          # [N]
+        x = self.layers_forward(cache, tokens[valid], tok_slots.contiguous(), positions.contiguous(), window)
+        if last_only:
+            return self.lm_head(x[num_new.cumsum(0) - 1])                                       # [B, V]
+        logits = torch.zeros(B, T, self.lm_head.out_features)
+        logits[valid] = self.lm_head(x)
+        return logits
+
+    def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                       window: int | None) -> torch.Tensor:
+        """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
+        lib, nt = self.lib, torch.get_num_threads()
+        N, E, H, Hkv, D, I = tokens.shape[0], self.E, self.H, self.Hkv, self.D, self.I
+        P = cache.v.shape[3]
+        h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
+        cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
+        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        x = torch.empty(N, E)                                            # normed input of the next matmul
+        q = torch.empty(N, H * D)                                        # rotated queries
+        att = torch.empty(N, H * D)
+        act = torch.empty(N, I)
         ptr = lambda t: t.data_ptr()  # noqa: E731
-        idx = (ptr(slots), ptr(starts), ptr(num_new))
         first = self.layers[0]
-        lib.specgram_add_rmsnorm(ptr(h), None, ptr(first.w_in), first.eps_in, ptr(x), M, E, nt)
+        lib.specgram_add_rmsnorm(ptr(h), None, ptr(first.w_in), first.eps_in, ptr(x), N, E, nt)
         for i, L in enumerate(self.layers):
-            kc, vc = cache.k[i], cache.v[i]                              # [S, Hkv, P, D] views
-            qkv = L.qkv(x)                                               # [M, (H + 2 Hkv) D]
-            lib.specgram_rope_cache_write(ptr(qkv), ptr(cos), ptr(sin), ptr(kc), ptr(vc), *idx, B, T, H, Hkv, D, P,
-                                          ptr(q), nt)
-            lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), *idx, B, T, H, Hkv, D, P, window or 0, self.scaling,
-                                   ptr(att), nt)
+            kc, vc = cache.k[i], cache.v[i]                              # [S, Hkv, D, P], [S, Hkv, P, D]
+            qkv = L.qkv(x)                                               # [N, (H + 2 Hkv) D]
+            lib.specgram_rope_cache_write(ptr(qkv), ptr(cos), ptr(sin), ptr(kc), ptr(vc), ptr(slots), ptr(positions),
+                                          N, H, Hkv, D, P, ptr(q), nt)
+            lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), ptr(slots), ptr(positions), N, H, Hkv, D, P,
+                                   window or 0, self.scaling, ptr(att), nt)
             o = L.o(att)                    # named: a tensor must outlive the native call that reads it
-            lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), M, E, nt)
+            lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), N, E, nt)
             gu = L.gate_up(x)
-            lib.specgram_silu_mul(ptr(gu), ptr(act), M, I, nt)
+            lib.specgram_silu_mul(ptr(gu), ptr(act), N, I, nt)
             nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
             w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (self.w_final, self.eps_final)
             down = L.down(act)
-            lib.specgram_add_rmsnorm(ptr(h), ptr(down), ptr(w), eps, ptr(x), M, E, nt)
-        x = x.view(B, T, E)
-        if last_only:
-            x = x[torch.arange(B), num_new - 1]                                                 # [B, E]
-        return self.lm_head(x)
+            lib.specgram_add_rmsnorm(ptr(h), ptr(down), ptr(w), eps, ptr(x), N, E, nt)
+        return x

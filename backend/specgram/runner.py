@@ -115,7 +115,8 @@ class ModelRunner:
         self.scratch_slot = max_slots                       # used only by the static path
         extra_slots, headroom = (1, static_width) if static_width else (0, 0)
         self.cache = KVCache(cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads,
-                             max_seq_len + headroom, self.head_dim, self.dtype, self.device)
+                             max_seq_len + headroom, self.head_dim, self.dtype, self.device,
+                             k_positions_last=self.native is not None)
         self.graphed = None
         if static_width:
             from .cuda_graphs import GraphedForward

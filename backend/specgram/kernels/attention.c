@@ -1,17 +1,19 @@
-/* Rotary embedding, KV-cache write and causal attention of one decoder layer, for B rows of up to T new
- * tokens each, reading the cache in place (no gather of whole rows).
+/* Rotary embedding, KV-cache write and causal attention of one decoder layer for N new tokens of any rows
+ * (no padding: a row is simply the tokens that share a slot), reading the cache in place.
  *
- *   qkv   [B*T, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
- *   cos, sin [B*T, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
- *   kc, vc  [S, Hkv, P, D] fp32         this layer's cache (S slots, P positions)
- *   slots, starts, num_new [B] int64    row b appends num_new[b] tokens to slot slots[b] from position starts[b]
- *   out   [B*T, H * D] fp32             attention output (zeros for padding entries t >= num_new[b])
+ *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
+ *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
+ *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last (16 positions per vector load)
+ *   vc [S, Hkv, P, D] fp32            this layer's V cache
+ *   slots, positions [N] int64        token n goes to slot slots[n] at position positions[n]
+ *   out   [N, H * D] fp32             attention output
  *
- * Token t of row b sits at position p = starts[b] + t and attends to positions j <= p of its slot
- * (j > p - window too, when window > 0). Every row only reads its own slot below its own length, and each
- * query's result depends on nothing else in the batch: batch- and draft-width-invariant by construction.
- * Rotary follows transformers' apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, rounded the same way
- * (compiled without contraction: a multiply, a multiply, an add).
+ * All N tokens are written to the cache before any attends (specgram_rope_cache_write, then
+ * specgram_attention), so a token sees the earlier new tokens of its own row. Token n attends to positions
+ * j <= positions[n] of its slot (and j > positions[n] - window when window > 0): it reads only its own slot
+ * below its own position, and its result depends on nothing else in the batch, which makes it batch- and
+ * draft-width-invariant by construction. Rotary follows transformers' apply_rotary_pos_emb,
+ * x*cos + rotate_half(x)*sin, rounded the same way (compiled without contraction: multiply, multiply, add).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -30,80 +32,146 @@ static inline float dot(const float *a, const float *b, int64_t D) {
     __m512 acc = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 16 <= D; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
-    float s = _mm512_reduce_add_ps(acc);
-    for (; j < D; ++j) s += a[j] * b[j];
-    return s;
+    if (j < D) {
+        __mmask16 k = (__mmask16)((1u << (D - j)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + j), _mm512_maskz_loadu_ps(k, b + j), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
 }
 
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
-                               const int64_t *slots, const int64_t *starts, const int64_t *num_new, int64_t B,
-                               int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
+                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t H, int64_t Hkv,
+                               int64_t D, int64_t P, float *q_out, int nthreads) {
     int64_t width = (H + 2 * Hkv) * D;
     _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-        int64_t b = bt / T, t = bt % T;
-        if (t >= num_new[b]) continue;
-        const float *row = qkv + bt * width, *c = cos + bt * D, *s = sin + bt * D;
-        int64_t pos = starts[b] + t;
-        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + bt * H * D + h * D, D);
+    for (int64_t n = 0; n < N; ++n) {
+        const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
+        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, D);
+        float kr[D];
         for (int64_t h = 0; h < Hkv; ++h) {
-            int64_t at = ((slots[b] * Hkv + h) * P + pos) * D;
-            rope(row + (H + h) * D, c, s, kc + at, D);
+            int64_t head = slots[n] * Hkv + h;
+            rope(row + (H + h) * D, c, s, kr, D);
+            for (int64_t j = 0; j < D; ++j) kc[(head * D + j) * P + positions[n]] = kr[j];
             const float *v = row + (H + Hkv + h) * D;
-            for (int64_t j = 0; j < D; ++j) vc[at + j] = v[j];
+            float *vd = vc + (head * P + positions[n]) * D;
+            for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
         }
     }
 }
 
-/* q: [B*T, H*D] (rotated), written by specgram_rope_cache_write. */
-void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
-                        const int64_t *starts, const int64_t *num_new, int64_t B, int64_t T, int64_t H,
-                        int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale, float *out, int nthreads) {
-    int64_t group = H / Hkv;
-    _Pragma("omp parallel for schedule(dynamic, 1) collapse(2) num_threads(nthreads)")
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-        for (int64_t h = 0; h < H; ++h) {
-            int64_t b = bt / T, t = bt % T;
-            float *o = out + bt * H * D + h * D;
-            if (t >= num_new[b]) {
-                for (int64_t j = 0; j < D; ++j) o[j] = 0.0f;
-                continue;
-            }
-            int64_t pos = starts[b] + t;
-            int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            int64_t n = pos + 1 - lo;
-            const float *qh = q + bt * H * D + h * D;
-            const float *K = kc + ((slots[b] * Hkv + h / group) * P + lo) * D;
-            const float *V = vc + ((slots[b] * Hkv + h / group) * P + lo) * D;
-            float *p = malloc(sizeof(float) * n);
-            float m = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) {
-                p[j] = dot(qh, K + j * D, D) * scale;
-                m = p[j] > m ? p[j] : m;
-            }
-            __m512 vm = _mm512_set1_ps(m), vsum = _mm512_setzero_ps();
-            int64_t j = 0;
-            for (; j + 16 <= n; j += 16) {
-                __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(p + j), vm));
-                _mm512_storeu_ps(p + j, e);
-                vsum = _mm512_add_ps(vsum, e);
-            }
-            if (j < n) {
-                __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-                __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + j), vm));
-                _mm512_mask_storeu_ps(p + j, k, e);
-                vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(k, e));
-            }
-            float inv = 1.0f / _mm512_reduce_add_ps(vsum);
-            float acc[D];
-            for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-            for (j = 0; j < n; ++j) {
-                float w = p[j];
-                const float *v = V + j * D;
-                for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
-            }
-            for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
-            free(p);
+#define GMAX 6   /* query heads per register pass: 6 score vectors, or 6 x 2 output vectors */
+
+/* The per-head accumulators are named variables, not arrays: GCC keeps arrays of vectors on the stack and
+ * stores them every iteration. Unused ones (g >= GN, a compile-time constant) are optimized away. */
+#define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+/* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: 16 positions per vector, summed over d
+ * in order. */
+#define S_DECL(g) __m512 s##g = _mm512_setzero_ps();
+#define S_FMA(g) if (gn > g) s##g = _mm512_fmadd_ps(_mm512_set1_ps(qg[g * D + d]), kv, s##g);
+#define S_STORE(g) if (gn > g) _mm512_mask_storeu_ps(p + g * len + j0, k, _mm512_mul_ps(s##g, vscale));
+#define DEFINE_SCORES(GN)                                                                                    \
+    static void scores_##GN(const float *qg, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,   \
+                            float scale, float *p) {                                                         \
+        enum { gn = GN };                                                                                    \
+        __m512 vscale = _mm512_set1_ps(scale);                                                               \
+        for (int64_t j0 = 0; j0 < len; j0 += 16) {                                                           \
+            __mmask16 k = len - j0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j0)) - 1);          \
+            FOR_HEADS(S_DECL)                                                                                \
+            for (int64_t d = 0; d < D; ++d) {                                                                \
+                __m512 kv = _mm512_maskz_loadu_ps(k, Kt + d * P + lo + j0);                                  \
+                FOR_HEADS(S_FMA)                                                                             \
+            }                                                                                                \
+            FOR_HEADS(S_STORE)                                                                               \
+        }                                                                                                    \
+    }
+
+/* o[g, d0 : d0 + 32] = sum_j p[g, j] V[lo + j, d0 : d0 + 32] for GN heads, over j in order (two vectors of
+ * 16 per head: 2 GN independent accumulator chains). */
+#define V_DECL(g) __m512 a##g = _mm512_setzero_ps(), b##g = _mm512_setzero_ps();
+#define V_FMA(g) if (gn > g) { __m512 w = _mm512_set1_ps(p[g * len + j]);                                      \
+                              a##g = _mm512_fmadd_ps(w, v0, a##g); b##g = _mm512_fmadd_ps(w, v1, b##g); }
+#define V_STORE(g) if (gn > g) { _mm512_mask_storeu_ps(o + g * D + d0, k0, a##g);                              \
+                                _mm512_mask_storeu_ps(o + g * D + d0 + 16, k1, b##g); }
+#define DEFINE_VALUES(GN)                                                                                    \
+    static void values_##GN(const float *p, int64_t len, const float *V, int64_t D, int64_t d0, float *o) {    \
+        enum { gn = GN };                                                                                    \
+        int64_t r0 = D - d0, r1 = D - d0 - 16;                                                               \
+        __mmask16 k0 = r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << r0) - 1);                           \
+        __mmask16 k1 = r1 >= 16 ? (__mmask16)0xFFFF : r1 > 0 ? (__mmask16)((1u << r1) - 1) : 0;              \
+        FOR_HEADS(V_DECL)                                                                                    \
+        for (int64_t j = 0; j < len; ++j) {                                                                  \
+            __m512 v0 = _mm512_maskz_loadu_ps(k0, V + j * D + d0);                                           \
+            __m512 v1 = _mm512_maskz_loadu_ps(k1, V + j * D + d0 + 16);                                      \
+            FOR_HEADS(V_FMA)                                                                                 \
+        }                                                                                                    \
+        FOR_HEADS(V_STORE)                                                                                   \
+    }
+
+DEFINE_SCORES(1) DEFINE_SCORES(2) DEFINE_SCORES(3) DEFINE_SCORES(4)
+DEFINE_SCORES(5) DEFINE_SCORES(6)
+DEFINE_VALUES(1) DEFINE_VALUES(2) DEFINE_VALUES(3) DEFINE_VALUES(4)
+DEFINE_VALUES(5) DEFINE_VALUES(6)
+
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *);
+typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *);
+static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6};
+static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, values_4, values_5, values_6};
+
+/* Heads in passes of at most GMAX; every head's result is computed by the same instruction sequence. */
+static void scores(const float *qg, int64_t G, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,
+                   float scale, float *p) {
+    for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
+        int64_t gn = G - g0 < GMAX ? G - g0 : GMAX;
+        SCORES[gn](qg + g0 * D, Kt, P, lo, len, D, scale, p + g0 * len);
+    }
+}
+
+static void weighted_values(const float *p, int64_t G, int64_t len, const float *V, int64_t D, float *o) {
+    for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+        for (int64_t d0 = 0; d0 < D; d0 += 32)
+            VALUES[G - g0 < GMAX ? G - g0 : GMAX](p + g0 * len, len, V, D, d0, o + g0 * D);
+}
+
+/* p[g, :len] <- softmax(p[g, :len]) */
+static void softmax_rows(float *p, int64_t G, int64_t len) {
+    for (int64_t g = 0; g < G; ++g) {
+        float *pg = p + g * len;
+        __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, pg + j));
         }
+        vm = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, pg + j), vm)));
+            _mm512_mask_storeu_ps(pg + j, k, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            _mm512_mask_storeu_ps(pg + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, pg + j), inv));
+        }
+    }
+}
+
+/* One task = one token and one KV head: its G = H / Hkv query heads share every K and V vector loaded. */
+void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
+                        const int64_t *positions, int64_t N, int64_t H, int64_t Hkv, int64_t D, int64_t P,
+                        int64_t window, float scale, float *out, int nthreads) {
+    int64_t G = H / Hkv;
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
+    for (int64_t task = 0; task < N * Hkv; ++task) {
+        int64_t n = task / Hkv, hk = task % Hkv, head = slots[n] * Hkv + hk;
+        int64_t pos = positions[n];
+        int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t len = pos + 1 - lo;
+        float *p = malloc(sizeof(float) * G * len);          /* scores, then probabilities: [G, len] */
+        scores(q + (n * H + hk * G) * D, G, kc + head * D * P, P, lo, len, D, scale, p);
+        softmax_rows(p, G, len);
+        weighted_values(p, G, len, vc + (head * P + lo) * D, D, out + (n * H + hk * G) * D);
+        free(p);
     }
 }

@@ -1,0 +1,104 @@
+"""The native CPU forward (specgram/native.py, kernels/*.c): agreement with transformers, and the batch and
+width invariance that makes greedy speculative output equal non-speculative output bitwise."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgram import kernels
+from specgram.errors import ModelLoadError
+from specgram.linear import NativeLinear, resolve_kind
+from specgram.runner import ModelRunner
+
+from .tiny import build_model
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 and a C compiler")
+
+# transformers' eager float32 forward vs ours: the same math summed in another order
+LOGIT_ATOL = 1e-4
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 96, True)])
+def test_linear_matches_torch_and_is_batch_invariant(n, k, bias, weight_dtype):
+    torch.manual_seed(0)
+    w = torch.randn(n, k) * 0.05
+    b = torch.randn(n) if bias else None
+    lin = NativeLinear(w, b, weight_dtype, kernels.load())
+    x = torch.randn(41, k)
+    full = lin(x)
+    ref = F.linear(x, w.to(weight_dtype).float(), b)
+    assert (full - ref).abs().max().item() < 1e-4
+    for i in range(x.shape[0]):                        # one row alone == the same row among 41
+        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+    for m in (2, 5, 8, 9, 16, 17, 40):                 # every tile height and remainder
+        assert torch.equal(lin(x[:m]), full[:m])
+
+
+def _runners(model, **kw):
+    return ModelRunner(model, 4, 96, linear="native", **kw), ModelRunner(model, 4, 96, linear="torch", **kw)
+
+
+@pytest.mark.parametrize("model_type,overrides", [
+    ("llama", {}),
+    ("qwen2", {}),                                      # q/k/v projections with bias
+    ("mistral", {"sliding_window": 8}),                 # attention window shorter than the prompt
+    ("llama", {"num_key_value_heads": 4}),              # no grouping
+])
+def test_forward_matches_transformers(model_type, overrides):
+    model = build_model(model_type, seed=1, **overrides)
+    native, eager = _runners(model)
+    assert native.linear_kind == "native" and eager.linear_kind == "torch"
+    ids = torch.randint(3, 259, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = model(ids).logits[0]                                                  # [30, V]
+    prefill = native.forward_rows([ids[0, :20].tolist()], [1], [0], last_only=False)[0]
+    decode = native.forward_rows([ids[0, 20:].tolist()], [1], [20], last_only=False)[0]
+    got = torch.cat([prefill, decode])
+    assert (got - ref).abs().max().item() < LOGIT_ATOL
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_rows_are_bitwise_independent_of_batch_and_width():
+    model = build_model("llama", seed=2)
+    runner = ModelRunner(model, 4, 96, linear="native")
+    prompt = list(range(10, 40))
+    other = list(range(50, 62))
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # the same first token, width 1
+    assert torch.equal(alone[0], one[0])
+    # the same row next to a longer prefill in another slot, and padded to that row's width
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
+    assert torch.equal(mixed[:3], alone)
+    # prefilling the prompt together with another prompt leaves the row's cache bitwise the same
+    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)
+    again = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]
+    assert torch.equal(again, alone)
+
+
+def test_bfloat16_weights_run_in_float32():
+    model = build_model("llama", seed=3).to(torch.bfloat16)
+    runner = ModelRunner(model, 2, 64, linear="native")
+    assert runner.dtype == torch.float32 and runner.cache.k.dtype == torch.float32
+    ids = list(range(5, 25))
+    with torch.inference_mode():
+        ref = model.float()(torch.tensor([ids])).logits[0, -1]   # bf16 weights widened exactly, float32 math
+    got = runner.forward_rows([ids], [0], [0], last_only=True)[0]
+    assert (got - ref).abs().max().item() < LOGIT_ATOL
+
+
+def test_kind_selection_and_fallbacks(monkeypatch):
+    assert resolve_kind("auto", torch.device("cpu"), torch.float32)[0] == "native"
+    assert resolve_kind("torch", torch.device("cpu"), torch.float32)[0] == "torch"
+    assert resolve_kind("auto", torch.device("cpu"), torch.float16)[0] == "torch"
+    with pytest.raises(ModelLoadError, match="linear must be one of"):
+        resolve_kind("fast", torch.device("cpu"), torch.float32)
+    model = build_model("llama", seed=4)
+    assert ModelRunner(model, 2, 32, static_width=3).linear_kind == "torch"      # the CUDA-graph path is torch's
+    monkeypatch.setattr(kernels, "load", lambda: None)                          # no AVX-512 / no compiler
+    assert ModelRunner(model, 2, 32).linear_kind == "torch"
+    with pytest.raises(ModelLoadError, match="not available"):
+        ModelRunner(model, 2, 32, linear="native")
