@@ -92,6 +92,29 @@ class NativeForward:
         logits[valid] = self.lm_head(x)
         return logits
 
+    def forward_rows(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool,
+                     window: int | None) -> torch.Tensor:
+        """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
+        rows[b] to slot slots[b] from position starts[b]. -> float32 logits [B, V] at each row's last token if
+        last_only, else [B, T, V] with T the longest row (zeros past a row's end)."""
+        flat_tokens, flat_slots, flat_pos = [], [], []
+        for row, slot, start in zip(rows, slots, starts):
+            flat_tokens += row
+            flat_slots += [slot] * len(row)
+            flat_pos += range(start, start + len(row))
+        as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+        x = self.layers_forward(cache, as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos), window)
+        ends = torch.tensor([len(r) for r in rows]).cumsum(0)                                   # [B]
+        if last_only:
+            return self.lm_head(x[ends - 1])                                                    # [B, V]
+        width = max(map(len, rows))
+        if width == 1 or all(len(r) == width for r in rows):
+            return self.lm_head(x).view(len(rows), width, -1)
+        logits = torch.zeros(len(rows), width, self.lm_head.out_features)
+        valid = torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
+        logits[valid] = self.lm_head(x)
+        return logits
+
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        window: int | None) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""

@@ -149,6 +149,8 @@ class ModelRunner:
         Everything that depends on the row lengths (padding, the cache write index, the attended length) is
         computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
         Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on."""
+        if self.native is not None:
+            return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window)
         width = max(map(len, rows))
         if self.graphed is not None and self.graphed.handles(len(rows), width):
             return self.graphed.forward(rows, slots, starts, last_only)
