@@ -23,6 +23,7 @@ except ImportError:  # running from a source tree without the install
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "backend"))
 
 from specgram.config import EngineConfig
+from specgram.contract import INPUTS, OUTPUTS
 from specgram.engine import Engine
 from specgram.errors import EngineError, InvalidRequest
 from specgram.loop import EngineLoop
@@ -30,10 +31,8 @@ from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
 from specgram.request import RequestOutput
 
-_SCALAR_INPUTS = ("text_input", "stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
-                  "num_draft_tokens", "guided_decoding_guide_type", "guided_decoding_guide",
-                  "exclude_input_in_output", "sampling_parameters", "apply_chat_template", "messages",
-                  "drafter")
+# contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
+_NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 # Each is_cancelled() is a round trip to the server process; polling every stream every 20 ms cost a 2-core
 # machine ~25% of its tokens at 8 streams (README "Performance"). Each stream is asked at most this often;
 # a cancelled request stops within about this long.
@@ -52,17 +51,19 @@ def _py(value):
 
 
 def read_inputs(request) -> dict:
+    """The request's input tensors -> name -> python value: one element for dims [1], a list for dims [-1]."""
     inputs = {}
-    for name in _SCALAR_INPUTS:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is not None:
-            arr = tensor.as_numpy().reshape(-1)
-            if arr.size != 1:
-                raise InvalidRequest(f"input {name} must hold exactly one element, got {arr.size}")
-            inputs[name] = _py(arr[0])
-    stop = pb_utils.get_input_tensor_by_name(request, "stop")
-    if stop is not None:
-        inputs["stop"] = [_py(s) for s in stop.as_numpy().reshape(-1)]
+    for field in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, field.name)
+        if tensor is None:
+            continue
+        arr = tensor.as_numpy().reshape(-1)
+        if not field.scalar:
+            inputs[field.name] = [_py(v) for v in arr]
+        elif arr.size != 1:
+            raise InvalidRequest(f"input {field.name} must hold exactly one element, got {arr.size}")
+        else:
+            inputs[field.name] = _py(arr[0])
     return inputs
 
 
@@ -227,18 +228,18 @@ class TritonPythonModel:
     @staticmethod
     def _response(out: RequestOutput, text: str, ids: list[int]):
         spec = out.spec
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32)),
-            pb_utils.Tensor("spec_drafted_tokens", np.array([spec.drafted if spec else 0], dtype=np.int32)),
-            pb_utils.Tensor("spec_accepted_tokens", np.array([spec.accepted if spec else 0], dtype=np.int32)),
-            pb_utils.Tensor("spec_acceptance_rate", np.array([spec.acceptance_rate if spec else 0.0], dtype=np.float32)),
-            pb_utils.Tensor("spec_acceptance_length",
-                            np.array([spec.acceptance_length if spec else 0.0], dtype=np.float32)),
-        ]
+        values = {
+            "text_output": [text.encode("utf-8")],
+            "output_ids": ids,
+            "finish_reason": [(out.finish_reason or "").encode()],
+            "num_input_tokens": [out.num_input_tokens],
+            "num_output_tokens": [out.num_output_tokens],
+            "spec_drafted_tokens": [spec.drafted if spec else 0],
+            "spec_accepted_tokens": [spec.accepted if spec else 0],
+            "spec_acceptance_rate": [spec.acceptance_rate if spec else 0.0],
+            "spec_acceptance_length": [spec.acceptance_length if spec else 0.0],
+        }
+        tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
