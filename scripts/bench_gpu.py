@@ -100,13 +100,13 @@ def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
 
     target = str(ckpts["target-1B"])
     configs = [  # name, engine settings, request settings
-        ("target only, eager", dict(cuda_graphs=0), dict(num_draft_tokens=0)),
-        ("target only, CUDA graphs", dict(cuda_graphs=1), dict(num_draft_tokens=0)),
-        ("JSON-guided, eager", dict(cuda_graphs=0), dict(num_draft_tokens=0, guide_type="json", guide="")),
-        ("JSON-guided, CUDA graphs", dict(cuda_graphs=1), dict(num_draft_tokens=0, guide_type="json", guide="")),
-        (f"random 135M draft k={k}, graphs", dict(cuda_graphs=1, draft_checkpoint=str(ckpts["draft-135M"])),
+        ("target only, eager", dict(cuda_graphs=False), dict(num_draft_tokens=0)),
+        ("target only, CUDA graphs", dict(cuda_graphs=True), dict(num_draft_tokens=0)),
+        ("JSON-guided, eager", dict(cuda_graphs=False), dict(num_draft_tokens=0, guide_type="json", guide="")),
+        ("JSON-guided, CUDA graphs", dict(cuda_graphs=True), dict(num_draft_tokens=0, guide_type="json", guide="")),
+        (f"random 135M draft k={k}, graphs", dict(cuda_graphs=True, draft_checkpoint=str(ckpts["draft-135M"])),
          dict(num_draft_tokens=k, drafter="draft_model")),
-        (f"self-draft k={k} (target as its own draft), graphs", dict(cuda_graphs=1, draft_checkpoint=target),
+        (f"self-draft k={k} (target as its own draft), graphs", dict(cuda_graphs=True, draft_checkpoint=target),
          dict(num_draft_tokens=k, drafter="draft_model")),
     ]
     prompts = [[(13 * i + j) % 40000 + 100 for j in range(200)] for i in range(8)]

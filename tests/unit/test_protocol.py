@@ -66,6 +66,19 @@ def test_engine_config_from_strings():
         EngineConfig(checkpoint="/x", device="tpu")
 
 
+def test_engine_config_booleans_from_strings():
+    cfg = EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": "0", "json_strict": "1",
+                                  "json_any_whitespace": "False"})
+    assert (cfg.cuda_graphs, cfg.json_strict, cfg.json_any_whitespace) == (False, True, False)
+    assert all(type(v) is bool for v in (cfg.cuda_graphs, cfg.json_strict, cfg.json_any_whitespace))
+    assert EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": " TRUE "}).cuda_graphs is True
+    assert EngineConfig(checkpoint="/x", json_strict=0).json_strict is False
+    with pytest.raises(ModelLoadError, match="cuda_graphs must be 0, 1, true or false"):
+        EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": "yes"})
+    with pytest.raises(ModelLoadError, match="json_strict must be a boolean"):
+        EngineConfig(checkpoint="/x", json_strict=2)
+
+
 def test_load_errors_are_clear(tmp_path):
     from specgram.engine import Engine
     with pytest.raises(ModelLoadError, match="does not exist"):

@@ -20,7 +20,6 @@ PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 class OracleDrafter(Drafter):
     """Proposes the known greedy continuation (always right) or, with `wrong`, a token that is never it."""
-    name = "oracle"
 
     def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
         self.references, self.vocab, self.wrong = references, vocab, wrong

@@ -29,7 +29,7 @@ from specgram.errors import EngineError, InvalidRequest
 from specgram.loop import EngineLoop
 from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
-from specgram.request import RequestOutput
+from specgram.request import ErrorKind, FinishReason, RequestOutput
 
 # contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
 _NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
@@ -107,8 +107,8 @@ class Metrics:
         self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
         self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
-        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason})
-                         for reason in ("stop", "length", "cancelled", "error")}
+        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
+                         for reason in FinishReason}
         self.accepted_len = family("specgram_accepted_drafts_per_step",
                                    "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
             labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
@@ -123,7 +123,7 @@ class Metrics:
                 st.first_token_at = time.monotonic()
                 self.ttft.observe(st.first_token_at - st.arrived)
         if out.finished:
-            self.requests[out.finish_reason or "error"].increment(1)
+            self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
             spec = out.spec
             if spec is not None and spec.drafted:
                 self.drafted.increment(spec.drafted)
@@ -206,11 +206,12 @@ class TritonPythonModel:
         if out.finished:
             del self.streams[rid]
         self.metrics.record(st, out)
-        if out.error is not None and out.finish_reason == "error":
-            code = pb_utils.TritonError.INVALID_ARG if out.error_kind == "invalid" else pb_utils.TritonError.INTERNAL
+        if out.error is not None and out.finish_reason == FinishReason.ERROR:
+            invalid = out.error_kind == ErrorKind.INVALID
+            code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
             self._send_error(st.sender, out.error, code)
             return
-        if out.finish_reason == "cancelled":
+        if out.finish_reason == FinishReason.CANCELLED:
             code = pb_utils.TritonError.CANCELLED if hasattr(pb_utils.TritonError, "CANCELLED") else pb_utils.TritonError.UNAVAILABLE
             self._send_error(st.sender, out.error or "request cancelled", code)
             return
