@@ -86,7 +86,7 @@ def _arg_json(value: str | None, kind: type, flag: str):
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"{flag}: invalid JSON: {e}")
+        raise SystemExit(f"{flag}: invalid JSON: {e}") from None
     if not isinstance(obj, kind):
         raise SystemExit(f"{flag}: expected a JSON {kind.__name__}")
     return obj

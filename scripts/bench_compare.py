@@ -184,6 +184,7 @@ def main() -> None:
     t_start = time.perf_counter()
 
     import torch
+
     from specgram.engine import load_tokenizer
 
     torch.manual_seed(0)

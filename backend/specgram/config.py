@@ -103,7 +103,8 @@ class EngineConfig:
         try:
             dev = torch.device(self.device)
         except RuntimeError:
-            raise ModelLoadError(f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
+            raise ModelLoadError(
+                f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
         if dev.type not in ("cpu", "cuda"):
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
         if dev.type == "cuda":

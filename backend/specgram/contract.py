@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from .errors import InvalidRequest
 
-
 # ---- value checks: (field name, python value) -> checked value; raise InvalidRequest naming the field ---------
 
 def _number(v: Any) -> Any:

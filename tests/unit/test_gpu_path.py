@@ -12,7 +12,6 @@ from specgram.transfer import h2d, long_tensor
 from ..conftest import TEST_DEVICE
 from .conftest import run_to_end, tokens_of
 
-
 # ---- pure helpers ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("b, cap, expected", [(1, 8, 1), (2, 8, 2), (3, 8, 4), (5, 8, 8), (8, 8, 8), (5, 6, 6),

@@ -96,4 +96,5 @@ def test_default_draft_length_depends_on_the_guide(tiny_ckpt):
     assert engine.make_request(SamplingParams(), text="hi").params.num_draft_tokens == 1
     guided = engine.make_request(SamplingParams(guide_type="regex", guide="a+"), text="hi")
     assert guided.params.num_draft_tokens == 3
-    assert engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi").params.num_draft_tokens == 0
+    explicit = engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi")
+    assert explicit.params.num_draft_tokens == 0

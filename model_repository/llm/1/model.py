@@ -212,7 +212,8 @@ class TritonPythonModel:
             self._send_error(st.sender, out.error, code)
             return
         if out.finish_reason == FinishReason.CANCELLED:
-            code = pb_utils.TritonError.CANCELLED if hasattr(pb_utils.TritonError, "CANCELLED") else pb_utils.TritonError.UNAVAILABLE
+            # older Triton Python backends lack the CANCELLED code
+            code = getattr(pb_utils.TritonError, "CANCELLED", pb_utils.TritonError.UNAVAILABLE)
             self._send_error(st.sender, out.error or "request cancelled", code)
             return
         if st.stream:
