@@ -123,7 +123,7 @@ def run_vllm(args, cases) -> tuple[list[dict], str]:
                                            cases=cases_mod.job_for_worker(cases))))
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             # vLLM's CPU guide: preload Intel OpenMP (its worker warns of "significant performance loss" for
-            # speculative decoding without it); the wheel ships libiomp5. tcmalloc is not on these machines.
+            # speculative decoding without it); the wheel ships libiomp5 (tcmalloc is not preloaded).
             iomp = VLLM_PY.parents[1] / "lib" / "libiomp5.so"
             if iomp.exists():
                 env["LD_PRELOAD"] = str(iomp)

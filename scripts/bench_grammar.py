@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from bench_common import common_args, select_configs, set_threads  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts" / "compare"))
-from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: ../shared/data or vendored)
+from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: tests/data)
 from report import pct  # noqa: E402
 
 from specgram import grammar as grammar_mod  # noqa: E402

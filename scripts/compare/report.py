@@ -57,7 +57,7 @@ def best(rows, system, guided, c):
 
 
 def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
-    """The ratios the issue asks for, each with the two rows it divides."""
+    """The headline ratios, each with the two rows it divides."""
     out = []
 
     def ratio(label, a, b):

@@ -34,7 +34,7 @@ from specgram.request import ErrorKind, FinishReason, RequestOutput
 # contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
 _NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 # Each is_cancelled() is a round trip to the server process; polling every stream every 20 ms cost a 2-core
-# machine ~25% of its tokens at 8 streams (README "Performance"). Each stream is asked at most this often;
+# machine ~25% of its tokens at 8 streams (CPU demo, SmolLM2-135M). Each stream is asked at most this often;
 # a cancelled request stops within about this long.
 _CANCEL_CHECK_S = 0.25
 _OUTBOX_WAIT_S = 0.05
