@@ -18,7 +18,7 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 
 WORKDIR /opt/specgram
 
-# torch: the CUDA 12.6 build, pinned (the dev machines pin the CPU build of the same version).
+# torch: the CUDA 12.6 build, pinned (requirements.txt pins the CPU build of the same version).
 RUN pip install --index-url https://download.pytorch.org/whl/cu126 torch==2.13.0
 
 COPY requirements-gpu.txt ./
@@ -29,7 +29,7 @@ RUN pip install --no-deps ./backend
 
 COPY model_repository/ model_repository/
 
-# The `llm` model reads its checkpoint from here (overrides config.pbtxt's relative dev path).
+# The `llm` model reads its checkpoint from here (overrides config.pbtxt's relative path).
 # SPECGRAM_DRAFT_CHECKPOINT likewise names a draft model folder, if one is mounted.
 ENV SPECGRAM_CHECKPOINT=/models/target
 VOLUME ["/models"]

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-try:
-    import specgram  # noqa: F401  (installed editable by scripts/setup.sh)
-except ImportError:  # running from a source tree without the install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "backend"))
+# The engine of the same checkout as this model repository comes first (the adapter and the contract it reads
+# must match); without one next to it, the installed package (scripts/setup.sh, the container) is used.
+_SOURCE = Path(__file__).resolve().parents[3] / "backend"
+if (_SOURCE / "specgram" / "contract.py").is_file():
+    sys.path.insert(0, str(_SOURCE))
 
 from specgram.config import EngineConfig
 from specgram.contract import INPUTS, OUTPUTS
