@@ -5,8 +5,8 @@
 #   docker run --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
 #       -v /path/to/checkpoint:/models/target:ro specgram-triton
 #
-# Not built or run on the development machines (no Docker, no GPU there): linted with hadolint by the test
-# suite (tests/unit/test_deploy_files.py). README "Container" says what was and was not verified.
+# The image has not been built or run yet; the test suite lints this file with hadolint
+# (tests/unit/test_deploy_files.py). docs/gpu.md ("Container") says what is and is not verified.
 
 # 24.12: Triton 2.53, CUDA 12.6, Ubuntu 24.04 with Python 3.12 (the Python backend stub's interpreter).
 FROM nvcr.io/nvidia/tritonserver:24.12-py3
@@ -18,7 +18,7 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 
 WORKDIR /opt/specgram
 
-# torch: the CUDA 12.6 build, pinned (the dev machines pin the CPU build of the same version).
+# torch: the CUDA 12.6 build, pinned (requirements.txt pins the CPU build of the same version).
 RUN pip install --index-url https://download.pytorch.org/whl/cu126 torch==2.13.0
 
 COPY requirements-gpu.txt ./
@@ -29,7 +29,7 @@ RUN pip install --no-deps ./backend
 
 COPY model_repository/ model_repository/
 
-# The `llm` model reads its checkpoint from here (overrides config.pbtxt's relative dev path).
+# The `llm` model reads its checkpoint from here (overrides config.pbtxt's relative path).
 # SPECGRAM_DRAFT_CHECKPOINT likewise names a draft model folder, if one is mounted.
 ENV SPECGRAM_CHECKPOINT=/models/target
 VOLUME ["/models"]

@@ -20,33 +20,21 @@ import json
 import queue
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-# Triton dtypes of the `llm` inputs (STRING is BYTES on the client side).
-INPUT_DTYPES = {
-    "text_input": "BYTES",
-    "stream": "BOOL",
-    "max_tokens": "INT32",
-    "temperature": "FP32",
-    "top_p": "FP32",
-    "top_k": "INT32",
-    "seed": "UINT64",
-    "stop": "BYTES",  # dims [-1]
-    "ignore_eos": "BOOL",
-    "num_draft_tokens": "INT32",
-    "drafter": "BYTES",
-    "guided_decoding_guide_type": "BYTES",
-    "guided_decoding_guide": "BYTES",
-    "exclude_input_in_output": "BOOL",
-    "sampling_parameters": "BYTES",
-    "apply_chat_template": "BOOL",
-    "messages": "BYTES",
-}
+try:
+    from specgram import contract
+except ImportError:  # a source tree without the engine installed: the contract module is plain Python
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend"))
+    from specgram import contract
+
+# Triton dtypes of the `llm` inputs as tritonclient takes them (STRING is BYTES on the client side)
+INPUT_DTYPES = {f.name: f.client_dtype for f in contract.INPUTS}
 _NP = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
-SCALAR_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens",
-                  "spec_drafted_tokens", "spec_accepted_tokens", "spec_acceptance_rate", "spec_acceptance_length")
+SCALAR_OUTPUTS = tuple(f.name for f in contract.OUTPUTS if f.scalar)
 
 
 def build_inputs(values: dict[str, Any]):
@@ -98,7 +86,7 @@ def _arg_json(value: str | None, kind: type, flag: str):
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"{flag}: invalid JSON: {e}")
+        raise SystemExit(f"{flag}: invalid JSON: {e}") from None
     if not isinstance(obj, kind):
         raise SystemExit(f"{flag}: expected a JSON {kind.__name__}")
     return obj

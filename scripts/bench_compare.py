@@ -123,7 +123,7 @@ def run_vllm(args, cases) -> tuple[list[dict], str]:
                                            cases=cases_mod.job_for_worker(cases))))
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             # vLLM's CPU guide: preload Intel OpenMP (its worker warns of "significant performance loss" for
-            # speculative decoding without it); the wheel ships libiomp5. tcmalloc is not on these machines.
+            # speculative decoding without it); the wheel ships libiomp5 (tcmalloc is not preloaded).
             iomp = VLLM_PY.parents[1] / "lib" / "libiomp5.so"
             if iomp.exists():
                 env["LD_PRELOAD"] = str(iomp)
@@ -184,6 +184,7 @@ def main() -> None:
     t_start = time.perf_counter()
 
     import torch
+
     from specgram.engine import load_tokenizer
 
     torch.manual_seed(0)

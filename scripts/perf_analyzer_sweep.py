@@ -222,7 +222,8 @@ def write_summary(out_dir: Path, rows: list[dict], meta: dict, summary_md: Path)
               f"- inputs: {meta['inputs']}",
               f"- sweep command: `{meta['sweep_cmd']}`",
               f"- perf_analyzer command (per variant x concurrency): `{meta['pa_cmd_example']}`",
-              "", f"Figures computed from the profile exports (`<variant>_c<C>.json` in {meta.get('export_dir', 'this folder')}), as genai-perf "
+              "", "Figures computed from the profile exports "
+              f"(`<variant>_c<C>.json` in {meta.get('export_dir', 'this folder')}), as genai-perf "
               "defines them: TTFT = first response - request sent; ITL = (last - first response) / (output "
               "tokens - first response's tokens), per request, averaged; output tok/s and req/s over the "
               "benchmark duration (first request sent -> last response received). Tokens are counted from "
@@ -313,7 +314,7 @@ def main() -> None:
         server = TritonServer(log_path=out_dir / "logs" / "tritonserver.log").start()
         url = server.grpc_url
         print(f"[sweep] tritonserver ready at grpc {url}", file=sys.stderr, flush=True)
-    server_desc = (f"own tritonserver 2.51 (tests/e2e/triton_server.py, model_repository/llm)" if server
+    server_desc = ("own tritonserver 2.51 (tests/e2e/triton_server.py, model_repository/llm)" if server
                    else f"running server at {url}")
     rows: list[dict] = []
     meta = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(),

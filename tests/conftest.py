@@ -9,10 +9,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TEST_DEVICE = os.environ.get("SPECGRAM_TEST_DEVICE", "cpu")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it (scripts/gpu_check.sh runs them)")
-
-
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -8,6 +8,9 @@ import torch
 
 from .errors import ModelLoadError
 
+# config.pbtxt parameters are strings: these spell a boolean setting
+_TRUE, _FALSE = ("1", "true"), ("0", "false")
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -33,15 +36,21 @@ class EngineConfig:
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
     grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
-    json_strict: int = 1            # json_schema: 1 = no properties beyond the schema's unless it allows them
-    json_any_whitespace: int = 1    # json_schema: 1 = free whitespace, 0 = fixed compact layout
+    json_strict: bool = True        # json_schema: no properties beyond the schema's unless it allows them
+    json_any_whitespace: bool = True  # json_schema: free whitespace; False = fixed compact layout
     linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
                                     # batch-invariant), "torch" (transformers' modules), auto = native where
                                     # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
-    cuda_graphs: int = 0            # 1 = decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
+    cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):        # 0 / 1 are accepted for booleans and stored as bool
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if value not in (0, 1):
+                    raise ModelLoadError(f"engine setting {f.name} must be a boolean, got {value!r}")
+                object.__setattr__(self, f.name, bool(value))
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
@@ -65,8 +74,6 @@ class EngineConfig:
                 raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
         if self.linear not in ("auto", "native", "torch"):
             raise ModelLoadError(f"engine setting linear must be auto, native or torch, got {self.linear!r}")
-        if self.cuda_graphs not in (0, 1):
-            raise ModelLoadError(f"cuda_graphs must be 0 or 1, got {self.cuda_graphs}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string
@@ -80,8 +87,15 @@ class EngineConfig:
             raise ModelLoadError(f"unknown engine parameters {sorted(unknown)}; known: {sorted(fields)}")
         kwargs = {}
         for key, raw in params.items():
+            kind = fields[key].type
+            if kind == "bool":
+                text = str(raw).strip().lower()
+                if text not in _TRUE + _FALSE:
+                    raise ModelLoadError(f"engine parameter {key} must be 0, 1, true or false; got {raw!r}")
+                kwargs[key] = text in _TRUE
+                continue
             try:
-                kwargs[key] = int(raw) if fields[key].type == "int" else str(raw)
+                kwargs[key] = int(raw) if kind == "int" else str(raw)
             except ValueError:
                 raise ModelLoadError(f"engine parameter {key} must be an integer, got {raw!r}") from None
         if "checkpoint" not in kwargs:
@@ -94,7 +108,8 @@ class EngineConfig:
         try:
             dev = torch.device(self.device)
         except RuntimeError:
-            raise ModelLoadError(f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
+            raise ModelLoadError(
+                f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
         if dev.type not in ("cpu", "cuda"):
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
         if dev.type == "cuda":

@@ -2,7 +2,7 @@
 
 GrammarCompiler: one per tokenizer. xgrammar's own compiler cache is the compiled-grammar LRU (byte limit).
 Compiles run in a small thread pool (xgrammar releases the GIL) so that the engine keeps stepping while a
-request waits for its grammar; a compile that outlives `compile_timeout_s` fails that request only.
+request waits for its grammar; a compile that outlives `grammar_compile_timeout_s` fails that request only.
 
 Guide: a request's matcher. The step moves it only in two ways:
   tentative  accept drafted tokens while filling bitmask rows, then roll back exactly that many;
@@ -18,16 +18,28 @@ import numpy as np
 import torch
 
 from .errors import InvalidRequest
-
-GUIDE_TYPES = {"json": "json", "json_object": "json", "json_schema": "json_schema", "regex": "regex",
-               "ebnf": "ebnf", "grammar": "ebnf", "gbnf": "ebnf", "structural_tag": "structural_tag"}
+from .request import WireEnum
 
 
-def normalize_guide_type(guide_type: str) -> str:
+class GuideType(WireEnum):
+    """The guide kinds the engine compiles (the values of `guided_decoding_guide_type`, aliases aside)."""
+    JSON = "json"                       # any JSON value; the guide may be empty
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    EBNF = "ebnf"                       # xgrammar EBNF / GBNF
+    STRUCTURAL_TAG = "structural_tag"   # xgrammar's structural tag (JSON)
+
+
+# what a client may send -> the kind (aliases as other servers spell them)
+GUIDE_TYPES = {**{t.value: t for t in GuideType}, "json_object": GuideType.JSON, "grammar": GuideType.EBNF,
+               "gbnf": GuideType.EBNF}
+
+
+def normalize_guide_type(guide_type: str) -> GuideType:
     kind = GUIDE_TYPES.get(guide_type.lower())
     if kind is None:
         raise InvalidRequest(f"unknown guided_decoding_guide_type {guide_type!r}; "
-                             f"use one of {sorted(set(GUIDE_TYPES.values()))}")
+                             f"use one of {sorted(t.value for t in GuideType)}")
     return kind
 
 
@@ -45,7 +57,6 @@ class GrammarCompiler:
         self.pool = ThreadPoolExecutor(compile_threads, thread_name_prefix="grammar-compile")
         self.timeout_s = timeout_s
         self.max_guide_bytes = max_guide_bytes
-        self.vocab_size = vocab_size
         # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default;
         # JSON Schema itself allows them, and small models then ramble on adding keys).
         # any_whitespace: free whitespace between tokens; False fixes the layout, which makes more positions
@@ -53,37 +64,37 @@ class GrammarCompiler:
         self.json_strict = json_strict
         self.json_any_whitespace = json_any_whitespace
 
-    def check(self, guide_type: str, guide: str) -> str:
+    def check(self, guide_type: str, guide: str) -> GuideType:
         """Cheap checks done when the request arrives; -> the normalized guide type."""
         kind = normalize_guide_type(guide_type)
         if len(guide.encode("utf-8")) > self.max_guide_bytes:
             raise InvalidRequest(f"guided_decoding_guide is larger than {self.max_guide_bytes} bytes")
-        if kind in ("json_schema", "structural_tag"):
+        if kind in (GuideType.JSON_SCHEMA, GuideType.STRUCTURAL_TAG):
             try:
                 json.loads(guide)
             except json.JSONDecodeError as e:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is not valid JSON: {e}") from None
-        elif kind != "json" and not guide:
+        elif kind != GuideType.JSON and not guide:
             raise InvalidRequest(f"guided_decoding_guide is empty (required for {kind})")
         return kind
 
-    def compile(self, kind: str, guide: str):
+    def compile(self, kind: GuideType, guide: str):
         """Blocking compile (runs in the pool). Raises InvalidRequest with xgrammar's reason."""
         try:
-            if kind == "json":
+            if kind == GuideType.JSON:
                 return self.compiler.compile_builtin_json_grammar()
-            if kind == "json_schema":
+            if kind == GuideType.JSON_SCHEMA:
                 return self.compiler.compile_json_schema(guide, any_whitespace=self.json_any_whitespace,
                                                          strict_mode=self.json_strict)
-            if kind == "regex":
+            if kind == GuideType.REGEX:
                 return self.compiler.compile_regex(guide)
-            if kind == "ebnf":
+            if kind == GuideType.EBNF:
                 return self.compiler.compile_grammar(guide)
             return self.compiler.compile_structural_tag(guide)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types with a useful message
             raise InvalidRequest(f"cannot compile the {kind} guide: {str(e).strip()[:500]}") from None
 
-    def submit(self, kind: str, guide: str) -> "PendingGrammar":
+    def submit(self, kind: GuideType, guide: str) -> "PendingGrammar":
         return PendingGrammar(self.pool.submit(self.compile, kind, guide), time.monotonic() + self.timeout_s)
 
     def cache_bytes(self) -> int:
@@ -101,7 +112,7 @@ class PendingGrammar:
             return self.future.result()     # re-raises InvalidRequest
         if time.monotonic() > self.deadline:
             self.future.cancel()
-            raise InvalidRequest("compiling the guide took longer than the configured compile_timeout_s; "
+            raise InvalidRequest("compiling the guide took longer than the configured grammar_compile_timeout_s; "
                                  "simplify the schema or grammar")
         return None
 

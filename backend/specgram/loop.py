@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Iterator
+from typing import Callable
 
 from .engine import Engine
 from .request import Request, RequestOutput
@@ -40,16 +40,6 @@ class EngineLoop:
 
     def abort(self, request_id: int) -> None:
         self._inbox.put(("abort", request_id, None))
-
-    def generate(self, req: Request) -> Iterator[RequestOutput]:
-        """In-process streaming: yields the request's outputs until the final one."""
-        outputs: queue.Queue = queue.Queue()
-        self.submit(req, outputs.put)
-        while True:
-            out = outputs.get()
-            yield out
-            if out.finished:
-                return
 
     # ---- engine thread ----------------------------------------------------------------------------------
 

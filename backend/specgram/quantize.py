@@ -13,19 +13,18 @@ import copy
 import torch
 
 
-def quantize_dynamic_int8(model: torch.nn.Module, per_channel: bool = True) -> torch.nn.Module:
+def quantize_dynamic_int8(model: torch.nn.Module) -> torch.nn.Module:
     """-> an int8 dynamic-quantized copy of `model` (CPU only; `model` is left unchanged).
 
     Every nn.Linear (q/k/v/o projections, the MLP and lm_head) is replaced by
     torch.ao.nn.quantized.dynamic.Linear, which ModelRunner calls exactly like nn.Linear."""
     import warnings
 
-    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("int8 dynamic quantization runs on CPU only")
-    qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)   # torch.ao.quantization is deprecated in favour of torchao
         warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(copy.deepcopy(model).float().eval(), {torch.nn.Linear: qconfig})
+        return quantize_dynamic(copy.deepcopy(model).float().eval(), {torch.nn.Linear: per_channel_dynamic_qconfig})

@@ -4,15 +4,38 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import InvalidRequest
 
+if TYPE_CHECKING:
+    from .grammar import Guide, PendingGrammar
+
 _ids = itertools.count(1)
 MAX_STOP_STRINGS = 16
 UINT64_MAX = 2**64 - 1
+
+
+class WireEnum(str, Enum):
+    """A str-valued enum: members compare, hash, print and format as their wire strings."""
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class FinishReason(WireEnum):
+    """The `finish_reason` output of a final response (and the label of the requests metric)."""
+    STOP = "stop"               # EOS, a stop string, or the request's grammar completed
+    LENGTH = "length"           # max_tokens or the context limit
+    CANCELLED = "cancelled"     # the client cancelled, or the server is shutting down
+    ERROR = "error"             # the request failed (RequestOutput.error says why)
+
+
+class ErrorKind(WireEnum):
+    INVALID = "invalid"         # the request's fault (e.g. its grammar): INVALID_ARG
+    INTERNAL = "internal"       # a failure inside a forward: INTERNAL
 
 
 @dataclass
@@ -27,7 +50,7 @@ class SamplingParams:
     num_draft_tokens: int | None = None  # speculative draft length; 0 = none; None = the configured default
     ignore_eos: bool = False        # keep generating past EOS (fixed-length load runs)
     drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
-    guide_type: str | None = None
+    guide_type: str | None = None   # as the client spelled it (aliases allowed); grammar.normalize_guide_type
     guide: str | None = None
 
     @property
@@ -97,9 +120,9 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finished: bool = False
-    finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
+    finish_reason: FinishReason | None = None
     error: str | None = None
-    error_kind: str | None = None          # "invalid" (the request's fault, e.g. its grammar) | "internal"
+    error_kind: ErrorKind | None = None
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     spec: SpecStats | None = None          # set on the final output
@@ -117,9 +140,9 @@ class Request:
     cache_len: int = 0
     generator: torch.Generator | None = None
     spec: SpecStats = field(default_factory=SpecStats)
-    finish_reason: str | None = None
-    pending_grammar: Any = None            # grammar.PendingGrammar while its guide compiles
-    guide: Any = None                      # grammar.Guide once compiled (None: unconstrained)
+    finish_reason: FinishReason | None = None
+    pending_grammar: PendingGrammar | None = None  # while its guide compiles
+    guide: Guide | None = None             # once compiled (None: unconstrained)
 
     @property
     def all_ids(self) -> list[int]:

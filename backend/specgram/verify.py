@@ -25,8 +25,7 @@ def greedy_accept(target_ids: torch.Tensor, drafts: torch.Tensor, k: torch.Tenso
 
 
 def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, k: torch.Tensor,
-                       u_accept: torch.Tensor, u_final: torch.Tensor,
-                       residual_fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+                       u_accept: torch.Tensor, u_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), batched.
 
     p: [B, K+1, V] target probabilities at each verified position (after temperature/top-k/top-p and mask);
@@ -46,7 +45,7 @@ def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, k
     p_at = p[ar, accepted]                                                        # [B, V]
     q_pad = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)                # [B, K+1, V]
     q_at = q_pad[ar, accepted]
-    residual = (residual_fn or residual_distribution)(p_at, q_at)
+    residual = residual_distribution(p_at, q_at)
     cdf = residual.cumsum(-1)
     u = u_final[:, None].to(cdf.dtype) * cdf[:, -1:]
     nxt = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)

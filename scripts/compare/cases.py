@@ -1,6 +1,6 @@
 """The side-by-side benchmark's workload and its result record, shared by every system's runner.
 
-A case = one JME schema (../shared/data/jsonschemabench, or the vendored sample under tests/data) turned into a
+A case = one JME schema (the copy under tests/data/jsonschemabench/JME, part of the repository) turned into a
 chat-templated extraction prompt ("Extract the record as JSON matching the schema. Record: <its first valid
 instance> Schema: <schema>"). Every system gets the same prompt token ids, the same max_tokens, greedy decoding.
 
@@ -17,13 +17,14 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JME_DIRS = ("/work/shared/data/jsonschemabench/JME", str(REPO / "tests" / "data" / "jsonschemabench" / "JME"))
+# the workload is the repository's own copy, so every machine benchmarks the same schemas
+JME_DIR = REPO / "tests" / "data" / "jsonschemabench" / "JME"
 INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} Schema: {schema}"
 
 
 def load_jme(folder: str | None = None) -> list[dict]:
     """-> [{name, schema, guide (the schema as a JSON string), instance (first valid test or None)}]."""
-    folder = folder or next(d for d in JME_DIRS if Path(d).is_dir())
+    folder = folder or str(JME_DIR)
     files = sorted(glob.glob(f"{folder}/*.json"), key=lambda f: int(re.findall(r"\d+", Path(f).stem)[-1]))
     out = []
     for f in files:

@@ -57,7 +57,7 @@ def best(rows, system, guided, c):
 
 
 def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
-    """The ratios the issue asks for, each with the two rows it divides."""
+    """The headline ratios, each with the two rows it divides."""
     out = []
 
     def ratio(label, a, b):
@@ -68,7 +68,7 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
             out.append(f"| {label} | – | not measured in this run |")
 
     lo, hi = min(concurrency), max(concurrency)
-    T, I = "ours via Triton", "ours in-process"
+    T, P = "ours via Triton", "ours in-process"
     for c in (lo, hi):
         for g in (False, True):
             ratio(f"spec ÷ no-spec, {'guided' if g else 'unguided'}, c={c} (Triton, best drafter)",
@@ -79,12 +79,12 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
     for c in (lo, hi):
         for g in (False, True):
             ratio(f"Triton ÷ in-process, target only, {'guided' if g else 'unguided'}, c={c}",
-                  find(rows, T, "target only", g, c), find(rows, I, "target only", g, c))
+                  find(rows, T, "target only", g, c), find(rows, P, "target only", g, c))
     for g in (False, True):
         ratio(f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
               find(rows, T, "target only", g, hi), find(rows, T, "target only", g, lo))
-    peers = sorted({r["system"] for r in rows if r["system"] not in (T, I)})
-    for ours, how in ((I, "in-process"), (T, "Triton")):   # the peers run in process (HF; vLLM's LLM class)
+    peers = sorted({r["system"] for r in rows if r["system"] not in (T, P)})
+    for ours, how in ((P, "in-process"), (T, "Triton")):   # the peers run in process (HF; vLLM's LLM class)
         for peer in peers:
             for c in (lo, hi):
                 for g in (False, True):
@@ -100,8 +100,8 @@ def _f(v, fmt="{:.1f}"):
 
 
 def table(rows: list[dict]) -> list[str]:
-    L = ["| system | config | guide | c | output tok/s | ÷ target only | TTFT p50 ms | ITL p50 ms | latency p50 / p90 / "
-         "p99 s | acceptance | valid | same ids as ours |",
+    L = ["| system | config | guide | c | output tok/s | ÷ target only | TTFT p50 ms | ITL p50 ms | "
+         "latency p50 / p90 / p99 s | acceptance | valid | same ids as ours |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         same = "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On demand only (never by setup.sh or CI): vLLM's CPU build in its own venv, for the side-by-side benchmark.
 #   bash scripts/compare/setup_vllm.sh        -> build/peers/vllm/bin/python (idempotent, ~2 min the first time)
-# Two fixes it needs here (../shared/ENVIRONMENT.md): a current pip first, and the CUDA builds of
+# Two fixes it needs on a CPU-only machine: a current pip first, and the CUDA builds of
 # torchvision/torchaudio/torchcodec that pip brings along removed (they break `import vllm` on a CPU torch).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -31,10 +31,9 @@ def counters(llm) -> dict[str, float]:
 
 
 def run(llm, tok, eos, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
+    from cases import trim_at_eos
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
-
-    from cases import trim_at_eos
 
     engine = llm.llm_engine
     before = counters(llm)
@@ -77,11 +76,10 @@ def run(llm, tok, eos, cases, guided, k, concurrency, max_tokens, dtype) -> dict
 def main() -> None:
     job = json.load(open(sys.argv[1]))
     out_path = sys.argv[2]
+    import vllm
+    from cases import eos_ids  # this script's folder: stdlib-only at import, so it loads in the vLLM venv
     from transformers import AutoTokenizer
     from vllm import LLM
-
-    import vllm
-    from cases import eos_ids    # this script's folder: stdlib-only at import, so it loads in the vLLM venv
 
     tok = AutoTokenizer.from_pretrained(job["model"])
     eos = eos_ids(job["model"], tok)

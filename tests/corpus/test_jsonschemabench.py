@@ -1,7 +1,8 @@
-"""JSONSchemaBench corpus (a sample vendored in tests/data; the full set in ../shared/data) through our grammar layer with the real default
-tokenizer: for each schema xgrammar compiles, every valid instance (json.dumps, tokenized as the model would
-tokenize it) is accepted token by token, the end-of-sequence token is then allowed, and the invalid
-instances are not all accepted. Counts per folder go to build/jsonschemabench_counts.md.
+"""JSONSchemaBench corpus (a sample vendored in tests/data; JSONSCHEMABENCH=<dir> for a full copy) through our
+grammar layer with the real default tokenizer: for each schema xgrammar compiles, every valid instance
+(json.dumps, tokenized as the model would tokenize it) is accepted token by token, the end-of-sequence token is
+then allowed, and the invalid instances are not all accepted. Counts per folder go to
+build/jsonschemabench_counts.md.
 
 A sample of SAMPLE files per folder (sorted by name) keeps CI quick; CORPUS_ALL=1 runs every file."""
 import json

@@ -3,11 +3,9 @@ parse and validate (jsonschema), regex and EBNF outputs match, bad guides get IN
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import jsonschema
 import pytest
-
 from triton_server import REPO, errors_of, ids_of, last_value, stream_infer, text_of
 
 JME = REPO / "tests" / "data" / "jsonschemabench" / "JME"
@@ -84,6 +82,6 @@ def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
         futures = [pool.submit(guided, triton_server, "hi", kind, guide, 10) for kind, guide, _ in bad]
         results = [f.result() for f in futures]
         assert ids_of(good.result()) == solo
-    for (kind, guide, needle), r in zip(bad, results):
+    for (kind, _guide, needle), r in zip(bad, results):
         assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)
         assert "INVALID_ARG" in r[0]["error"] or "invalid" in r[0]["error"].lower() or needle in r[0]["error"]

@@ -2,13 +2,10 @@
 and HTTP generate_stream. One server for the whole session (fixture `triton_server`)."""
 import json
 import queue
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import requests
-
 from triton_server import REPO, errors_of, ids_of, last_value, make_inputs, stream_infer, text_of
 
 PROMPT = "Give me three facts about the Moon."

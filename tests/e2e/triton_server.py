@@ -13,7 +13,6 @@ Environment knobs (used by conftest.py):
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -32,9 +31,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The client CLI owns the contract's input dtypes and the tensor building; tests use the same code.
+# The client CLI builds the input tensors (dtypes from specgram.contract); tests use the same code.
 sys.path.insert(0, str(REPO / "client"))
-from stream_client import INPUT_DTYPES, build_inputs as make_inputs  # noqa: E402,F401
+from stream_client import build_inputs as make_inputs  # noqa: E402  (found through the path above)
 
 
 # --------------------------------------------------------------------------- server

@@ -12,7 +12,6 @@ from specgram.transfer import h2d, long_tensor
 from ..conftest import TEST_DEVICE
 from .conftest import run_to_end, tokens_of
 
-
 # ---- pure helpers ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("b, cap, expected", [(1, 8, 1), (2, 8, 2), (3, 8, 4), (5, 8, 8), (8, 8, 8), (5, 6, 6),
@@ -39,8 +38,8 @@ def test_h2d_is_identity_on_cpu():
 def test_static_forward_matches_dynamic_forward(make_engine):
     """Same rows through forward_rows (eager, exact lengths) and the static path (padded bucket, full-length
     attention): same logits at every real position, same KV afterwards for the real tokens."""
-    dyn = make_engine(cuda_graphs=0, max_draft_len=4).target
-    sta = make_engine(cuda_graphs=1, max_draft_len=4).target
+    dyn = make_engine(cuda_graphs=False, max_draft_len=4).target
+    sta = make_engine(cuda_graphs=True, max_draft_len=4).target
     assert sta.graphed is not None and sta.cache.k.shape[1] == dyn.cache.k.shape[1] + 1     # + scratch slot
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (7, 12, 3)]
@@ -76,8 +75,8 @@ def test_engine_with_static_path_is_token_identical(make_engine, tiny_ckpt, draf
         outs = run_to_end(eng, reqs)
         return [tokens_of(outs[r.request_id]) for r in reqs], sum(r.spec.drafted for r in reqs)
 
-    base, _ = run(cuda_graphs=0)
-    graphed, drafted = run(cuda_graphs=1)
+    base, _ = run(cuda_graphs=False)
+    graphed, drafted = run(cuda_graphs=True)
     assert graphed == base
     assert all(len(t) > 2 for t in base)
     if k:
@@ -155,7 +154,7 @@ def test_cuda_graphs_are_captured_and_token_identical(make_engine, k):
         outs = run_to_end(eng, reqs)
         return [tokens_of(outs[r.request_id]) for r in reqs], eng
 
-    base, _ = run(cuda_graphs=0)
-    graphed, eng = run(cuda_graphs=1)
+    base, _ = run(cuda_graphs=False)
+    graphed, eng = run(cuda_graphs=True)
     assert graphed == base
     assert eng.target.graphed.graphs, "no CUDA graph was captured"

@@ -156,7 +156,7 @@ def test_slow_compile_does_not_hold_up_other_requests_and_times_out(engine, monk
         time.sleep(0.001)
     assert fast_done < 1.0, "the request behind a compiling grammar waited for it"
     [err] = outs[slow_req.request_id]
-    assert err.error_kind == "invalid" and "compile_timeout_s" in err.error
+    assert err.error_kind == "invalid" and "grammar_compile_timeout_s" in err.error
 
 
 def test_oversized_guide_is_refused_at_once(engine):

@@ -66,6 +66,19 @@ def test_engine_config_from_strings():
         EngineConfig(checkpoint="/x", device="tpu")
 
 
+def test_engine_config_booleans_from_strings():
+    cfg = EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": "0", "json_strict": "1",
+                                  "json_any_whitespace": "False"})
+    assert (cfg.cuda_graphs, cfg.json_strict, cfg.json_any_whitespace) == (False, True, False)
+    assert all(type(v) is bool for v in (cfg.cuda_graphs, cfg.json_strict, cfg.json_any_whitespace))
+    assert EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": " TRUE "}).cuda_graphs is True
+    assert EngineConfig(checkpoint="/x", json_strict=0).json_strict is False
+    with pytest.raises(ModelLoadError, match="cuda_graphs must be 0, 1, true or false"):
+        EngineConfig.from_dict({"checkpoint": "/x", "cuda_graphs": "yes"})
+    with pytest.raises(ModelLoadError, match="json_strict must be a boolean"):
+        EngineConfig(checkpoint="/x", json_strict=2)
+
+
 def test_load_errors_are_clear(tmp_path):
     from specgram.engine import Engine
     with pytest.raises(ModelLoadError, match="does not exist"):
@@ -83,4 +96,5 @@ def test_default_draft_length_depends_on_the_guide(tiny_ckpt):
     assert engine.make_request(SamplingParams(), text="hi").params.num_draft_tokens == 1
     guided = engine.make_request(SamplingParams(guide_type="regex", guide="a+"), text="hi")
     assert guided.params.num_draft_tokens == 3
-    assert engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi").params.num_draft_tokens == 0
+    explicit = engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi")
+    assert explicit.params.num_draft_tokens == 0

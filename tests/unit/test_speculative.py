@@ -20,7 +20,6 @@ PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 class OracleDrafter(Drafter):
     """Proposes the known greedy continuation (always right) or, with `wrong`, a token that is never it."""
-    name = "oracle"
 
     def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
         self.references, self.vocab, self.wrong = references, vocab, wrong
@@ -45,7 +44,8 @@ def spec_engine(tmp_path_factory):
 
 
 def run(engine, prompts, **params):
-    reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, params_list(params, len(prompts)))]
+    reqs = [engine.make_request(SamplingParams(**p), text=t)
+            for t, p in zip(prompts, params_list(params, len(prompts)))]
     outs = run_to_end(engine, reqs)
     return [outs[r.request_id] for r in reqs]
 
@@ -155,7 +155,8 @@ def test_streaming_responses_carry_several_tokens(spec_engine):
     [outs] = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=4, drafter="draft_model")
     assert max(len(o.token_ids) for o in outs) == 5
     s = outs[-1].spec
-    assert s.acceptance_rate == 1.0 and s.acceptance_length == pytest.approx(s.steps and (s.steps + s.accepted) / s.steps)
+    assert s.acceptance_rate == 1.0
+    assert s.acceptance_length == pytest.approx(s.steps and (s.steps + s.accepted) / s.steps)
     assert sum(s.accepted_hist) == s.steps
 
 
@@ -202,9 +203,12 @@ def chi2_stat(samples, expected_probs):
         o_acc += counts.get(c, 0)
         e_acc += expected_probs[c] * n
         if e_acc >= 5:
-            obs.append(o_acc); exp.append(e_acc); o_acc, e_acc = 0, 0.0
+            obs.append(o_acc)
+            exp.append(e_acc)
+            o_acc, e_acc = 0, 0.0
     if e_acc > 0:
-        obs[-1] += o_acc; exp[-1] += e_acc
+        obs[-1] += o_acc
+        exp[-1] += e_acc
     obs, exp = np.array(obs), np.array(exp)
     return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
 

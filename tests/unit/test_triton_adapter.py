@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specgram import contract
+
 from . import fake_pb_utils as pb
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
+_NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 
 
 def _config_parameters() -> dict:
@@ -41,18 +44,16 @@ def model(tiny_ckpt):
 
 
 def request(text="Hello there", **inputs):
-    tensors = {"text_input": np.array([text.encode()], dtype=np.object_)}
-    kinds = {"stream": np.bool_, "max_tokens": np.int32, "temperature": np.float32, "top_p": np.float32,
-             "top_k": np.int32, "seed": np.uint64, "num_draft_tokens": np.int32, "ignore_eos": np.bool_,
-             "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_}
+    """Input tensors as Triton hands them over: each contract input with its declared data type."""
     params = inputs.pop("parameters", None)
-    for k, v in inputs.items():
-        if k == "stop":
-            tensors[k] = np.array([s.encode() for s in v], dtype=np.object_)
-        elif k in kinds:
-            tensors[k] = np.array([v], dtype=kinds[k])
+    tensors = {}
+    for k, v in {"text_input": text, **inputs}.items():
+        field = contract.INPUT[k]
+        items = v if not field.scalar else [v]
+        if field.dtype == "STRING":
+            tensors[k] = np.array([s.encode() for s in items], dtype=np.object_)
         else:
-            tensors[k] = np.array([v.encode()], dtype=np.object_)
+            tensors[k] = np.array(items, dtype=_NUMPY[field.dtype])
     return pb.InferenceRequest(tensors, params)
 
 

@@ -20,8 +20,6 @@ class Proposal:
 
 
 class Drafter:
-    name = "base"
-
     def admit(self, reqs: list[Request]) -> None:
         """New requests got their slots and their prompt is in the target cache."""
 
@@ -39,7 +37,6 @@ class Drafter:
 
 class GrammarOnlyDrafter(Drafter):
     """Drafts only what the grammar forces (the prefix): no model, no lookup."""
-    name = "grammar"
 
     def propose(self, reqs, ks, pick, prefixes):
         return [Proposal(list(p)) for p in prefixes]

@@ -24,8 +24,6 @@ def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 class DraftModelDrafter(Drafter):
-    name = "draft_model"
-
     def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
         self.vocab = target_vocab

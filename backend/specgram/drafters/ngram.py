@@ -26,8 +26,6 @@ def lookup(ids: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
 
 
 class NgramDrafter(Drafter):
-    name = "ngram"
-
     def __init__(self, n_min: int = 2, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
 

@@ -17,25 +17,25 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-try:
-    import specgram  # noqa: F401  (installed editable by scripts/setup.sh)
-except ImportError:  # running from a source tree without the install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "backend"))
+# The engine of the same checkout as this model repository comes first (the adapter and the contract it reads
+# must match); without one next to it, the installed package (scripts/setup.sh, the container) is used.
+_SOURCE = Path(__file__).resolve().parents[3] / "backend"
+if (_SOURCE / "specgram" / "contract.py").is_file():
+    sys.path.insert(0, str(_SOURCE))
 
 from specgram.config import EngineConfig
+from specgram.contract import INPUTS, OUTPUTS
 from specgram.engine import Engine
 from specgram.errors import EngineError, InvalidRequest
 from specgram.loop import EngineLoop
 from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
-from specgram.request import RequestOutput
+from specgram.request import ErrorKind, FinishReason, RequestOutput
 
-_SCALAR_INPUTS = ("text_input", "stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos",
-                  "num_draft_tokens", "guided_decoding_guide_type", "guided_decoding_guide",
-                  "exclude_input_in_output", "sampling_parameters", "apply_chat_template", "messages",
-                  "drafter")
+# contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
+_NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 # Each is_cancelled() is a round trip to the server process; polling every stream every 20 ms cost a 2-core
-# machine ~25% of its tokens at 8 streams (README "Performance"). Each stream is asked at most this often;
+# machine ~25% of its tokens at 8 streams (CPU demo, SmolLM2-135M). Each stream is asked at most this often;
 # a cancelled request stops within about this long.
 _CANCEL_CHECK_S = 0.25
 _OUTBOX_WAIT_S = 0.05
@@ -52,17 +52,19 @@ def _py(value):
 
 
 def read_inputs(request) -> dict:
+    """The request's input tensors -> name -> python value: one element for dims [1], a list for dims [-1]."""
     inputs = {}
-    for name in _SCALAR_INPUTS:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is not None:
-            arr = tensor.as_numpy().reshape(-1)
-            if arr.size != 1:
-                raise InvalidRequest(f"input {name} must hold exactly one element, got {arr.size}")
-            inputs[name] = _py(arr[0])
-    stop = pb_utils.get_input_tensor_by_name(request, "stop")
-    if stop is not None:
-        inputs["stop"] = [_py(s) for s in stop.as_numpy().reshape(-1)]
+    for field in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, field.name)
+        if tensor is None:
+            continue
+        arr = tensor.as_numpy().reshape(-1)
+        if not field.scalar:
+            inputs[field.name] = [_py(v) for v in arr]
+        elif arr.size != 1:
+            raise InvalidRequest(f"input {field.name} must hold exactly one element, got {arr.size}")
+        else:
+            inputs[field.name] = _py(arr[0])
     return inputs
 
 
@@ -106,8 +108,8 @@ class Metrics:
         self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
         self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
-        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason})
-                         for reason in ("stop", "length", "cancelled", "error")}
+        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
+                         for reason in FinishReason}
         self.accepted_len = family("specgram_accepted_drafts_per_step",
                                    "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
             labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
@@ -122,7 +124,7 @@ class Metrics:
                 st.first_token_at = time.monotonic()
                 self.ttft.observe(st.first_token_at - st.arrived)
         if out.finished:
-            self.requests[out.finish_reason or "error"].increment(1)
+            self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
             spec = out.spec
             if spec is not None and spec.drafted:
                 self.drafted.increment(spec.drafted)
@@ -205,12 +207,14 @@ class TritonPythonModel:
         if out.finished:
             del self.streams[rid]
         self.metrics.record(st, out)
-        if out.error is not None and out.finish_reason == "error":
-            code = pb_utils.TritonError.INVALID_ARG if out.error_kind == "invalid" else pb_utils.TritonError.INTERNAL
+        if out.error is not None and out.finish_reason == FinishReason.ERROR:
+            invalid = out.error_kind == ErrorKind.INVALID
+            code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
             self._send_error(st.sender, out.error, code)
             return
-        if out.finish_reason == "cancelled":
-            code = pb_utils.TritonError.CANCELLED if hasattr(pb_utils.TritonError, "CANCELLED") else pb_utils.TritonError.UNAVAILABLE
+        if out.finish_reason == FinishReason.CANCELLED:
+            # older Triton Python backends lack the CANCELLED code
+            code = getattr(pb_utils.TritonError, "CANCELLED", pb_utils.TritonError.UNAVAILABLE)
             self._send_error(st.sender, out.error or "request cancelled", code)
             return
         if st.stream:
@@ -227,18 +231,18 @@ class TritonPythonModel:
     @staticmethod
     def _response(out: RequestOutput, text: str, ids: list[int]):
         spec = out.spec
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32)),
-            pb_utils.Tensor("spec_drafted_tokens", np.array([spec.drafted if spec else 0], dtype=np.int32)),
-            pb_utils.Tensor("spec_accepted_tokens", np.array([spec.accepted if spec else 0], dtype=np.int32)),
-            pb_utils.Tensor("spec_acceptance_rate", np.array([spec.acceptance_rate if spec else 0.0], dtype=np.float32)),
-            pb_utils.Tensor("spec_acceptance_length",
-                            np.array([spec.acceptance_length if spec else 0.0], dtype=np.float32)),
-        ]
+        values = {
+            "text_output": [text.encode("utf-8")],
+            "output_ids": ids,
+            "finish_reason": [(out.finish_reason or "").encode()],
+            "num_input_tokens": [out.num_input_tokens],
+            "num_output_tokens": [out.num_output_tokens],
+            "spec_drafted_tokens": [spec.drafted if spec else 0],
+            "spec_accepted_tokens": [spec.accepted if spec else 0],
+            "spec_acceptance_rate": [spec.acceptance_rate if spec else 0.0],
+            "spec_acceptance_length": [spec.acceptance_length if spec else 0.0],
+        }
+        tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod

@@ -1,0 +1,184 @@
+"""The client contract of the Triton model `llm`, declared once: every input and output, its Triton data type,
+dims, how a value is checked, its default and what it means.
+
+Everything else derives from these tables: the adapter's tensor reader and response builder
+(model_repository/llm/1/model.py), the request parser (protocol.py), the client's tensor dtypes
+(client/stream_client.py) and the README's contract table (scripts/contract_table.py). A unit test checks that
+model_repository/llm/config.pbtxt declares exactly these inputs and outputs.
+
+Pure Python (no torch, no Triton): the client imports it too.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import InvalidRequest
+
+# ---- value checks: (field name, python value) -> checked value; raise InvalidRequest naming the field ---------
+
+def _number(v: Any) -> Any:
+    """Numbers may arrive as JSON strings (genai-perf sends sampling_parameters {"max_tokens": "32"}, and
+    vllm_backend accepts that); anything that does not parse stays as it is and fails the type check."""
+    if isinstance(v, str):
+        try:
+            return float(v) if any(c in v for c in ".eE") or v.strip().lower() in ("nan", "inf", "-inf") else int(v)
+        except ValueError:
+            return v
+    return v
+
+
+def to_int(name: str, v: Any) -> int:
+    v = _number(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise InvalidRequest(f"{name} must be an integer, got {v!r}")
+    return int(v)
+
+
+def to_float(name: str, v: Any) -> float:
+    v = _number(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InvalidRequest(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def to_bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise InvalidRequest(f"{name} must be a boolean, got {v!r}")
+
+
+def to_str(name: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise InvalidRequest(f"{name} must be a string, got {v!r}")
+    return v
+
+
+def to_str_list(name: str, v: Any) -> list[str]:
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise InvalidRequest(f"{name} must be a string or a list of strings, got {v!r}")
+    return list(items)
+
+
+def to_messages(name: str, v: Any) -> list[dict]:
+    from .prompt import parse_messages
+
+    return parse_messages(v if isinstance(v, str) else json.dumps(v))
+
+
+# ---- the tables -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    dtype: str                      # Triton config data type without "TYPE_" (STRING, BOOL, INT32, UINT64, FP32)
+    dims: tuple[int, ...]           # (1,) = one element; (-1,) = any number
+    doc: str                        # what it means, for the README table
+    default: str = ""               # what an absent value means, for the README table ("" = nothing to say)
+    optional: bool = True
+    convert: Callable[[str, Any], Any] | None = None  # the check applied to a client's value (inputs only)
+    option: bool = True             # also accepted inside sampling_parameters and as a request parameter
+    param: str | None = None        # the SamplingParams attribute it sets (None: the parser uses it itself)
+
+    @property
+    def client_dtype(self) -> str:
+        """The data type tritonclient's InferInput takes (STRING is BYTES on the wire)."""
+        return "BYTES" if self.dtype == "STRING" else self.dtype
+
+    @property
+    def scalar(self) -> bool:
+        return self.dims == (1,)
+
+
+INPUTS: tuple[Field, ...] = (
+    Field("text_input", "STRING", (1,), "the prompt (may be empty when `messages` is given)",
+          optional=False, option=False),
+    Field("stream", "BOOL", (1,), "stream deltas (false: one response with the full text)", "false",
+          convert=to_bool),
+    Field("max_tokens", "INT32", (1,), "tokens to generate", "config `default_max_tokens`",
+          convert=to_int, param="max_tokens"),
+    Field("temperature", "FP32", (1,), "0 = greedy", "0", convert=to_float, param="temperature"),
+    Field("top_p", "FP32", (1,), "nucleus, in (0, 1]", "1", convert=to_float, param="top_p"),
+    Field("top_k", "INT32", (1,), "0 or -1 = off", "0", convert=to_int, param="top_k"),
+    Field("seed", "UINT64", (1,), "per-request seed; same seed = same output, whatever else is batched",
+          "unseeded", convert=to_int, param="seed"),
+    Field("stop", "STRING", (-1,), "stop strings (cut from the output, never streamed partially)", "none",
+          convert=to_str_list, param="stop"),
+    Field("ignore_eos", "BOOL", (1,), "keep going past EOS (fixed-length load runs)", "false",
+          convert=to_bool, param="ignore_eos"),
+    Field("num_draft_tokens", "INT32", (1,),
+          "speculative draft length k, 0..`max_draft_len`; 0 = no speculation",
+          "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
+          convert=to_int, param="num_draft_tokens"),
+    Field("drafter", "STRING", (1,),
+          "`ngram` (prompt lookup), `draft_model` (if configured), `grammar` (grammar-forced tokens only)",
+          "config `drafter`", convert=to_str, param="drafter"),
+    Field("guided_decoding_guide_type", "STRING", (1,),
+          "`json` (any JSON; guide may be empty), `json_schema`, `regex`, `ebnf` (xgrammar EBNF/GBNF), "
+          "`structural_tag` (xgrammar's JSON format)", "unguided", convert=to_str, param="guide_type"),
+    Field("guided_decoding_guide", "STRING", (1,), "the schema / regex / grammar / tag, as a string", "",
+          convert=to_str, param="guide"),
+    Field("exclude_input_in_output", "BOOL", (1,), "false: the prompt text is prepended to the output",
+          "true when streaming, else false", convert=to_bool),
+    Field("sampling_parameters", "STRING", (1,),
+          "JSON object with any of the optional keys of this table (as vllm_backend / genai-perf "
+          "`--backend vllm` send it)", option=False),
+    Field("apply_chat_template", "BOOL", (1,), "wrap `text_input` as a user message in the model's chat template",
+          "false", convert=to_bool),
+    Field("messages", "STRING", (1,), 'JSON list of `{"role", "content"}` rendered with the chat template', "",
+          convert=to_messages),
+)
+
+OUTPUTS: tuple[Field, ...] = (
+    Field("text_output", "STRING", (-1,), "text delta when streaming, else the whole text", optional=False),
+    Field("output_ids", "INT32", (-1,), "this response's tokens (a response may carry several)", optional=False),
+    Field("finish_reason", "STRING", (1,),
+          "empty until the final response, then `stop` (EOS, a stop string, or the grammar completed) or `length`",
+          optional=False),
+    Field("num_input_tokens", "INT32", (1,), "prompt tokens", optional=False),
+    Field("num_output_tokens", "INT32", (1,), "output tokens so far", optional=False),
+    Field("spec_drafted_tokens", "INT32", (1,), "draft tokens proposed to the target", optional=False),
+    Field("spec_accepted_tokens", "INT32", (1,), "draft tokens the target accepted", optional=False),
+    Field("spec_acceptance_rate", "FP32", (1,), "accepted ÷ drafted", optional=False),
+    Field("spec_acceptance_length", "FP32", (1,),
+          "tokens committed per speculative step (1 + accepted drafts; TensorRT-LLM's \"acceptance length\")",
+          optional=False),
+)
+
+INPUT = {f.name: f for f in INPUTS}
+OUTPUT = {f.name: f for f in OUTPUTS}
+# the inputs that may also come inside sampling_parameters or as request parameters
+OPTIONS = {f.name: f for f in INPUTS if f.option}
+
+
+def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
+    """The README form of a table: one row per field."""
+    def code(text: str) -> str:
+        return f"`{text}`" if text else ""
+
+    head = "| name | type | dims | meaning |" + (" default |" if with_default else "")
+    rule = "|---|---|---|---|" + ("---|" if with_default else "")
+    rows = [head, rule]
+    for f in fields:
+        dims = "[" + ", ".join(str(d) for d in f.dims) + "]"
+        row = f"| {code(f.name)} | {f.dtype} | {dims} | {f.doc} |"
+        if with_default:
+            row += " required |" if not f.optional else f" {f.default or '–'} |"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def markdown() -> str:
+    """The README's contract section body (between its contract markers)."""
+    return "\n".join([
+        "Inputs:", "", markdown_table(INPUTS), "",
+        "Outputs (on every response; the speculative statistics are the request's totals, meaningful on the "
+        "final one):", "", markdown_table(OUTPUTS, with_default=False),
+    ])
