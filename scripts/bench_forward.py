@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,13 @@ def stream_bytes(runner: ModelRunner) -> int:
         w = w if w is not None else lin.weight
         total += w.numel() * w.element_size()
     return total
+
+
+@torch.inference_mode()
+def matmuls(linears: list[torch.nn.Module], xs: dict[int, torch.Tensor]) -> None:
+    """Every weight matmul of a forward on inputs of the right width (xs: in_features -> [M, in_features])."""
+    for lin in linears:
+        lin(xs[lin.in_features])
 
 
 def time_ms(fn, repeat: int) -> list[float]:
@@ -91,17 +99,10 @@ def main() -> None:
     for _ in range(repeat):      # interleaved: drift and noise hit every shape alike
         for b, t in shapes:
             rows = [[7] * t for _ in range(b)]
-            fwd[(b, t)] += time_ms(lambda: runner.forward_rows(rows, list(range(b)), [args.cache_len] * b,
-                                                                last_only=False), 1)
-            xs = {}
-            for lin in linears:
-                xs.setdefault(lin.in_features, torch.randn(b * t, lin.in_features, dtype=dtype))
-
-            def matmuls():
-                with torch.inference_mode():
-                    for lin in linears:
-                        lin(xs[lin.in_features])
-            mm[(b, t)] += time_ms(matmuls, 1)
+            fwd[(b, t)] += time_ms(partial(runner.forward_rows, rows, list(range(b)), [args.cache_len] * b,
+                                           last_only=False), 1)
+            xs = {lin.in_features: torch.randn(b * t, lin.in_features, dtype=runner.dtype) for lin in linears}
+            mm[(b, t)] += time_ms(partial(matmuls, linears, xs), 1)
 
     print(f"model {Path(args.model).name}  dtype {args.dtype}  linear {runner.linear_kind}  torch threads "
           f"{torch.get_num_threads()}  cache length {args.cache_len}")

@@ -55,7 +55,7 @@ class NativeForward:
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.E, self.I = cfg.hidden_size, cfg.intermediate_size
+        self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.scaling = float(inner.layers[0].self_attn.scaling)
         self.layers = []
         for layer in inner.layers:
@@ -119,7 +119,7 @@ class NativeForward:
                        window: int | None) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
         lib, nt = self.lib, torch.get_num_threads()
-        N, E, H, Hkv, D, I = tokens.shape[0], self.E, self.H, self.Hkv, self.D, self.I
+        N, E, H, Hkv, D, inter = tokens.shape[0], self.E, self.H, self.Hkv, self.D, self.inter
         P = cache.v.shape[3]
         h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
         cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
@@ -127,7 +127,7 @@ class NativeForward:
         x = torch.empty(N, E)                                            # normed input of the next matmul
         q = torch.empty(N, H * D)                                        # rotated queries
         att = torch.empty(N, H * D)
-        act = torch.empty(N, I)
+        act = torch.empty(N, inter)
         ptr = lambda t: t.data_ptr()  # noqa: E731
         first = self.layers[0]
         lib.specgram_add_rmsnorm(ptr(h), None, ptr(first.w_in), first.eps_in, ptr(x), N, E, nt)
@@ -141,7 +141,7 @@ class NativeForward:
             o = L.o(att)                    # named: a tensor must outlive the native call that reads it
             lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), N, E, nt)
             gu = L.gate_up(x)
-            lib.specgram_silu_mul(ptr(gu), ptr(act), N, I, nt)
+            lib.specgram_silu_mul(ptr(gu), ptr(act), N, inter, nt)
             nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
             w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (self.w_final, self.eps_final)
             down = L.down(act)

@@ -2,8 +2,9 @@
 
 gemm.c: the small-M matrix product (see its header for the layout and the batch invariance it guarantees);
 attention.c: rotary, KV-cache write and attention reading the cache in place; norm.c: RMSNorm with the
-residual add, and SiLU-and-multiply. Together they are the CPU forward's "native" path (runner.py). It needs an x86-64 CPU with AVX-512 and gcc (or $CC) with OpenMP; where either is
-missing, `load()` returns None and the runner keeps PyTorch's own matmuls. The shared library links the same
+residual add, and SiLU-and-multiply. Together they are the CPU forward's "native" path (native.py). They need
+an x86-64 CPU with AVX-512 and gcc (or $CC) with OpenMP; where either is missing, `load()` returns None and
+the runner keeps PyTorch's own matmuls. The shared library links the same
 libgomp as torch (already loaded, so the dynamic linker reuses it): one OpenMP thread pool for both.
 
 Cache: $SPECGRAM_KERNEL_CACHE, else ~/.cache/specgram/kernels; one file per source hash and compiler flags,
