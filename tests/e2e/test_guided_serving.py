@@ -1,11 +1,10 @@
 """Guided decoding through the real tritonserver with the default model: JSON-schema outputs on JME schemas
-parse and validate (jsonschema), regex and EBNF outputs match, bad guides get INVALID_ARG alone."""
+parse and validate (jsonschema), regex, EBNF and json outputs match, bad guides fail alone."""
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import requests
 
 from collect import errors_of, ids_of, last_value, stream_infer, text_of
 from jme import load_jme
@@ -63,7 +62,7 @@ def test_speculation_under_a_grammar_is_exact(triton_server):
     assert last_value(forced, "spec_accepted_tokens") == last_value(forced, "spec_drafted_tokens")
 
 
-def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
+def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
     good_inputs = {"text_input": "Name a fruit.", "apply_chat_template": True, "stream": True, "max_tokens": 16}
     solo = ids_of(stream_infer(triton_server.grpc_url, good_inputs))
     bad = [("json_schema", '{"type": "nonsense"}', "nonsense"), ("regex", "([a-z", "regex"),
@@ -74,8 +73,6 @@ def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
         results = [f.result() for f in futures]
         assert ids_of(good.result()) == solo
     for (kind, guide, needle), r in zip(bad, results):
+        # the message names what is wrong; its code (INVALID_ARG) reaches no client here: a gRPC stream carries
+        # only the message and HTTP generate answers 400 for any error (test_triton_adapter checks the code)
         assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)
-        # a gRPC stream carries only the error's message; HTTP maps its code: INVALID_ARG -> 400 (INTERNAL: 500)
-        http = requests.post(f"{triton_server.http_url}/v2/models/llm/generate", timeout=60, json={
-            "text_input": "hi", "max_tokens": 10, "guided_decoding_guide_type": kind, "guided_decoding_guide": guide})
-        assert http.status_code == 400 and needle in http.json()["error"], (kind, http.status_code, http.text)
