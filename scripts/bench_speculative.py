@@ -25,22 +25,18 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "backend"))
+import torch
+from benchlib import (chat_ids, common_args, machine, make_requests, run_batches, select_configs, set_threads,
+                      versions)
 
-import torch  # noqa: E402
-from bench_common import common_args, select_configs, set_threads  # noqa: E402
-
-from specgram.config import EngineConfig  # noqa: E402
-from specgram.drafters import DraftModelDrafter  # noqa: E402
-from specgram.engine import Engine, load_tokenizer  # noqa: E402
-from specgram.prompt import prompt_ids as build_prompt_ids  # noqa: E402
-from specgram.request import SamplingParams  # noqa: E402
-from specgram.runner import ModelRunner  # noqa: E402
+from specgram.config import EngineConfig
+from specgram.drafters import DraftModelDrafter
+from specgram.engine import Engine
+from specgram.loading import load_tokenizer
+from specgram.runner import ModelRunner
 
 PROMPTS = [
     "Extract the people in this text as a JSON list of objects with keys name, age and city. Text: Alice Smith is 34 "
@@ -82,38 +78,14 @@ def load_draft(kind: str, target: ModelRunner, path: str, max_slots: int, max_se
     raise ValueError(kind)
 
 
-def make_requests(engine: Engine, prompt_ids: list[list[int]], drafter: str | None, k: int, max_tokens: int):
-    return [engine.make_request(SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k,
-                                               drafter=drafter or "ngram"), prompt_ids=ids) for ids in prompt_ids]
-
-
-def drive(engine: Engine, reqs) -> dict[int, object]:
-    """Run the requests to the end; -> {request_id: final RequestOutput}."""
-    finals = {}
-    for r in reqs:
-        engine.add(r)
-    while engine.has_work():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o
-    return finals
-
-
-def run_once(engine: Engine, prompt_ids, drafter, k, max_tokens, batch) -> tuple[float, list[list[int]], int, int]:
-    """-> (seconds, output ids per prompt, drafted, accepted, verify steps). batch 1: one prompt at a time; else groups of `batch`."""
-    reqs = make_requests(engine, prompt_ids, drafter, k, max_tokens)
-    t0 = time.perf_counter()
-    finals = {}
-    for i in range(0, len(reqs), batch):
-        finals.update(drive(engine, reqs[i:i + batch]))
-    dt = time.perf_counter() - t0
-    for r in reqs:
-        if finals[r.request_id].error:
-            raise RuntimeError(finals[r.request_id].error)
-    drafted = sum(finals[r.request_id].spec.drafted for r in reqs)
-    accepted = sum(finals[r.request_id].spec.accepted for r in reqs)
-    steps = sum(finals[r.request_id].spec.steps for r in reqs)
-    return dt, [r.output_ids for r in reqs], drafted, accepted, steps
+def run_once(engine: Engine, prompt_ids, drafter, k, max_tokens, batch) -> tuple[float, list[list[int]], int, int, int]:
+    """-> (seconds, output ids per prompt, drafted, accepted, verify steps). batch 1: one prompt at a time; else
+    groups of `batch`."""
+    reqs = make_requests(engine, prompt_ids, max_tokens, drafter, k)
+    runs = run_batches(engine, reqs, batch)
+    gens = [g for r in runs for g in r.generations]
+    return (sum(r.wall_s for r in runs), [g.token_ids for g in gens], sum(g.spec.drafted for g in gens),
+            sum(g.spec.accepted for g in gens), sum(g.spec.steps for g in gens))
 
 
 @torch.inference_mode()
@@ -155,7 +127,7 @@ def main() -> None:
     max_slots = max(args.batches)
 
     tok = load_tokenizer(args.model)
-    prompt_ids = [build_prompt_ids(tok, p, None, chat=True) for p in PROMPTS[:args.prompts]]
+    prompt_ids = [chat_ids(tok, p) for p in PROMPTS[:args.prompts]]
     max_seq_len = max(map(len, prompt_ids)) + args.max_tokens + 16
     config = EngineConfig(checkpoint=args.model, device="cpu", dtype="float32", max_slots=max_slots,
                           max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=args.max_tokens)
@@ -169,7 +141,7 @@ def main() -> None:
                for kind, r in drafts.items()}
     engines[None] = Engine(config, target, tok)
 
-    print(f"# {Path(args.model).name} fp32 target, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"# {Path(args.model).name} fp32 target on {machine()}; {versions()}; "
           f"load avg {os.getloadavg()[0]:.1f}; {len(prompt_ids)} prompts (mean {statistics.mean(map(len, prompt_ids)):.0f}"
           f" tokens), max_tokens {args.max_tokens}, greedy, repeat {args.repeat}", flush=True)
     for kind, e in engines.items():                   # warm-up: every engine, every batch size
