@@ -21,12 +21,10 @@ schema's reference values (tests[0].data) as plain "key: value" lines, as an ext
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-JME_DIR = REPO / "tests" / "data" / "jsonschemabench" / "JME"
+from jme import load_jme
 
 # name -> (guided, num_draft_tokens)
 VARIANTS = {
@@ -66,24 +64,13 @@ def make_prompt(schema: dict, data, mode: str) -> str:
             "Respond with the JSON object only.")
 
 
-def load_schemas(jme_dir: Path, limit: int | None = None) -> list[tuple[str, dict, object]]:
-    files = sorted(glob.glob(str(jme_dir / "*.json")),
-                   key=lambda p: (len(Path(p).stem), Path(p).stem))  # JME_0, JME_1, ..., JME_10
-    out = []
-    for f in files[:limit] if limit else files:
-        d = json.loads(Path(f).read_text())
-        tests = d.get("tests") or []
-        data = next((t["data"] for t in tests if t.get("valid", True)), None)
-        out.append((Path(f).stem, d["schema"], data))
-    return out
-
-
 def make_entries(schemas, guided: bool, k: int, max_tokens: int, prompt_mode: str,
                  ignore_eos: bool = False) -> list[dict]:
     entries = []
-    for _name, schema, data in schemas:
+    for case in schemas:
+        schema = case["schema"]
         e = {
-            "text_input": [make_prompt(schema, data, prompt_mode)],
+            "text_input": [make_prompt(schema, case["instance"], prompt_mode)],
             "stream": [True],
             "max_tokens": [int(max_tokens)],
             "apply_chat_template": [True],
@@ -98,11 +85,11 @@ def make_entries(schemas, guided: bool, k: int, max_tokens: int, prompt_mode: st
 
 
 def write_inputs(out_dir: Path, variants: list[str], max_tokens: int, prompt_mode: str = "schema",
-                 jme_dir: Path = JME_DIR, limit: int | None = None, ignore_eos: bool = False) -> dict[str, Path]:
+                 limit: int | None = None, ignore_eos: bool = False) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    schemas = load_schemas(jme_dir, limit)
+    schemas = load_jme(limit)
     if not schemas:
-        raise SystemExit(f"no schemas in {jme_dir}")
+        raise SystemExit("no JME schemas in tests/data/jsonschemabench/JME")
     paths = {}
     for v in variants:
         guided, k = VARIANTS[v]
@@ -121,10 +108,9 @@ def main() -> None:
     ap.add_argument("--prompt", choices=["schema", "extract"], default="schema")
     ap.add_argument("--ignore-eos", action="store_true", help="fixed-length generations (unguided only makes sense)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N schemas")
-    ap.add_argument("--jme-dir", type=Path, default=JME_DIR)
     args = ap.parse_args()
-    for v, p in write_inputs(args.out_dir, args.variants, args.max_tokens, args.prompt, args.jme_dir,
-                             args.limit, args.ignore_eos).items():
+    for v, p in write_inputs(args.out_dir, args.variants, args.max_tokens, args.prompt, args.limit,
+                             args.ignore_eos).items():
         print(f"{v}: {p}")
 
 

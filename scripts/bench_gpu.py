@@ -29,10 +29,8 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "backend"))
-
-import torch  # noqa: E402
+import torch
+from benchlib import machine, versions
 
 SHAPES = {
     "target-1B": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -97,6 +95,7 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
 def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
     from specgram.config import EngineConfig
     from specgram.engine import Engine
+    from specgram.generate import generate
     from specgram.request import SamplingParams
 
     target = str(ckpts["target-1B"])
@@ -119,11 +118,8 @@ def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
             def run(n_tokens, eng=eng, req_kw=req_kw, b=b):   # bound now: called within this iteration
                 reqs = [eng.make_request(SamplingParams(max_tokens=n_tokens, ignore_eos=not req_kw.get("guide_type"),
                                                         **req_kw), prompt_ids=p) for p in prompts[:b]]
-                for r in reqs:
-                    eng.add(r)
                 t0 = time.perf_counter()
-                while eng.has_work():
-                    eng.step()
+                generate(eng, reqs)
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0, sum(len(r.output_ids) for r in reqs), reqs
             run(8)                                                              # warm-up, graph captures
@@ -179,7 +175,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = dict(command="python3 " + " ".join(sys.argv),
-               env=f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+               env=f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}; {machine()}; {versions()}")
     with tempfile.TemporaryDirectory() as tmp:
         ckpts = {n: build_checkpoint(Path(tmp), n, Path(args.tokenizer)) for n in SHAPES}
         for section, fn in (("forward", lambda: forward_costs(ckpts, args.k, 512)),

@@ -7,7 +7,7 @@ One run prints (and writes to docs/benchmarks/grammar_cpu.md / .json):
   compile     GrammarCompiler.compile(json_schema) for every JME schema: cache miss (fresh cache) and hit
               (same schema again), p50/p99 ms
   mask work   per engine.step(): wall time inside StepMasks.fill / forced_prefix / seal / apply and the
-              tentative accepts of Engine._pick_guided (monkeypatched here, outermost call only), p50/p90/p99 µs
+              tentative accepts of Engine._pick (monkeypatched here, outermost call only), p50/p90/p99 µs
               per step and per request-step (divided by the guided requests in that step); matcher commits
               (Guide.commit) are reported beside it, not inside it
   tok/s       the same prompts unconstrained vs json_schema-guided, both without speculation, batch 1 and 8
@@ -24,34 +24,38 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata as md
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "backend"))
+import torch
+from benchlib import (
+    INSTRUCTION,
+    REPO,
+    common_args,
+    is_valid,
+    load_jme,
+    machine,
+    make_requests,
+    pct,
+    run_batches,
+    select_cases,
+    select_configs,
+    set_threads,
+    versions,
+)
 
-import torch  # noqa: E402
-from bench_common import common_args, select_configs, set_threads  # noqa: E402
-
-sys.path.insert(0, str(REPO / "scripts" / "compare"))
-from cases import INSTRUCTION, load_jme, select_cases  # noqa: E402  (JME: tests/data)
-from report import pct  # noqa: E402
-
-from specgram import grammar as grammar_mod  # noqa: E402
-from specgram import masks as masks_mod  # noqa: E402
-from specgram.config import EngineConfig  # noqa: E402
-from specgram.engine import Engine  # noqa: E402
-from specgram.errors import InvalidRequest  # noqa: E402
-from specgram.request import SamplingParams  # noqa: E402
+from specgram import grammar as grammar_mod
+from specgram import masks as masks_mod
+from specgram.config import EngineConfig
+from specgram.engine import Engine
+from specgram.errors import InvalidRequest
+from specgram.loading import load_tokenizer
 
 # name -> (guided, drafter, k)
 CONFIGS = {
@@ -112,7 +116,7 @@ class MaskTimer:
         self.wrap(SM, "forced_prefix", "forced_prefix")
         self.wrap(SM, "seal", "seal")
         self.wrap(SM, "apply", "apply")
-        self.wrap(G, "try_tentative", "tentative")   # top level only from Engine._pick_guided (drafting)
+        self.wrap(G, "try_tentative", "tentative")   # top level only from Engine._pick (drafting)
         self.wrap(G, "rollback", "rollback")         # top level never (inside seal); kept for completeness
         self.wrap(G, "commit", "commit")
         self.wrap(SM, "rows_for", "rows_for")        # inside apply: gathering the mask rows
@@ -170,8 +174,6 @@ def mask_summary(steps: list[dict]) -> dict:
     )
 
 
-# ---- data -----------------------------------------------------------------------------------------------
-
 # ---- compile --------------------------------------------------------------------------------------------
 
 def bench_compile(engine: Engine, items: list[dict]) -> dict:
@@ -198,87 +200,23 @@ def bench_compile(engine: Engine, items: list[dict]) -> dict:
 
 # ---- decode runs ----------------------------------------------------------------------------------------
 
-def make_requests(engine: Engine, items, pids, cfg: str, max_tokens: int):
-    guided, drafter, k = CONFIGS[cfg]
-    reqs = []
-    for it, ids in zip(items, pids):
-        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
-                           guide_type="json_schema" if guided else None, guide=it["guide"] if guided else None)
-        reqs.append(engine.make_request(p, prompt_ids=ids))
-    for r in reqs:                                  # compiles (cache hits) finish before the clock starts
-        if r.pending_grammar is not None:
-            r.pending_grammar.future.result()
-    return reqs
-
-
-def drive(engine: Engine, reqs) -> tuple[dict, dict, int]:
-    finals, nout = {}, defaultdict(int)
-    steps = 0
-    for r in reqs:
-        engine.add(r)
-    while engine.has_work():
-        steps += 1
-        for o in engine.step():
-            nout[o.request_id] += 1
-            if o.finished:
-                finals[o.request_id] = o
-    return finals, nout, steps
-
-
 def run(engine: Engine, items, pids, cfg: str, max_tokens: int, batch: int) -> dict:
-    reqs = make_requests(engine, items, pids, cfg, max_tokens)
+    guided, drafter, k = CONFIGS[cfg]
+    reqs = make_requests(engine, pids, max_tokens, drafter, k, [it["guide"] for it in items] if guided else None)
     gc.collect()
-    finals, nout, steps = {}, {}, 0
-    t0 = time.perf_counter()
-    for i in range(0, len(reqs), batch):
-        f, n, s = drive(engine, reqs[i:i + batch])
-        finals.update(f)
-        nout.update(n)
-        steps += s
-    dt = time.perf_counter() - t0
-    for r in reqs:
-        if finals[r.request_id].error:
-            raise RuntimeError(f"{cfg}: {finals[r.request_id].error}")
-    return dict(seconds=dt, outs=[r.output_ids for r in reqs], steps=steps,
-                reasons=[finals[r.request_id].finish_reason for r in reqs],
-                drafted=sum(finals[r.request_id].spec.drafted for r in reqs),
-                accepted=sum(finals[r.request_id].spec.accepted for r in reqs),
-                req_steps=sum(nout[r.request_id] for r in reqs))
+    runs = run_batches(engine, reqs, batch)
+    gens = [g for r in runs for g in r.generations]
+    return dict(seconds=sum(r.wall_s for r in runs), outs=[g.token_ids for g in gens],
+                steps=sum(len(r.step_s) for r in runs), reasons=[g.final.finish_reason for g in gens],
+                drafted=sum(g.spec.drafted for g in gens), accepted=sum(g.spec.accepted for g in gens),
+                req_steps=sum(len(g.outputs) for g in gens))
 
 
-def parse_json(text: str, lenient: bool):
-    try:
-        return True, json.loads(text)
-    except ValueError:
-        pass
-    if lenient:
-        a, b = text.find("{"), text.rfind("}")
-        if 0 <= a < b:
-            try:
-                return True, json.loads(text[a:b + 1])
-            except ValueError:
-                pass
-    return False, None
-
-
-def validity(tok, items, outs, reasons, lenient: bool) -> dict:
-    import jsonschema
-
-    n_stop = n_parse = n_valid = 0
-    for it, ids, why in zip(items, outs, reasons):
-        n_stop += why == "stop"
-        ok, obj = parse_json(tok.decode(ids, skip_special_tokens=True).strip(), lenient)
-        if not ok:
-            continue
-        n_parse += 1
-        try:
-            jsonschema.validate(obj, it["schema"])
-            n_valid += 1
-        except jsonschema.exceptions.ValidationError:
-            pass
-        except jsonschema.exceptions.SchemaError:
-            pass
-    return dict(n=len(outs), stop=n_stop, parse=n_parse, valid=n_valid)
+def validity(tok, items, outs, reasons) -> dict:
+    """Finished (stop) outputs, and outputs that are valid (benchlib.is_valid) against their schema."""
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
+    return dict(n=len(outs), stop=sum(why == "stop" for why in reasons),
+                valid=sum(is_valid(t, it["schema"]) for it, t in zip(items, texts)))
 
 
 def forced_positions(engine: Engine, items, outs) -> float:
@@ -301,25 +239,6 @@ def forced_positions(engine: Engine, items, outs) -> float:
 
 # ---- report ---------------------------------------------------------------------------------------------
 
-def machine() -> str:
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
-                     .stdout.splitlines() if line.startswith("Model name"))
-    except Exception:  # noqa: BLE001
-        model = platform.processor() or "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads"
-
-
-def versions() -> str:
-    out = []
-    for p in ("torch", "transformers", "xgrammar", "jsonschema"):
-        try:
-            out.append(f"{p} {md.version(p)}")
-        except md.PackageNotFoundError:
-            out.append(f"{p} ?")
-    return ", ".join(out) + f", Python {platform.python_version()}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_args(ap, CONFIGS, 160, "2 schemas (compile: 5), 48 tokens, batches 1 and 2")
@@ -338,7 +257,6 @@ def main() -> None:
 
     items = load_jme()
     all_items = items[:5] if args.quick else items
-    from specgram.engine import load_tokenizer
     tok = load_tokenizer(args.model)
     # decode prompts: evenly spaced schemas whose instance fits comfortably in max_tokens
     chosen = select_cases(tok, args.schemas, args.max_tokens, items)
@@ -353,7 +271,8 @@ def main() -> None:
     timer = MaskTimer()
     timer.install()
 
-    header = (f"{Path(args.model).name} fp32 target on {machine()}; {versions()}; "
+    header = (f"{Path(args.model).name} fp32 target on {machine()}; "
+              f"{versions(('torch', 'transformers', 'xgrammar', 'jsonschema'))}; "
               f"load avg at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}")
     print(f"# {header}", flush=True)
     print(f"# decode prompts: {', '.join(it['name'] for it in chosen)} (prompt tokens mean "
@@ -394,7 +313,7 @@ def main() -> None:
                        drafted=r["drafted"], accepted=r["accepted"],
                        forced=sum(s["forced"] for s in steps),
                        stop=sum(x == "stop" for x in r["reasons"]), n=len(r["outs"]),
-                       validity=validity(tok, chosen, r["outs"], r["reasons"], lenient=not guided),
+                       validity=validity(tok, chosen, r["outs"], r["reasons"]),
                        forced_positions=forced_positions(engine, chosen, r["outs"]) if n == "none" else None,
                        mask=mask_summary(steps) if guided else None)
             if n == "none":
@@ -435,36 +354,30 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
          f"{max(args.batches)} = submitted together. One timed run per row, after a warm-up; the machine is noisy, "
          "so read differences under ~10% as noise.", "",
          "## Compile time (GrammarCompiler.compile, json_schema)", "",
-         "| schemas | compiled | miss p50 ms | miss p90 ms | miss p99 ms | miss max ms | hit p50 ms | hit p99 ms "
-         "| cache MiB |",
+         "| schemas | compiled | miss p50 ms | miss p90 ms | miss p99 ms | miss max ms | hit p50 ms | hit p99 ms | cache MiB |",
          "|---|---|---|---|---|---|---|---|---|",
-         f"| {comp['n']} | {comp['compiled']} | {comp['miss_p50']:.1f} | {comp['miss_p90']:.1f} | "
-         f"{comp['miss_p99']:.1f} | "
+         f"| {comp['n']} | {comp['compiled']} | {comp['miss_p50']:.1f} | {comp['miss_p90']:.1f} | {comp['miss_p99']:.1f} | "
          f"{comp['miss_max']:.1f} | {comp['hit_p50']:.3f} | {comp['hit_p99']:.3f} | {comp['cache_mb']:.1f} |", ""]
     if comp["failed"]:
         L += ["Failed to compile: " + "; ".join(f"{n} ({e})" for n, e in comp["failed"]), ""]
-    L += ["Miss = first compile after `clear_cache()`; hit = the same schema again (xgrammar's compiled-grammar "
-          "cache). "
+    L += ["Miss = first compile after `clear_cache()`; hit = the same schema again (xgrammar's compiled-grammar cache). "
           "Called directly, without the engine's compile thread pool.", "",
           "## Mask work per step", "",
           "Wall time per `engine.step()` inside StepMasks.fill / forced_prefix / seal / apply and the tentative "
-          "accepts in Engine._pick_guided (outermost call only). Per request-step = that step's time / guided "
+          "accepts in Engine._pick (outermost call only). Per request-step = that step's time / guided "
           "requests in it. fill % = share of that time in xgrammar fill_next_token_bitmask (nested calls included); "
           "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
           "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of "
           "the committed tokens), not included in the mask figures.", "",
-          "| batch | drafter | k | steps | µs/step p50 | p90 | p99 | µs/req-step p50 | p90 | p99 | % of step "
-          "| fills/step | µs/fill | fill % | apply % (gather, kernel) | µs/apply | commit µs/step p50 |",
+          "| batch | drafter | k | steps | µs/step p50 | p90 | p99 | µs/req-step p50 | p90 | p99 | % of step | fills/step | µs/fill | fill % | apply % (gather, kernel) | µs/apply | commit µs/step p50 |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["mask"]
         if m:
-            L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {m['steps']} | {m['step_p50']:.0f} | "
-                     f"{m['step_p90']:.0f} | "
+            L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {m['steps']} | {m['step_p50']:.0f} | {m['step_p90']:.0f} | "
                      f"{m['step_p99']:.0f} | {m['req_p50']:.0f} | {m['req_p90']:.0f} | {m['req_p99']:.0f} | "
                      f"{100 * m['share']:.1f} | {m['fills_per_step']:.1f} | {m['fill_us']:.0f} | "
-                     f"{100 * m['fill_share']:.0f} | {100 * m['breakdown']['apply']:.0f} "
-                     f"({100 * m['rows_for_share']:.0f}, "
+                     f"{100 * m['fill_share']:.0f} | {100 * m['breakdown']['apply']:.0f} ({100 * m['rows_for_share']:.0f}, "
                      f"{100 * m['kernel_share']:.0f}) | {m['apply_us']:.0f} | {m['commit_p50']:.0f} |")
     L += ["", "## Constrained vs unconstrained (no speculation)", "",
           "Output tok/s; the unconstrained outputs differ in length (ms/step is the fairer per-step cost).", "",
@@ -480,8 +393,8 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
     g1 = next(r for r in rows if r["config"] == "none")
     L += ["", f"Positions where the grammar allows exactly one token (replaying the guided outputs): "
           f"{100 * g1['forced_positions']:.1f}%.", ""]
-    L += ["", "Valid = parses as JSON and validates against the schema (jsonschema); the unconstrained text is parsed "
-          "leniently (the outermost `{...}`).", "",
+    L += ["", "Valid = parses as JSON (the whole text, or a ```json fence) and validates against the schema "
+          "(jsonschema), as in every benchmark table.", "",
           "## Speculation under the grammar", "",
           "| batch | drafter | k | tok/s | α | tok/step | forced/token | speedup | exact | finished (stop) | valid |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -492,8 +405,7 @@ def report(args, command, header, chosen, pids, comp, rows, elapsed) -> str:
         v = r["validity"]
         L.append(f"| {r['batch']} | {r['drafter']} | {r['k']} | {r['tps']:.1f} | {a} | {r['tok_per_step']:.2f} | "
                  f"{r['forced'] / max(r['tokens'], 1):.2f} | {r['speedup']:.2f}× | {'yes' if r['exact'] else 'NO'} | "
-                 f"{r['stop']}/{r['n']} | {v['valid']}/{v['n']} "
-                 f"({100 * v['valid'] / max(v['stop'], 1):.0f}% of finished) |")
+                 f"{r['stop']}/{r['n']} | {v['valid']}/{v['n']} ({100 * v['valid'] / max(v['stop'], 1):.0f}% of finished) |")
     L += ["", "α = accepted / drafted draft tokens (grammar-forced drafts included); tok/step = output tokens / "
           "request-steps (prefill step counts); forced/token = grammar-forced draft tokens proposed per output token; "
           "speedup = tok/s / guided no-speculation tok/s at the same batch size; exact = output ids equal guided "

@@ -8,14 +8,13 @@ Prints per concurrency: aggregate output tok/s, per-stream tok/s, mean TTFT, and
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-from triton_server import errors_of, ids_of, stream_infer  # noqa: E402
+import benchlib  # noqa: F401  (puts client/ on sys.path)
+from collect import errors_of, ids_of, stream_infer
 
 PROMPTS = ["Write a short story about a robot.", "Explain how rainbows form.", "List ten fruits and their colors.",
            "Describe the water cycle.", "What makes a good cup of coffee?", "Summarize the history of Rome.",
@@ -51,7 +50,6 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--extra", default="{}", help="JSON of extra inputs, e.g. '{\"num_draft_tokens\": 4}'")
     args = ap.parse_args()
-    import json
     extra = json.loads(args.extra)
     run(args.url, 1, 1, 8, extra)  # warm-up
     rows = [run(args.url, c, max(args.requests, c), args.max_tokens, extra) for c in args.concurrency]

@@ -25,28 +25,22 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "backend"))
+import torch
+from benchlib import chat_ids, common_args, machine, make_requests, run_batches, select_configs, set_threads, versions
 
-import torch  # noqa: E402
-from bench_common import common_args, select_configs, set_threads  # noqa: E402
-
-from specgram.config import EngineConfig  # noqa: E402
-from specgram.drafters import DraftModelDrafter  # noqa: E402
-from specgram.engine import Engine, load_tokenizer  # noqa: E402
-from specgram.prompt import prompt_ids as build_prompt_ids  # noqa: E402
-from specgram.request import SamplingParams  # noqa: E402
-from specgram.runner import ModelRunner  # noqa: E402
+from specgram.config import EngineConfig
+from specgram.drafters import DraftModelDrafter
+from specgram.engine import Engine
+from specgram.loading import load_tokenizer
+from specgram.runner import ModelRunner
 
 PROMPTS = [
     "Extract the people in this text as a JSON list of objects with keys name, age and city. Text: Alice Smith is 34 "
     "and lives in Paris. Bob Jones is 27 and lives in Berlin. Carol White is 45 and lives in Madrid.",
-    "Rename the variable x to total in this Python code and return the whole code:\n"
-    "```python\ndef order_value(items):\n"
+    "Rename the variable x to total in this Python code and return the whole code:\n```python\ndef order_value(items):\n"
     "    x = 0\n    for item in items:\n        x += item.price * item.quantity\n    return x\n```",
     "Convert this CSV to a JSON array of objects:\nname,color,price\napple,red,1.2\nbanana,yellow,0.5\ncherry,red,3.0\n"
     "grape,purple,2.1",
@@ -83,39 +77,14 @@ def load_draft(kind: str, target: ModelRunner, path: str, max_slots: int, max_se
     raise ValueError(kind)
 
 
-def make_requests(engine: Engine, prompt_ids: list[list[int]], drafter: str | None, k: int, max_tokens: int):
-    return [engine.make_request(SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k,
-                                               drafter=drafter or "ngram"), prompt_ids=ids) for ids in prompt_ids]
-
-
-def drive(engine: Engine, reqs) -> dict[int, object]:
-    """Run the requests to the end; -> {request_id: final RequestOutput}."""
-    finals = {}
-    for r in reqs:
-        engine.add(r)
-    while engine.has_work():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o
-    return finals
-
-
-def run_once(engine: Engine, prompt_ids, drafter, k, max_tokens, batch) -> tuple[float, list[list[int]], int, int]:
-    """-> (seconds, output ids per prompt, drafted, accepted, verify steps).
-    batch 1: one prompt at a time; else groups of `batch`."""
-    reqs = make_requests(engine, prompt_ids, drafter, k, max_tokens)
-    t0 = time.perf_counter()
-    finals = {}
-    for i in range(0, len(reqs), batch):
-        finals.update(drive(engine, reqs[i:i + batch]))
-    dt = time.perf_counter() - t0
-    for r in reqs:
-        if finals[r.request_id].error:
-            raise RuntimeError(finals[r.request_id].error)
-    drafted = sum(finals[r.request_id].spec.drafted for r in reqs)
-    accepted = sum(finals[r.request_id].spec.accepted for r in reqs)
-    steps = sum(finals[r.request_id].spec.steps for r in reqs)
-    return dt, [r.output_ids for r in reqs], drafted, accepted, steps
+def run_once(engine: Engine, prompt_ids, drafter, k, max_tokens, batch) -> tuple[float, list[list[int]], int, int, int]:
+    """-> (seconds, output ids per prompt, drafted, accepted, verify steps). batch 1: one prompt at a time; else
+    groups of `batch`."""
+    reqs = make_requests(engine, prompt_ids, max_tokens, drafter, k)
+    runs = run_batches(engine, reqs, batch)
+    gens = [g for r in runs for g in r.generations]
+    return (sum(r.wall_s for r in runs), [g.token_ids for g in gens], sum(g.spec.drafted for g in gens),
+            sum(g.spec.accepted for g in gens), sum(g.spec.steps for g in gens))
 
 
 @torch.inference_mode()
@@ -157,7 +126,7 @@ def main() -> None:
     max_slots = max(args.batches)
 
     tok = load_tokenizer(args.model)
-    prompt_ids = [build_prompt_ids(tok, p, None, chat=True) for p in PROMPTS[:args.prompts]]
+    prompt_ids = [chat_ids(tok, p) for p in PROMPTS[:args.prompts]]
     max_seq_len = max(map(len, prompt_ids)) + args.max_tokens + 16
     config = EngineConfig(checkpoint=args.model, device="cpu", dtype="float32", max_slots=max_slots,
                           max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=args.max_tokens)
@@ -171,9 +140,8 @@ def main() -> None:
                for kind, r in drafts.items()}
     engines[None] = Engine(config, target, tok)
 
-    print(f"# {Path(args.model).name} fp32 target, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load avg {os.getloadavg()[0]:.1f}; {len(prompt_ids)} prompts "
-          f"(mean {statistics.mean(map(len, prompt_ids)):.0f}"
+    print(f"# {Path(args.model).name} fp32 target on {machine()}; {versions()}; "
+          f"load avg {os.getloadavg()[0]:.1f}; {len(prompt_ids)} prompts (mean {statistics.mean(map(len, prompt_ids)):.0f}"
           f" tokens), max_tokens {args.max_tokens}, greedy, repeat {args.repeat}", flush=True)
     for kind, e in engines.items():                   # warm-up: every engine, every batch size
         for b in args.batches:
@@ -211,8 +179,7 @@ def main() -> None:
             alpha = accepted / drafted if drafted else 0.0
             c = cost.get((kind, b), 0.0)
             row = dict(batch=b, config=n, k=k, tps=t, runs=tps, alpha=alpha, c=c, v=verify.get((k, b), 1.0),
-                       speedup=t / ref_tps, per_step=(steps + accepted) / steps if steps else 1.0,
-                       ideal=ideal_speedup(alpha, k, c), exact=outs == ref_ids,
+                       speedup=t / ref_tps, per_step=(steps + accepted) / steps if steps else 1.0, ideal=ideal_speedup(alpha, k, c), exact=outs == ref_ids,
                        tokens=sum(map(len, outs)))
             rows.append(row)
             print(f"# batch {b} {n}: {t:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in tps)}), "
@@ -222,11 +189,12 @@ def main() -> None:
     print("| batch | drafter | k | output tok/s | α | tok/step | c | v | speedup | ideal | exact |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        drafter = r["config"].rsplit("-k", 1)[0] if r["k"] else "none"
-        # alpha, c and v describe drafting: no value for the reference row without it
-        alpha, c, v = (f"{r['alpha']:.2f}", f"{r['c']:.2f}", f"{r['v']:.2f}") if r["k"] else ("–", "–", "–")
-        print(f"| {r['batch']} | {drafter} | {r['k']} | {r['tps']:.1f} | {alpha} | {r['per_step']:.2f} | {c} | {v} | "
-              f"{r['speedup']:.2f}× | {r['ideal']:.2f}× | {'yes' if r['exact'] else 'NO'} |")
+        if r["k"]:
+            print(f"| {r['batch']} | {r['config'].rsplit('-k', 1)[0]} | {r['k']} | {r['tps']:.1f} | {r['alpha']:.2f} | "
+                  f"{r['per_step']:.2f} | {r['c']:.2f} | {r['v']:.2f} | {r['speedup']:.2f}× | {r['ideal']:.2f}× | {'yes' if r['exact'] else 'NO'} |")
+        else:
+            print(f"| {r['batch']} | none | 0 | {r['tps']:.1f} | – | 1.00 | – | – | 1.00× | 1.00× | yes |")
+
 
 if __name__ == "__main__":
     main()

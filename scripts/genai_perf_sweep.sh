@@ -30,7 +30,7 @@ cleanup() { [[ -n "$server_pid" ]] && kill -- -"$server_pid" 2>/dev/null || true
 trap cleanup EXIT
 if [[ -z "${URL:-}" ]]; then
   read -r HTTP_PORT GRPC_PORT METRICS_PORT < <(python -c "
-import sys; sys.path.insert(0, '$REPO/tests/e2e'); from triton_server import free_ports; print(*free_ports(3))")
+import sys; sys.path.insert(0, '$REPO/client'); from triton_server import free_ports; print(*free_ports(3))")
   export HTTP_PORT GRPC_PORT METRICS_PORT
   setsid bash "$REPO/scripts/serve.sh" > "$REPO/build/genai-perf-server.log" 2>&1 &
   server_pid=$!

@@ -32,7 +32,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -41,9 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "client"))
-from make_perf_inputs import VARIANTS, write_inputs  # noqa: E402
+from benchlib import REPO, machine, pct
+from make_perf_inputs import VARIANTS, write_inputs
 
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "perf_analyzer"
 QUICK_VARIANTS = ["unguided_k0", "guided_k4"]
@@ -68,31 +66,6 @@ def find_perf_analyzer(env: dict) -> str:
     return pa
 
 
-def machine_info() -> str:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        mem = f", {kb / 2**20:.0f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
-    gpu = ""
-    if shutil.which("nvidia-smi"):
-        try:
-            gpu = ", GPU: " + subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                             capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}){mem}{gpu}, {platform.system()} {platform.release()}"
-
-
 # --------------------------------------------------------------------------- export parsing
 def _n_tokens(out: dict | None) -> int | None:
     """Tokens in one response, from its output_ids (scalar when 1 token, list otherwise)."""
@@ -102,14 +75,6 @@ def _n_tokens(out: dict | None) -> int | None:
     if isinstance(ids, list):
         return len(ids)
     return 0 if ids is None or ids == "" else 1
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    i = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
-    return xs[i]
 
 
 def _mean(xs: list[float]) -> float:
@@ -170,8 +135,8 @@ def summarize_export(path: Path) -> list[dict]:
             "requests": len(reqs),
             "completed": n_ok,
             "duration_s": dur_s,
-            "ttft_ms_mean": _mean(ttft), "ttft_ms_p50": _pct(ttft, 50), "ttft_ms_p90": _pct(ttft, 90),
-            "itl_ms_mean": _mean(itl), "itl_ms_p50": _pct(itl, 50), "itl_ms_p90": _pct(itl, 90),
+            "ttft_ms_mean": _mean(ttft), "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p90": pct(ttft, 90),
+            "itl_ms_mean": _mean(itl), "itl_ms_p50": pct(itl, 50), "itl_ms_p90": pct(itl, 90),
             "inter_response_ms_mean": _mean(gaps),
             "e2e_ms_mean": _mean(e2e),
             "output_tokens": total_tokens,
@@ -222,8 +187,7 @@ def write_summary(out_dir: Path, rows: list[dict], meta: dict, summary_md: Path)
               f"- inputs: {meta['inputs']}",
               f"- sweep command: `{meta['sweep_cmd']}`",
               f"- perf_analyzer command (per variant x concurrency): `{meta['pa_cmd_example']}`",
-              "", "Figures computed from the profile exports "
-              f"(`<variant>_c<C>.json` in {meta.get('export_dir', 'this folder')}), as genai-perf "
+              "", f"Figures computed from the profile exports (`<variant>_c<C>.json` in {meta.get('export_dir', 'this folder')}), as genai-perf "
               "defines them: TTFT = first response - request sent; ITL = (last - first response) / (output "
               "tokens - first response's tokens), per request, averaged; output tok/s and req/s over the "
               "benchmark duration (first request sent -> last response received). Tokens are counted from "
@@ -291,7 +255,7 @@ def main() -> None:
                 p = export_dir / f"{v}_c{c}.json"
                 if p.exists():
                     rows += [{"variant": v, **r} for r in summarize_export(p)]
-        write_summary(out_dir, rows, old.get("meta") or {"date": "?", "machine": machine_info(), "server": "?",
+        write_summary(out_dir, rows, old.get("meta") or {"date": "?", "machine": machine(), "server": "?",
                                                           "inputs": "?", "sweep_cmd": sweep_cmd,
                                                           "pa_cmd_example": "?"}, summary_md)
         print(summary_md.read_text())
@@ -308,16 +272,15 @@ def main() -> None:
     server = None
     url = args.url
     if url is None:
-        sys.path.insert(0, str(REPO / "tests" / "e2e"))
-        from triton_server import TritonServer  # noqa: E402
+        from triton_server import TritonServer
         print("[sweep] starting tritonserver ...", file=sys.stderr, flush=True)
         server = TritonServer(log_path=out_dir / "logs" / "tritonserver.log").start()
         url = server.grpc_url
         print(f"[sweep] tritonserver ready at grpc {url}", file=sys.stderr, flush=True)
-    server_desc = ("own tritonserver 2.51 (tests/e2e/triton_server.py, model_repository/llm)" if server
+    server_desc = ("own tritonserver 2.51 (client/triton_server.py, model_repository/llm)" if server
                    else f"running server at {url}")
     rows: list[dict] = []
-    meta = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(),
+    meta = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
             "server": server_desc, "variants": variants, "concurrency": concs,
             "inputs": (f"{len(json.loads(next(iter(inputs.values())).read_text())['data'])} JME schemas, prompt "
                        f"`{args.prompt}`, max_tokens {args.max_tokens}, greedy, ignore_eos false, chat template; "

@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from .runner import right_pad     # runner imports this module only inside ModelRunner(): no cycle
+from .runner import right_pad  # runner imports this module only inside ModelRunner(): no cycle
 from .transfer import h2d
 
 log = logging.getLogger(__name__)

@@ -1,54 +1,25 @@
-"""The engine: admission, continuous batching and the step. Single-threaded: one thread owns it
-(see loop.py); nothing here locks.
+"""The engine's step. Single-threaded: one thread owns it (see loop.py); nothing here locks.
 
-Each step:  admit -> prefill (new requests get their first token) -> decode step for the others:
-            draft -> verify (one batched target forward) -> accept -> commit -> emit.
+Each step:  admit (scheduler.py) -> prefill (new requests get their first token) -> decode the others:
+            draft -> seal -> verify (one batched target forward) -> mask -> accept -> commit (output.py).
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
-carry a Guide (grammar.py); masks.py holds the step's bitmask rows, choose.py the token decisions.
+carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, position); choose.py decides tokens.
 """
 from __future__ import annotations
 
-import random
-from collections import deque
-from pathlib import Path
-
 import torch
 
-from . import choose
+from . import choose, loading
 from .config import EngineConfig
-from .detokenize import IncrementalDetokenizer
-from .drafters import DraftModelDrafter, Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
-from .grammar import Guide, GrammarCompiler
+from .drafters import Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
+from .errors import InvalidRequest
+from .grammar import GrammarCompiler
 from .masks import StepMasks
-from .errors import InvalidRequest, ModelLoadError
+from .output import Outputs
 from .prompt import prompt_ids as build_prompt_ids
 from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
-from .stopping import find_stop, holdback
-
-
-def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
-    """Draft tokens are target tokens: the two vocabularies must be identical."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        raise ModelLoadError(f"the draft model at {draft_path!r} does not share the target's tokenizer "
-                             f"(vocabularies differ: {len(draft_tok)} vs {len(target_tok)} tokens); "
-                             "a draft must use exactly the target's tokenizer")
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as e:
-        raise ModelLoadError(f"could not load the tokenizer from {path!r}: {e}") from e
-
-
-class _TextState:
-    """Per request: the output text so far (stop strings cut off) and how much of it was sent."""
-    __slots__ = ("detok", "text", "sent")
-
-    def __init__(self, detok: IncrementalDetokenizer):
-        self.detok, self.text, self.sent = detok, "", 0
+from .scheduler import Scheduler
 
 
 def _cut(p: Proposal, n: int) -> Proposal:
@@ -67,51 +38,26 @@ class Engine:
         self.device = target.device
         # verify forward before the matchers' seal (see _decode): worth it where forwards run asynchronously
         self.overlap_grammar = self.device.type == "cuda"
-        self.eos_ids = self._eos_ids(target, tokenizer)
+        eos = loading.eos_ids(tokenizer, getattr(target.model, "generation_config", None), target.config)
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max),
                                              "grammar": GrammarOnlyDrafter()}
         self.drafters.update(drafters or {})
-        self.grammar = GrammarCompiler(tokenizer, target.vocab_size, sorted(self.eos_ids),
+        self.grammar = GrammarCompiler(tokenizer, target.vocab_size, sorted(eos),
                                        cache_bytes=config.grammar_cache_mb << 20,
                                        timeout_s=config.grammar_compile_timeout_s,
                                        json_strict=bool(config.json_strict),
                                        json_any_whitespace=bool(config.json_any_whitespace))
         self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
-        self.free_slots: list[int] = list(range(config.max_slots))[::-1]
-        self.waiting: deque[Request] = deque()
-        self.running: dict[int, Request] = {}
-        self._text: dict[int, _TextState] = {}
+        self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens)
+        self.output = Outputs(tokenizer, eos, config.max_seq_len)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
-        path = str(Path(config.checkpoint))
-        device = config.torch_device()
-        static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
-        target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
-                                             static, config.linear)
-        tokenizer = load_tokenizer(path)
-        drafters: dict[str, Drafter] = {}
-        draft = None
-        if config.draft_checkpoint:
-            check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
-            draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
-                                                config.torch_dtype("draft_dtype"), static, config.linear)
-        if config.draft_quantization == "int8":
-            from .quantize import quantize_dynamic_int8
-            base = (draft or target).model
-            draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len, static)
-        if draft is not None:
-            drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
-        return cls(config, target, tokenizer, drafters)
+        return cls(config, *loading.load(config))
 
-    @staticmethod
-    def _eos_ids(target: ModelRunner, tokenizer) -> set[int]:
-        ids = set()
-        gen = getattr(target.model, "generation_config", None)
-        for src in (getattr(gen, "eos_token_id", None), target.config.eos_token_id, tokenizer.eos_token_id):
-            if src is not None:
-                ids.update(src if isinstance(src, (list, tuple)) else [src])
-        return ids
+    @property
+    def eos_ids(self) -> set[int]:
+        return self.output.eos_ids
 
     # ---- requests in and out (called by the owning thread) ----------------------------------------------
 
@@ -128,7 +74,8 @@ class Engine:
         if params.drafter is None:
             params.drafter = self.config.default_drafter
         if params.drafter not in self.drafters:
-            raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; available: {sorted(self.drafters)}")
+            raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
+                                 f"available: {sorted(self.drafters)}")
         ids = prompt_ids if prompt_ids is not None else build_prompt_ids(self.tokenizer, text, messages, chat)
         if not ids:
             raise InvalidRequest("the prompt is empty")
@@ -144,28 +91,43 @@ class Engine:
         return req
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        self.scheduler.add(req)
 
     def abort(self, request_id: int, reason: str = "cancelled", error: str | None = None) -> RequestOutput | None:
         """Remove a request wherever it is; its slot is free for the next step. None if it is not here."""
-        req = self.running.get(request_id) or next((r for r in self.waiting if r.request_id == request_id), None)
+        req = self.scheduler.find(request_id)
         if req is None:
             return None
         req.finish_reason = reason
-        return self._final(req, [], "", error)
+        return self._finish(req, self.output.final(req, [], "", error))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_work()
 
     def only_waiting_for_grammars(self) -> bool:
         """Nothing to step but requests whose grammar is compiling (the loop may then sleep briefly)."""
-        return not self.running and all(r.pending_grammar is not None for r in self.waiting)
+        return self.scheduler.only_waiting_for_grammars()
+
+    def _finish(self, req: Request, out: RequestOutput) -> RequestOutput:
+        """out: req's response; when it is the final one, the request leaves the scheduler and its drafter."""
+        if out.finished and self.scheduler.remove(req):
+            self.drafters[req.params.drafter].release(req)
+        return out
+
+    def _commit(self, req: Request, tokens: list[int]) -> RequestOutput:
+        return self._finish(req, self.output.commit(req, tokens))
 
     # ---- the step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        decoding = list(self.running.values())
-        admitted, outputs = self._admit()
+        decoding = list(self.scheduler.running.values())
+        admitted, failed = self.scheduler.admit()
+        outputs = []
+        for req, error in failed:                  # the request's grammar did not compile
+            req.finish_reason = "error"
+            outputs.append(self._finish(req, self.output.final(req, [], "", error, "invalid")))
+        for req in admitted:
+            self.output.start(req)
         if admitted:
             outputs += self._guarded(admitted, self._prefill)
         if decoding:
@@ -181,43 +143,9 @@ class Engine:
             for r in reqs:
                 if not r.finished:
                     r.finish_reason = "error"
-                    outs.append(self._final(r, [], "", f"internal error during generation: {e!r}"))
+                    error = f"internal error during generation: {e!r}"
+                    outs.append(self._finish(r, self.output.final(r, [], "", error)))
             return outs
-
-    def _admit(self) -> tuple[list[Request], list[RequestOutput]]:
-        """Move waiting requests into free slots, keeping the padded prefill under max_prefill_tokens.
-        A request whose grammar is still compiling keeps waiting without holding up the ones behind it;
-        one whose grammar failed to compile ends here with its error."""
-        batch: list[Request] = []
-        failed: list[RequestOutput] = []
-        for req in list(self.waiting):
-            if req.pending_grammar is not None:     # checked even with no free slot: errors go out at once
-                try:
-                    compiled = req.pending_grammar.result()
-                except InvalidRequest as e:
-                    req.finish_reason = "error"
-                    failed.append(self._final(req, [], "", str(e), "invalid"))
-                    continue
-                if compiled is None:
-                    continue
-                req.guide = Guide(compiled)
-                req.pending_grammar = None
-            if not self.free_slots:
-                continue
-            width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
-            if batch and width * (len(batch) + 1) > self.config.max_prefill_tokens:
-                break
-            self.waiting.remove(req)
-            req.slot = self.free_slots.pop()
-            seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
-            req.generator = torch.Generator().manual_seed(seed)
-            self.running[req.request_id] = req
-            self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer, req.prompt_ids))
-            batch.append(req)
-        return batch, failed
-
-    def _drafter_of(self, req: Request) -> Drafter:
-        return self.drafters[req.params.drafter]
 
     def _prefill(self, reqs: list[Request]) -> list[RequestOutput]:
         logits = self.target.forward_rows([r.prompt_ids for r in reqs], [r.slot for r in reqs], [0] * len(reqs),
@@ -228,8 +156,7 @@ class Engine:
             users = [r for r in reqs if r.params.num_draft_tokens > 0 and r.params.drafter == name]
             if users:
                 drafter.admit(users)
-        index = {r.request_id: b for b, r in enumerate(reqs)}
-        first = self._pick_guided(logits, reqs, index, tentative=False)[0].tolist()
+        first = self._pick(logits, reqs)[0].tolist()
         return [self._commit(r, [t]) for r, t in zip(reqs, first)]
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
@@ -263,25 +190,23 @@ class Engine:
         use it, batched across them; draft logits are masked with the rows the target will use. Proposals are
         cut to this step's k; guided ones stay tentatively accepted in their matchers until _seal()."""
         ks = [self.draft_len(r) for r in reqs]
-        index = {r.request_id: b for b, r in enumerate(reqs)}
-        prefixes = [self.masks.forced_prefix(b, r.guide, ks[b]) if r.guide else [] for b, r in enumerate(reqs)]
-        pick = (lambda logits, group: self._pick_guided(logits, group, index, tentative=True)) \
-            if any(r.guide for r in reqs) else choose.pick
+        prefixes = [self.masks.forced_prefix(r.slot, r.guide, k) if r.guide else [] for r, k in zip(reqs, ks)]
         proposals = [Proposal(p) for p in prefixes]
         for name, drafter in self.drafters.items():
             idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
-                props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick, [prefixes[i] for i in idx])
+                props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], self._draft_pick,
+                                        [prefixes[i] for i in idx])
                 for i, prop in zip(idx, props):
                     proposals[i] = prop
-        return [_cut(p, ks[b]) for b, p in enumerate(proposals)]
+        return [_cut(p, k) for p, k in zip(proposals, ks)]
 
     def _seal(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
         bonus row filled, the matcher rolled back. After this every guided request has its mask rows for
         positions 0..len(proposal)."""
-        return [_cut(p, self.masks.seal(b, r.guide, p.tokens)) if r.guide is not None else p
-                for b, (r, p) in enumerate(zip(reqs, proposals))]
+        return [_cut(p, self.masks.seal(r.slot, r.guide, p.tokens)) if r.guide is not None else p
+                for r, p in zip(reqs, proposals)]
 
     def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
         """One batched target forward over [last committed token, d_0 .. d_{k-1}] for every request."""
@@ -289,9 +214,9 @@ class Engine:
                                         [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
 
     def _mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
-        """Mask the verify logits in place with the same rows the drafts were masked with."""
+        """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did."""
         width = logits.shape[1]
-        entries = [(b * width + i, b, i) for b, r in enumerate(reqs) if r.guide is not None
+        entries = [(b * width + i, r.slot, i) for b, r in enumerate(reqs) if r.guide is not None
                    for i in range(1 + len(proposals[b].tokens))]
         self.masks.apply(logits.view(-1, logits.shape[-1]), entries)
 
@@ -302,18 +227,19 @@ class Engine:
         for r, p, a, t in zip(reqs, proposals, accepted, nxt):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
             r.spec.record(len(p.tokens), a)
-            self._drafter_of(r).committed(r, a)
+            self.drafters[r.params.drafter].committed(r, a)
             out.append(p.tokens[:a] + [t])
         return out
 
-    def _pick_guided(self, logits: torch.Tensor, reqs: list[Request], index: dict[int, int],
-                     tentative: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """choose.pick with each guided request's grammar mask at its current position (row (b, tentative count));
-        with `tentative`, the picked token is then accepted tentatively (drafting)."""
+    def _pick(self, logits: torch.Tensor, reqs: list[Request],
+              tentative: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits: [B, V], row b for reqs[b] -> choose.pick under each guided request's grammar mask at its
+        current position, row (slot, guide.tentative); with `tentative` (drafting) the picked tokens are then
+        accepted tentatively."""
         guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
         for _, r in guided:
-            self.masks.fill(index[r.request_id], r.guide)
-        self.masks.apply(logits, [(j, index[r.request_id], r.guide.tentative) for j, r in guided])
+            self.masks.fill(r.slot, r.guide)
+        self.masks.apply(logits, [(j, r.slot, r.guide.tentative) for j, r in guided])
         ids, probs = choose.pick(logits, reqs)
         if tentative:
             for j, r in guided:
@@ -321,60 +247,6 @@ class Engine:
                 assert accepted, "a token drawn under its grammar mask was rejected by the matcher"
         return ids, probs
 
-    # ---- commit and emit --------------------------------------------------------------------------------
-
-    def _commit(self, req: Request, tokens: list[int]) -> RequestOutput:
-        """Append committed tokens until one finishes the request; return this step's response."""
-        state = self._text[req.request_id]
-        stops = req.params.stop
-        new: list[int] = []
-        stopped_by_string = False
-        for t in tokens:
-            req.output_ids.append(t)
-            new.append(t)
-            if req.guide is not None:
-                req.guide.commit(t)           # must succeed: t was chosen under this position's mask
-            if (t in self.eos_ids and not req.params.ignore_eos) or (req.guide is not None and req.guide.terminated):
-                req.finish_reason = "stop"    # EOS, or the grammar is complete (its stop token accepted)
-                break
-            piece = state.detok.push(t)
-            state.text += piece
-            cut = find_stop(state.text, stops, len(state.text) - len(piece)) if piece else -1
-            if cut >= 0:
-                state.text = state.text[:cut]
-                req.finish_reason = "stop"
-                stopped_by_string = True
-                break
-            if len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_seq_len:
-                req.finish_reason = "length"
-                break
-        if req.finished:
-            if not stopped_by_string:
-                state.text += state.detok.flush()    # a character still held back at the very end
-            return self._final(req, new, self._take_text(state, len(state.text)))
-        end = len(state.text) - holdback(state.text, stops)
-        return self._output(req, new, self._take_text(state, end))
-
-    @staticmethod
-    def _take_text(state: _TextState, end: int) -> str:
-        delta = state.text[state.sent:end]
-        state.sent = max(state.sent, end)
-        return delta
-
-    def _output(self, req: Request, tokens: list[int], text: str) -> RequestOutput:
-        return RequestOutput(req.request_id, tokens, text, num_input_tokens=len(req.prompt_ids),
-                             num_output_tokens=len(req.output_ids))
-
-    def _final(self, req: Request, tokens: list[int], text: str, error: str | None = None,
-               error_kind: str | None = None) -> RequestOutput:
-        """Finish bookkeeping: free the slot (its KV rows are simply overwritten later)."""
-        if self.running.pop(req.request_id, None) is not None:
-            self.free_slots.append(req.slot)
-            self._drafter_of(req).release(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        self._text.pop(req.request_id, None)
-        out = self._output(req, tokens, text)
-        out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
-        out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
-        return out
+    def _draft_pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafters' PickFn: _pick with the picks accepted tentatively."""
+        return self._pick(logits, reqs, tentative=True)

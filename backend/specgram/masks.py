@@ -1,9 +1,9 @@
 """Bitmask rows of one decode step, and applying them to draft and target logits.
 
-Row (b, i) holds the grammar mask for request b's position i of this step: position 0 follows the last
-committed token, position i follows draft token i-1, and position k (after the last draft) is the bonus
-row. Draft logits at position i and target logits at verify row i get the same row, so drafts are always
-legal and draft/target probabilities live on the same support.
+Row (slot, i) holds the grammar mask for the request in that KV slot, at its position i of this step:
+position 0 follows the last committed token, position i follows draft token i-1, and position k (after the
+last draft) is the bonus row. Draft logits at position i and target logits at verify row i get the same row,
+so drafts are always legal and draft/target probabilities live on the same support.
 """
 from __future__ import annotations
 
@@ -26,48 +26,48 @@ class StepMasks:
         self._copy_done = None      # CUDA event: the last copy out of `stage` has run
         self.device = device
 
-    def row(self, b: int, i: int) -> int:
-        return b * self.stride + i
+    def row(self, slot: int, i: int) -> int:
+        return slot * self.stride + i
 
-    def fill(self, b: int, guide: Guide) -> np.ndarray:
-        """Fill row (b, guide.tentative) from the guide's current state; -> that row as numpy (a view)."""
-        r = self.row(b, guide.tentative)
+    def fill(self, slot: int, guide: Guide) -> np.ndarray:
+        """Fill row (slot, guide.tentative) from the guide's current state; -> that row as numpy (a view)."""
+        r = self.row(slot, guide.tentative)
         guide.fill(self.buf, r)
         return self.buf[r].numpy()
 
-    def forced_prefix(self, b: int, guide: Guide, k: int) -> list[int]:
+    def forced_prefix(self, slot: int, guide: Guide, k: int) -> list[int]:
         """Tokens the grammar forces next (exactly one legal token each), up to k; accepted tentatively."""
         out: list[int] = []
         while len(out) < k and not guide.terminated:
-            t = single_allowed_token(self.fill(b, guide))
+            t = single_allowed_token(self.fill(slot, guide))
             if t < 0 or not guide.try_tentative(t):
                 break
             out.append(t)
         return out
 
-    def seal(self, b: int, guide: Guide, tokens: list[int]) -> int:
+    def seal(self, slot: int, guide: Guide, tokens: list[int]) -> int:
         """After drafting: tentatively accept the drafts not yet accepted (n-gram proposals), stopping at
         the first illegal one; fill the bonus row; roll the matcher back. -> how many drafts stay legal."""
         n = guide.tentative
-        while n < len(tokens) and not guide.terminated and token_allowed(self.fill(b, guide), tokens[n]) \
+        while n < len(tokens) and not guide.terminated and token_allowed(self.fill(slot, guide), tokens[n]) \
                 and guide.try_tentative(tokens[n]):
             n += 1
         if guide.terminated:                    # the drafts end with the stop token: nothing may follow it,
-            self.buf[self.row(b, n)] = -1       # and the bonus token is never committed; leave it unmasked
+            self.buf[self.row(slot, n)] = -1       # and the bonus token is never committed; leave it unmasked
         else:
-            self.fill(b, guide)                 # the row after the last draft (bonus position)
+            self.fill(slot, guide)              # the row after the last draft (bonus position)
         guide.rollback()
         return n
 
     def rows_for(self, entries: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
-        """entries: (logits row, b, i) -> (mask [max logits row + 1, W] holding row (b, i) at each entry's logits
+        """entries: (logits row, slot, i) -> (mask [max logits row + 1, W] holding row (slot, i) at each entry's logits
         row, the logits rows to mask). Rows not listed are left stale: the kernel reads only the listed ones.
         The mask is a view of a staging buffer reused by the next call (pinned on CUDA)."""
         idx = [e[0] for e in entries]
         if self._copy_done is not None:         # the previous async copy out of the staging buffer must be done
             self._copy_done.synchronize()       # (already true in practice: every step syncs on its results)
             self._copy_done = None
-        self.stage[idx] = self.buf[[self.row(b, i) for _, b, i in entries]]
+        self.stage[idx] = self.buf[[self.row(slot, i) for _, slot, i in entries]]
         return self.stage[:max(idx) + 1], idx
 
     def apply(self, logits: torch.Tensor, entries: list[tuple[int, int, int]]) -> None:

@@ -197,9 +197,10 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_static(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The shape-static forward that CUDA graphs capture: tokens [B, T], slots/starts [B] on the device
-        -> logits [B, T, V] float32 (positions past a row's own tokens are padding: their logits are unused). No host syncs and no data-dependent shapes: every (row, step) entry
-        is written to the cache (padding lands at positions >= the row's valid length, inside the headroom,
-        or in the scratch slot), and attention spans the whole cache row, masked by position.
+        -> logits [B, T, V] float32 (positions past a row's own tokens are padding: their logits are unused).
+        No host syncs and no data-dependent shapes: every (row, step) entry is written to the cache (padding
+        lands at positions >= the row's valid length, inside the headroom, or in the scratch slot), and
+        attention spans the whole cache row, masked by position.
         Rows must satisfy starts + T <= cache positions (the headroom guarantees it for T <= static_width)."""
         B, T = tokens.shape
         L = self.cache.k.shape[3]                                                        # cache positions

@@ -15,7 +15,7 @@ import copy
 import time
 
 import torch
-from cases import trim_at_eos
+from benchlib import trim_at_eos
 
 # config name -> generate() keyword arguments beyond greedy / max_new_tokens (None: built at run time)
 CONFIGS = {

@@ -1,5 +1,5 @@
 """Our engine, two ways: in process (specgram.Engine driven directly) and through a real tritonserver (gRPC
-streaming, the `llm` model). Same cases, same settings; both return cases.py run records."""
+streaming, the `llm` model). Same cases, same settings; both return benchlib run records."""
 from __future__ import annotations
 
 import re
@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cases import REPO
+from benchlib import REPO
 
 # config name -> (drafter, k). "grammar" = grammar-forced tokens only; every drafter also drafts forced tokens
 # first under a guide. int8 = an int8 dynamic-quantized copy of the target as the draft model.
@@ -45,46 +45,20 @@ def make_engine(model: str, max_seq_len: int, max_tokens: int, slots: int):
 def run_inprocess(engine, tok, cases, config, guided, concurrency, max_tokens) -> dict:
     """Closed loop: at most `concurrency` requests in the engine; a finished one is replaced by the next case
     before the next step (what `concurrency` clients that resend at once would do)."""
-    from specgram.request import SamplingParams
+    from benchlib import make_requests
+
+    from specgram.generate import generate
 
     drafter, k = CONFIGS[config]
-    todo = list(enumerate(cases))
-    live: dict[int, dict] = {}          # request_id -> per-request record
-    done: list[dict] = []
-    drafted = accepted = 0
-
-    def submit():
-        i, case = todo.pop(0)
-        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
-                           guide_type="json_schema" if guided else None, guide=case["guide"] if guided else None)
-        req = engine.make_request(p, prompt_ids=case["prompt_ids"])
-        live[req.request_id] = dict(case=i, ids=[], t0=time.perf_counter(), ttft_s=None)
-        engine.add(req)
-
-    t0 = time.perf_counter()
-    while todo or live:
-        while todo and len(live) < concurrency:
-            submit()
-        for out in engine.step():
-            r = live[out.request_id]
-            now = time.perf_counter()
-            if out.token_ids and r["ttft_s"] is None:
-                r["ttft_s"] = now - r["t0"]
-            r["ids"] += out.token_ids
-            if out.finished:
-                if out.error:
-                    raise RuntimeError(f"{config}: {out.error}")
-                r["latency_s"], r["finish"] = now - r["t0"], out.finish_reason
-                r["text"] = tok.decode(r["ids"], skip_special_tokens=True)
-                drafted += out.spec.drafted
-                accepted += out.spec.accepted
-                del r["t0"]
-                done.append(live.pop(out.request_id))
-        if engine.only_waiting_for_grammars():
-            time.sleep(0.001)
-    wall = time.perf_counter() - t0
-    return record("ours in-process", config, guided, concurrency, wall, sorted(done, key=lambda r: r["case"]),
-                  drafted, accepted)
+    reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens, drafter, k,
+                         [c["guide"] for c in cases] if guided else None)
+    run = generate(engine, reqs, concurrency)
+    if run.errors:
+        raise RuntimeError(f"{config}: {run.errors[0]}")
+    done = [dict(case=i, ids=g.token_ids, ttft_s=g.first_token_s, latency_s=g.latency_s, finish=g.final.finish_reason,
+                 text=tok.decode(g.token_ids, skip_special_tokens=True)) for i, g in enumerate(run.generations)]
+    return record("ours in-process", config, guided, concurrency, run.wall_s, done,
+                  sum(g.spec.drafted for g in run.generations), sum(g.spec.accepted for g in run.generations))
 
 
 # ---------------------------------------------------------------------------------------------- tritonserver
@@ -107,7 +81,7 @@ def bench_repository(model: str, max_seq_len: int, max_tokens: int, slots: int) 
 
 
 def run_triton(url, cases, config, guided, concurrency, max_tokens) -> dict:
-    from triton_server import errors_of, ids_of, last_value, stream_infer, text_of
+    from collect import errors_of, ids_of, last_value, stream_infer, text_of
 
     drafter, k = CONFIGS[config]
 

@@ -4,16 +4,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from cases import is_valid
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo, frac = int(pos), pos - int(pos)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * frac
+from benchlib import is_valid, pct
 
 
 def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:

@@ -1,5 +1,5 @@
 """vLLM's CPU build on the same cases; runs inside build/peers/vllm (scripts/compare/setup_vllm.sh), never in the
-project venv. Reads a job JSON, writes cases.py run records as JSON:
+project venv. Reads a job JSON, writes benchlib run records as JSON:
 
     build/peers/vllm/bin/python scripts/compare/vllm_worker.py job.json out.json
 
@@ -16,6 +16,9 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # benchlib: stdlib-only at import
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -31,7 +34,7 @@ def counters(llm) -> dict[str, float]:
 
 
 def run(llm, tok, eos, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
-    from cases import trim_at_eos
+    from benchlib import trim_at_eos
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -77,12 +80,10 @@ def main() -> None:
     job = json.load(open(sys.argv[1]))
     out_path = sys.argv[2]
     import vllm
-    from cases import eos_ids  # this script's folder: stdlib-only at import, so it loads in the vLLM venv
     from transformers import AutoTokenizer
     from vllm import LLM
-
     tok = AutoTokenizer.from_pretrained(job["model"])
-    eos = eos_ids(job["model"], tok)
+    eos = set(job["eos"])
     results = []
     max_len = max(len(c["prompt_ids"]) for c in job["cases"]) + job["max_tokens"] + 16
     for k in job["speculative"]:

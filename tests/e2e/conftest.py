@@ -1,4 +1,4 @@
-"""Session fixture `triton_server`: one real tritonserver per test session (see triton_server.py)."""
+"""Session fixture `triton_server`: one real tritonserver per test session (see client/triton_server.py)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import triton_server` from the tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))  # triton_server, collect, jme
 
 from triton_server import REPO, TritonServer  # noqa: E402
 

@@ -1,25 +1,12 @@
 """Guided decoding through the real tritonserver with the default model: JSON-schema outputs on JME schemas
-parse and validate (jsonschema), regex and EBNF outputs match, bad guides get INVALID_ARG alone."""
+parse and validate (jsonschema), regex, EBNF and json outputs match, bad guides fail alone."""
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import pytest
-from triton_server import REPO, errors_of, ids_of, last_value, stream_infer, text_of
-
-JME = REPO / "tests" / "data" / "jsonschemabench" / "JME"
-
-
-def jme_cases(n=6):
-    if not JME.is_dir():
-        pytest.skip(f"JME schemas not found at {JME}")
-    cases = []
-    for f in sorted(JME.glob("*.json"))[:n]:
-        case = json.loads(f.read_text())
-        data = next(t["data"] for t in case["tests"] if t["valid"])
-        cases.append((f.name, case["schema"], data))
-    return cases
+from collect import errors_of, ids_of, last_value, stream_infer, text_of
+from jme import load_jme
 
 
 def guided(server, prompt, kind, guide, max_tokens=200, **extra):
@@ -29,7 +16,8 @@ def guided(server, prompt, kind, guide, max_tokens=200, **extra):
 
 
 def test_json_schema_outputs_validate(triton_server):
-    cases = jme_cases()
+    cases = [(c["name"], c["schema"], c["instance"]) for c in load_jme(6)]
+    assert len(cases) == 6 and all(data is not None for _, _, data in cases)
 
     def one(case):
         name, schema, data = case
@@ -56,9 +44,10 @@ def test_regex_and_ebnf_outputs_match(triton_server):
     e = guided(triton_server, "List three colors.", "ebnf", ebnf, 40)
     assert last_value(e, "finish_reason") == "stop", text_of(e)
     assert re.fullmatch(r"\[(red|green|blue|yellow)(, (red|green|blue|yellow)){0,2}\]", text_of(e)), text_of(e)
-    j = guided(triton_server, "Describe a cat as a JSON object.", "json", "", 60, num_draft_tokens=0)
-    if last_value(j, "finish_reason") == "stop":
-        json.loads(text_of(j))
+    j = guided(triton_server, 'Repeat this JSON object exactly: {"name": "Tom", "animal": "cat"}', "json", "", 60,
+               num_draft_tokens=0)
+    assert last_value(j, "finish_reason") == "stop", text_of(j)
+    assert isinstance(json.loads(text_of(j)), dict), text_of(j)
 
 
 def test_speculation_under_a_grammar_is_exact(triton_server):
@@ -72,7 +61,7 @@ def test_speculation_under_a_grammar_is_exact(triton_server):
     assert last_value(forced, "spec_accepted_tokens") == last_value(forced, "spec_drafted_tokens")
 
 
-def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
+def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
     good_inputs = {"text_input": "Name a fruit.", "apply_chat_template": True, "stream": True, "max_tokens": 16}
     solo = ids_of(stream_infer(triton_server.grpc_url, good_inputs))
     bad = [("json_schema", '{"type": "nonsense"}', "nonsense"), ("regex", "([a-z", "regex"),
@@ -83,5 +72,6 @@ def test_bad_guides_get_invalid_arg_next_to_a_good_stream(triton_server):
         results = [f.result() for f in futures]
         assert ids_of(good.result()) == solo
     for (kind, _guide, needle), r in zip(bad, results):
+        # the message names what is wrong; its code (INVALID_ARG) reaches no client here: a gRPC stream carries
+        # only the message and HTTP generate answers 400 for any error (test_triton_adapter checks the code)
         assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)
-        assert "INVALID_ARG" in r[0]["error"] or "invalid" in r[0]["error"].lower() or needle in r[0]["error"]

@@ -6,7 +6,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from triton_server import REPO, errors_of, ids_of, last_value, make_inputs, stream_infer, text_of
+from collect import errors_of, ids_of, last_value, stream_infer, text_of
+from stream_client import build_inputs
+from triton_server import REPO
 
 PROMPT = "Give me three facts about the Moon."
 CHECKPOINT = REPO / "models" / "SmolLM2-135M-Instruct"
@@ -84,7 +86,7 @@ def test_cancelled_streams_free_their_slots(triton_server):
     for i in range(9):   # max_slots is 8
         c = grpcclient.InferenceServerClient(triton_server.grpc_url)
         c.start_stream(callback=lambda result, error, i=i: started.put(i))
-        c.async_stream_infer("llm", make_inputs({"text_input": f"Tell a long story {i}.", "stream": True,
+        c.async_stream_infer("llm", build_inputs({"text_input": f"Tell a long story {i}.", "stream": True,
                                                  "max_tokens": 1500, "ignore_eos": True}))
         clients.append(c)
     seen, deadline = set(), time.time() + 120

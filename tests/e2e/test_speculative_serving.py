@@ -1,6 +1,6 @@
 """Speculation through the real tritonserver: exact greedy output, consistent statistics, metrics."""
 import requests
-from triton_server import errors_of, ids_of, last_value, stream_infer
+from collect import errors_of, ids_of, last_value, stream_infer
 
 EXTRACT = ("Copy this record as JSON with keys name, city, year: name Ada Lovelace, city London, year 1815. "
            "Then copy it again.")

@@ -21,22 +21,3 @@ def make_engine(tiny_ckpt):
         kw.setdefault("dtype", "float32")      # exactness tests compare with HF float32 on CPU
         return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), **kw))
     return make
-
-
-def run_to_end(engine, requests):
-    """Drive the engine step by step until all requests finish; -> {request_id: [outputs]}."""
-    outs = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.add(r)
-    while engine.has_work():
-        for o in engine.step():
-            outs[o.request_id].append(o)
-    return outs
-
-
-def tokens_of(outputs):
-    return [t for o in outputs for t in o.token_ids]
-
-
-def text_of(outputs):
-    return "".join(o.text for o in outputs)

@@ -1,5 +1,6 @@
 """The benchmark instruments' pure parts (the runs themselves are measurements, not tests): the side-by-side
-report's summaries and ratios, the JSON validity check, and the genai-perf CSV summary."""
+report's summaries and ratios, the JSON validity check, percentiles, the case loader, and the genai-perf CSV
+summary."""
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts" / "compare"), str(REPO / "scripts")]
 
-import cases  # noqa: E402
+import benchlib  # noqa: E402
 import report  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -27,7 +28,19 @@ def req(case, ids, text, ttft, latency):
 @pytest.mark.parametrize("text, ok", [('{"a": 1}', True), ('```json\n{"a": 2}\n```', True), ('{"a": "x"}', False),
                                       ('Here: {"a": 1}', False), ('{"a": 1', False)])
 def test_is_valid_parses_whole_text_or_a_fence_and_validates(text, ok):
-    assert cases.is_valid(text, SCHEMA) is ok
+    assert benchlib.is_valid(text, SCHEMA) is ok
+
+
+def test_pct_interpolates_between_ranks():
+    assert benchlib.pct([], 50) != benchlib.pct([], 50)          # nan
+    assert benchlib.pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert benchlib.pct([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def test_jme_cases_come_from_the_repository_in_case_number_order():
+    names = [c["name"] for c in benchlib.load_jme()]
+    assert names and names == sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]))
+    assert benchlib.load_jme(2) == benchlib.load_jme()[:2]
 
 
 def test_summarize_and_ratios():

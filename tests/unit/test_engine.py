@@ -5,7 +5,7 @@ import torch
 from specgram.errors import InvalidRequest
 from specgram.request import SamplingParams
 
-from .conftest import run_to_end, text_of, tokens_of
+from .helpers import pinned_eos, run_to_end, text_of, tokens_of
 
 PROMPTS = ["Hello there", "The quick brown fox jumps", "a", "Speculative decoding with grammars: ünïcödé ✓ 🚀"]
 
@@ -48,7 +48,7 @@ def test_concurrent_requests_equal_alone(make_engine):
     reqs = [engine.make_request(SamplingParams(max_tokens=m), text=p) for p, m in specs]
     together = run_to_end(engine, reqs)
     assert [tokens_of(together[r.request_id]) for r in reqs] == alone
-    assert engine.free_slots and len(engine.free_slots) == 3 and not engine.running
+    assert engine.scheduler.free_slots and len(engine.scheduler.free_slots) == 3 and not engine.scheduler.running
 
 
 def test_requests_join_while_others_run(make_engine):
@@ -66,7 +66,7 @@ def test_requests_join_while_others_run(make_engine):
             outs[r.request_id] = []
             late.append(r)
         if i == 4:
-            assert len(engine.running) == 2, "a request admitted between steps joins the running batch"
+            assert len(engine.scheduler.running) == 2, "a request admitted between steps joins the running batch"
         for o in engine.step():
             outs[o.request_id].append(o)
     assert tokens_of(outs[a.request_id]) == solo
@@ -125,15 +125,18 @@ def test_stop_string_cuts_output_and_is_never_streamed(make_engine):
 
 
 def test_eos_finishes_with_stop(make_engine):
+    """The EOS id is pinned to a token this random model emits mid-output: generation stops right there."""
     engine = make_engine()
-    for prompt in PROMPTS:
-        req = engine.make_request(SamplingParams(max_tokens=200), text=prompt)
+    base = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text=PROMPTS[1])
+    full = tokens_of(run_to_end(engine, [base])[base.request_id])
+    eos = full[10]
+    cut = full.index(eos) + 1
+    with pinned_eos(engine, eos):
+        req = engine.make_request(SamplingParams(max_tokens=30), text=PROMPTS[1])
         outs = run_to_end(engine, [req])[req.request_id]
-        ids = tokens_of(outs)
-        if ids[-1] == 2:
-            assert outs[-1].finish_reason == "stop" and 2 not in ids[:-1]
-            return
-    pytest.skip("no prompt reached EOS within 200 tokens on this random model")
+    assert tokens_of(outs) == full[:cut] and cut <= 11
+    assert outs[-1].finished and outs[-1].finish_reason == "stop"
+    assert text_of(outs) == engine.tokenizer.decode(full[:cut - 1], skip_special_tokens=True)   # EOS is not text
 
 
 def test_context_limit_finishes_with_length(make_engine):
@@ -159,14 +162,14 @@ def test_abort_frees_slot_and_leaves_others_unchanged(make_engine):
     for _ in range(3):
         for o in engine.step():
             outs[o.request_id].append(o)
-    assert waiting in engine.waiting and not engine.free_slots
+    assert waiting in engine.scheduler.waiting and not engine.scheduler.free_slots
     final = engine.abort(victim.request_id)
     assert final.finished and final.finish_reason == "cancelled"
-    assert engine.free_slots == [victim.slot]
+    assert engine.scheduler.free_slots == [victim.slot]
     outs[victim.request_id].append(final)
     for o in engine.step():  # the freed slot is taken by the waiting request within one step
         outs[o.request_id].append(o)
-    assert waiting.request_id in engine.running
+    assert waiting.request_id in engine.scheduler.running
     assert engine.abort(victim.request_id) is None
     while engine.has_work():
         for o in engine.step():
@@ -214,4 +217,4 @@ def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch):
     monkeypatch.setattr(engine.target, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     outs = run_to_end(engine, [req])[req.request_id]
     assert len(outs) == 1 and outs[0].finish_reason == "error" and "boom" in outs[0].error
-    assert not engine.running and len(engine.free_slots) == 4
+    assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4

@@ -10,7 +10,7 @@ from specgram.request import SamplingParams
 from specgram.transfer import h2d, long_tensor
 
 from ..conftest import TEST_DEVICE
-from .conftest import run_to_end, tokens_of
+from .helpers import run_to_end, tokens_of
 
 # ---- pure helpers ---------------------------------------------------------------------------------------
 

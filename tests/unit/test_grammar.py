@@ -3,21 +3,16 @@ grammar, speculation stays exact under a grammar, forced tokens are drafted for 
 masked distribution, and bad or slow guides fail only their own request."""
 import json
 import re
+import threading
 import time
 
 import pytest
-import torch
 
 from specgram import grammar as grammar_mod
-from specgram import sampling
-from specgram.config import EngineConfig
-from specgram.engine import Engine
 from specgram.errors import InvalidRequest
 from specgram.request import SamplingParams
 
-from .conftest import run_to_end, text_of, tokens_of
-from .test_speculative import chi2_critical, chi2_stat
-from .tiny import save_checkpoint
+from .helpers import chi2_critical, chi2_stat, exact_joint, run, run_to_end, target_and_draft, text_of, tokens_of
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog|bird)", "age": [1-9][0-9]?\}'
 SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},
@@ -29,18 +24,7 @@ PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grammar")
-    target = save_checkpoint(root / "t", seed=0)
-    draft = save_checkpoint(root / "d", seed=11)
-    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=4,
-                                           max_seq_len=256))
-
-
-def run(engine, prompts, **params):
-    reqs = [engine.make_request(SamplingParams(**{k: (v[i] if isinstance(v, list) else v) for k, v in params.items()}),
-                                text=t) for i, t in enumerate(prompts)]
-    outs = run_to_end(engine, reqs)
-    return [outs[r.request_id] for r in reqs]
+    return target_and_draft(tmp_path_factory.mktemp("grammar"), 256)
 
 
 def matcher_accepts(engine, kind, guide, ids):
@@ -133,30 +117,35 @@ def test_bad_guide_fails_only_its_request(engine, kind, guide, needle):
 
 
 def test_slow_compile_does_not_hold_up_other_requests_and_times_out(engine, monkeypatch):
+    """A request whose grammar is still compiling waits without holding up the one behind it; once its compile
+    outlives compile_timeout_s, it fails alone. The compile is held on an event, not on the clock."""
+    gate = threading.Event()
     real = engine.grammar.compile
 
-    def slow(kind, guide):
+    def held(kind, guide):
         if guide == "(slow)":
-            time.sleep(2.5)
+            gate.wait(60)
         return real(kind, guide)
 
-    monkeypatch.setattr(engine.grammar, "compile", slow)
-    monkeypatch.setattr(engine.grammar, "timeout_s", 1.0)
-    slow_req = engine.make_request(SamplingParams(max_tokens=5, guide_type="regex", guide="(slow)"), text="hi")
+    monkeypatch.setattr(engine.grammar, "compile", held)
+    slow = engine.make_request(SamplingParams(max_tokens=5, guide_type="regex", guide="(slow)"), text="hi")
     fast = engine.make_request(SamplingParams(max_tokens=5, ignore_eos=True), text="hi")
-    engine.add(slow_req)
-    engine.add(fast)
-    outs = {slow_req.request_id: [], fast.request_id: []}
-    t0 = time.time()
-    while engine.has_work():
-        for o in engine.step():
-            outs[o.request_id].append(o)
-        if outs[fast.request_id] and outs[fast.request_id][-1].finished and not outs[slow_req.request_id]:
-            fast_done = time.time() - t0
-        time.sleep(0.001)
-    assert fast_done < 1.0, "the request behind a compiling grammar waited for it"
-    [err] = outs[slow_req.request_id]
-    assert err.error_kind == "invalid" and "grammar_compile_timeout_s" in err.error
+    outs = {slow.request_id: [], fast.request_id: []}
+    try:
+        engine.add(slow)
+        engine.add(fast)
+        for _ in range(5):                       # prefill + 4 decode steps: the fast request's 5 tokens
+            for o in engine.step():
+                outs[o.request_id].append(o)
+        assert outs[fast.request_id] and outs[fast.request_id][-1].finish_reason == "length"
+        assert not outs[slow.request_id] and not slow.pending_grammar.future.done()
+        slow.pending_grammar.deadline = time.monotonic() - 1.0     # the compile has outlived compile_timeout_s
+        [err] = engine.step()
+    finally:
+        gate.set()
+    assert err.request_id == slow.request_id and err.error_kind == "invalid"
+    assert "grammar_compile_timeout_s" in err.error
+    assert not engine.has_work()
 
 
 def test_oversized_guide_is_refused_at_once(engine):
@@ -170,35 +159,12 @@ def test_oversized_guide_is_refused_at_once(engine):
 CHOICE = "[abc]{3}"
 
 
-def exact_masked_joint(engine, prompt_ids, allowed, n, temperature):
-    """P(x_1..x_n) for sampling from softmax(masked logits / T), by enumeration."""
-    model = engine.target.model
-    probs = {(): 1.0}
-    for _ in range(n):
-        nxt = {}
-        seqs = list(probs)
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt_ids + list(s) for s in seqs])).logits[:, -1].float()
-        mask = torch.full_like(logits, float("-inf"))
-        mask[:, allowed] = 0
-        p = sampling.probabilities(logits + mask, torch.full((len(seqs),), temperature),
-                                   torch.zeros(len(seqs), dtype=torch.long), torch.ones(len(seqs)))
-        for s, row in zip(seqs, p.tolist()):
-            for t in allowed:
-                nxt[s + (t,)] = probs[s] * row[t]
-        probs = nxt
-    return probs
-
-
 @pytest.mark.parametrize("drafter, k", [("draft_model", 3), ("ngram", 2), (None, 0)])
 def test_sampling_under_a_grammar_matches_masked_sampling(tmp_path_factory, drafter, k):
-    root = tmp_path_factory.mktemp("gs")
-    eng = Engine.from_config(EngineConfig(checkpoint=str(save_checkpoint(root / "t", seed=4, init=0.05)),
-                                          draft_checkpoint=str(save_checkpoint(root / "d", seed=9, init=0.05)),
-                                          max_slots=64, max_seq_len=64))
+    eng = target_and_draft(tmp_path_factory.mktemp("gs"), 64, max_slots=64, target_seed=4, draft_seed=9, init=0.05)
     prompt = eng.tokenizer("abc cab bca: ", add_special_tokens=False)["input_ids"]
     allowed = [eng.tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abc"]
-    expected = exact_masked_joint(eng, prompt, allowed, 3, 1.0)
+    expected = exact_joint(eng.target.model, prompt, 3, 1.0, allowed=allowed)
     n = 2000
     reqs = [eng.make_request(SamplingParams(max_tokens=4, temperature=1.0, seed=i, guide_type="regex", guide=CHOICE,
                                             num_draft_tokens=k, drafter=drafter), prompt_ids=prompt)

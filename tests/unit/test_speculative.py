@@ -1,25 +1,29 @@
 """Speculative decoding is exact: greedy output is token-identical with speculation on and off, for every
 drafter, draft length and batch composition; sampled output has the target's distribution (chi-square)."""
-import math
-
-import numpy as np
 import pytest
-import torch
 
-from specgram import sampling, verify
-from specgram.config import EngineConfig
+from specgram import verify
 from specgram.drafters import Drafter, Proposal
-from specgram.engine import Engine
 from specgram.request import SamplingParams
 
-from .conftest import run_to_end, text_of, tokens_of
-from .tiny import save_checkpoint
+from .helpers import (
+    chi2_critical,
+    chi2_stat,
+    exact_joint,
+    pinned_eos,
+    run,
+    run_to_end,
+    target_and_draft,
+    text_of,
+    tokens_of,
+)
 
 PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 
 class OracleDrafter(Drafter):
     """Proposes the known greedy continuation (always right) or, with `wrong`, a token that is never it."""
+    name = "oracle"
 
     def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
         self.references, self.vocab, self.wrong = references, vocab, wrong
@@ -36,23 +40,7 @@ class OracleDrafter(Drafter):
 def spec_engine(tmp_path_factory):
     """Target plus a draft model with other random weights (mostly wrong); `right` drafts with the target."""
     root = tmp_path_factory.mktemp("spec")
-    target = save_checkpoint(root / "target", seed=0)
-    other = save_checkpoint(root / "draft", seed=11)
-    make = lambda draft: Engine.from_config(EngineConfig(  # noqa: E731
-        checkpoint=str(target), draft_checkpoint=str(draft), max_slots=4, max_seq_len=96))
-    return {"wrong": make(other), "right": make(target)}
-
-
-def run(engine, prompts, **params):
-    reqs = [engine.make_request(SamplingParams(**p), text=t)
-            for t, p in zip(prompts, params_list(params, len(prompts)))]
-    outs = run_to_end(engine, reqs)
-    return [outs[r.request_id] for r in reqs]
-
-
-def params_list(params, n):
-    """Per-request params: a list value gives one value per request."""
-    return [{k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()} for i in range(n)]
+    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
 
 
 def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
@@ -114,13 +102,9 @@ def test_eos_inside_a_draft(spec_engine):
     engine = spec_engine["wrong"]
     refs = with_oracle(engine, PROMPTS[:1], 30, ignore_eos=True)
     eos = tokens_of(refs[0])[9]              # pretend this token is EOS: it ends the output mid-draft
-    saved = engine.eos_ids
-    engine.eos_ids = {eos}
-    try:
+    with pinned_eos(engine, eos):
         base = run(engine, PROMPTS[:1], max_tokens=30)
         spec = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=8, drafter="oracle")
-    finally:
-        engine.eos_ids = saved
     assert tokens_of(spec[0]) == tokens_of(base[0]) and tokens_of(base[0])[-1] == eos
     assert spec[0][-1].finish_reason == "stop" and len(tokens_of(base[0])) <= 10
 
@@ -166,60 +150,10 @@ VOCAB = 4
 SAMPLE_PARAMS = dict(temperature=0.9, top_p=0.95)
 
 
-def chi2_critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def exact_joint(model, prompt, n_tokens, params):
-    """P(x_1..x_n | prompt) under our processed distribution, by enumeration -> {tuple: prob}."""
-    probs = {(): 1.0}
-    for _ in range(n_tokens):
-        nxt = {}
-        seqs = list(probs)
-        ids = torch.tensor([prompt + list(s) for s in seqs])
-        with torch.no_grad():
-            logits = model(ids).logits[:, -1].float()
-        n = len(seqs)
-        p = sampling.probabilities(logits, torch.full((n,), params["temperature"]), torch.zeros(n, dtype=torch.long),
-                                   torch.full((n,), params["top_p"]))
-        for s, row in zip(seqs, p.tolist()):
-            for t, pt in enumerate(row):
-                if pt > 0:
-                    nxt[s + (t,)] = probs[s] * pt
-        probs = nxt
-    return probs
-
-
-def chi2_stat(samples, expected_probs):
-    n = len(samples)
-    counts = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    assert set(counts) <= set(expected_probs), "a sampled sequence has probability 0"
-    cells = sorted(expected_probs, key=expected_probs.get, reverse=True)
-    obs, exp, o_acc, e_acc = [], [], 0, 0.0
-    for c in cells:   # merge the rarest cells until each has expected count >= 5
-        o_acc += counts.get(c, 0)
-        e_acc += expected_probs[c] * n
-        if e_acc >= 5:
-            obs.append(o_acc)
-            exp.append(e_acc)
-            o_acc, e_acc = 0, 0.0
-    if e_acc > 0:
-        obs[-1] += o_acc
-        exp[-1] += e_acc
-    obs, exp = np.array(obs), np.array(exp)
-    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
-
-
 @pytest.fixture(scope="module")
 def tiny_vocab_engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vocab4")
-    target = save_checkpoint(root / "t", seed=1, vocab_size=VOCAB, init=0.08)
-    draft = save_checkpoint(root / "d", seed=2, vocab_size=VOCAB, init=0.08)
-    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=64,
-                                           max_seq_len=32))
+    return target_and_draft(tmp_path_factory.mktemp("vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2,
+                            vocab_size=VOCAB, init=0.08)
 
 
 def sample_outputs(engine, prompt, n, max_tokens, **params):
@@ -236,7 +170,7 @@ N_SAMPLES = 3000
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
 def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, drafter):
     engine = tiny_vocab_engine
-    expected = exact_joint(engine.target.model, PROMPT, 3, SAMPLE_PARAMS)
+    expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
     plain, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
     spec, stats = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter=drafter)
     drafted = sum(s.drafted for s in stats)
@@ -250,7 +184,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, dra
 def test_chi2_catches_a_broken_rejection_rule(tiny_vocab_engine, monkeypatch):
     """Resampling from p instead of norm(max(p - q, 0)) after a rejection skews the output: the test sees it."""
     engine = tiny_vocab_engine
-    expected = exact_joint(engine.target.model, PROMPT, 3, SAMPLE_PARAMS)
+    expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
     spec, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter="draft_model")
     stat, df = chi2_stat(spec, expected)

@@ -1,11 +1,10 @@
-"""Run a real tritonserver (2.51, from the nvidia-pytriton wheel) for end-to-end tests, and talk to it.
+"""Run a real tritonserver (2.51, from the nvidia-pytriton wheel) for end-to-end tests and benchmarks.
 
 `TritonServer` starts the server on free local ports with a model repository, waits until the server
-and a model are ready, and stops it (SIGTERM, then SIGKILL of its process group).  `stream_infer`
-sends one request to a decoupled model over a gRPC stream and collects every response up to the final
-one.  Needs `scripts/setup.sh` to have been run (venv, build/triton/backends).
+and a model are ready, and stops it (SIGTERM, then SIGKILL of its process group). Talking to it over a
+gRPC stream: collect.py. Needs `scripts/setup.sh` to have been run (venv, build/triton/backends).
 
-Environment knobs (used by conftest.py):
+Environment knobs (read by tests/e2e/conftest.py):
     E2E_MODEL_REPOSITORY   model repository to serve (default: <repo>/model_repository)
     E2E_MODEL              model that must be ready before tests start (default: llm)
     E2E_STARTUP_TIMEOUT    seconds to wait for readiness (default: 300)
@@ -14,7 +13,6 @@ Environment knobs (used by conftest.py):
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -25,15 +23,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-REPO = Path(__file__).resolve().parents[2]
-
-# The client CLI builds the input tensors (dtypes from specgram.contract); tests use the same code.
-sys.path.insert(0, str(REPO / "client"))
-from stream_client import build_inputs as make_inputs  # noqa: E402  (found through the path above)
+REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- server
@@ -199,80 +190,3 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# --------------------------------------------------------------------------- client helpers
-def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
-                 request_id: str = "", parameters: dict | None = None) -> list[dict]:
-    """Send one request over a gRPC stream and return all its responses, in order, as dicts:
-
-        {"outputs": {name: np.ndarray}, "error": str | None, "final": bool, "time": float}
-
-    `time` is seconds since the request was sent. The last dict has final=True. The model sends an error
-    as its FINAL response; Triton's gRPC stream delivers that as the error alone (no final marker), so an
-    error ends the request here. Raises TimeoutError if nothing final arrives within `timeout`.
-    """
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url.split("://", 1)[-1])
-    q: queue.Queue = queue.Queue()
-    responses: list[dict] = []
-    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
-    t0 = time.perf_counter()
-    try:
-        client.async_stream_infer(model, make_inputs(inputs), request_id=request_id, parameters=parameters,
-                                  enable_empty_final_response=True)
-        deadline = t0 + timeout
-        while True:
-            try:
-                t, result, err = q.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                raise TimeoutError(f"no final response within {timeout}s; got {len(responses)} responses: "
-                                   f"{responses[-3:]}") from None
-            if err is not None:
-                msg = err.message() if hasattr(err, "message") else str(err)
-                responses.append({"outputs": {}, "error": msg, "final": True, "time": t - t0})
-                return responses
-            resp = result.get_response()
-            final = bool(resp.parameters["triton_final_response"].bool_param) \
-                if "triton_final_response" in resp.parameters else False
-            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
-            responses.append({"outputs": outputs, "error": None, "final": final, "time": t - t0})
-            if final:
-                return responses
-    finally:
-        try:
-            client.stop_stream()
-        finally:
-            client.close()
-
-
-def _decode(x):
-    return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else x
-
-
-def text_of(responses: list[dict]) -> str:
-    """Concatenation of every text_output element of every response (the full text when streaming)."""
-    return "".join(_decode(x) for r in responses if "text_output" in r["outputs"]
-                   for x in r["outputs"]["text_output"].reshape(-1).tolist())
-
-
-def ids_of(responses: list[dict]) -> list[int]:
-    """Concatenation of output_ids over the responses."""
-    return [int(i) for r in responses if "output_ids" in r["outputs"]
-            for i in r["outputs"]["output_ids"].reshape(-1).tolist()]
-
-
-def last_value(responses: list[dict], name: str, default=None):
-    """The last non-empty scalar value of output `name` (decoded str for STRING outputs)."""
-    for r in reversed(responses):
-        arr = r["outputs"].get(name)
-        if arr is not None and arr.size:
-            v = _decode(arr.reshape(-1)[0].item() if arr.dtype != np.object_ else arr.reshape(-1)[0])
-            if v != "":
-                return v
-    return default
-
-
-def errors_of(responses: list[dict]) -> list[str]:
-    return [r["error"] for r in responses if r["error"]]

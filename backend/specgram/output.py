@@ -1,0 +1,81 @@
+"""What goes back out: committing tokens (EOS, grammar end, stop strings, length limits), the streamed text,
+and the responses.
+
+Text: each request's output text so far (a stop string and what follows it cut off), of which `sent`
+characters went out; text that may still turn into a stop string is held back until it cannot.
+"""
+from __future__ import annotations
+
+from .detokenize import IncrementalDetokenizer
+from .request import Request, RequestOutput
+from .stopping import find_stop, holdback
+
+
+class _TextState:
+    __slots__ = ("detok", "text", "sent")
+
+    def __init__(self, detok: IncrementalDetokenizer):
+        self.detok, self.text, self.sent = detok, "", 0
+
+    def take(self, end: int) -> str:
+        """The text in [sent, end) (empty if already sent); marks it sent."""
+        delta = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
+        return delta
+
+
+class Outputs:
+    def __init__(self, tokenizer, eos_ids: set[int], max_seq_len: int):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_seq_len = max_seq_len
+        self._text: dict[int, _TextState] = {}
+
+    def start(self, req: Request) -> None:
+        self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer, req.prompt_ids))
+
+    def commit(self, req: Request, tokens: list[int]) -> RequestOutput:
+        """Append committed tokens until one finishes the request (its finish_reason set); -> this step's
+        response (a final one when the request finished)."""
+        state = self._text[req.request_id]
+        stops = req.params.stop
+        new: list[int] = []
+        stopped_by_string = False
+        for t in tokens:
+            req.output_ids.append(t)
+            new.append(t)
+            if req.guide is not None:
+                req.guide.commit(t)           # must succeed: t was chosen under this position's mask
+            if (t in self.eos_ids and not req.params.ignore_eos) or (req.guide is not None and req.guide.terminated):
+                req.finish_reason = "stop"    # EOS, or the grammar is complete (its stop token accepted)
+                break
+            piece = state.detok.push(t)
+            state.text += piece
+            cut = find_stop(state.text, stops, len(state.text) - len(piece)) if piece else -1
+            if cut >= 0:
+                state.text = state.text[:cut]
+                req.finish_reason = "stop"
+                stopped_by_string = True
+                break
+            if len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.max_seq_len:
+                req.finish_reason = "length"
+                break
+        if req.finished:
+            if not stopped_by_string:
+                state.text += state.detok.flush()    # a character still held back at the very end
+            return self.final(req, new, state.take(len(state.text)))
+        return self._output(req, new, state.take(len(state.text) - holdback(state.text, stops)))
+
+    def final(self, req: Request, tokens: list[int], text: str, error: str | None = None,
+              error_kind: str | None = None) -> RequestOutput:
+        """The request's last response (req.finish_reason already set); its text state is dropped."""
+        self._text.pop(req.request_id, None)
+        out = self._output(req, tokens, text)
+        out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
+        out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
+        return out
+
+    @staticmethod
+    def _output(req: Request, tokens: list[int], text: str) -> RequestOutput:
+        return RequestOutput(req.request_id, tokens, text, num_input_tokens=len(req.prompt_ids),
+                             num_output_tokens=len(req.output_ids))

@@ -1,0 +1,75 @@
+"""Admission: the waiting queue, the free KV slots, the prefill budget, and requests waiting for a grammar.
+
+Invariant: a request is in exactly one of `waiting` (no slot) and `running` (holds `slot`), or in neither
+once finished. A slot's KV rows are never cleared: the next request simply overwrites them.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import torch
+
+from .errors import InvalidRequest
+from .grammar import Guide
+from .request import Request
+
+
+class Scheduler:
+    def __init__(self, max_slots: int, max_prefill_tokens: int):
+        self.max_prefill_tokens = max_prefill_tokens
+        self.free_slots: list[int] = list(range(max_slots))[::-1]
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def find(self, request_id: int) -> Request | None:
+        return self.running.get(request_id) or next((r for r in self.waiting if r.request_id == request_id), None)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def only_waiting_for_grammars(self) -> bool:
+        return not self.running and all(r.pending_grammar is not None for r in self.waiting)
+
+    def admit(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Move waiting requests into free slots, keeping the padded prefill (widest prompt x rows) under
+        max_prefill_tokens. A request whose grammar is still compiling keeps waiting without holding up the ones
+        behind it. -> (admitted, [(request whose grammar failed to compile, its error)]); the failed ones are
+        checked even without a free slot, so that their errors go out at once."""
+        batch: list[Request] = []
+        failed: list[tuple[Request, str]] = []
+        for req in list(self.waiting):
+            if req.pending_grammar is not None:
+                try:
+                    compiled = req.pending_grammar.result()
+                except InvalidRequest as e:
+                    failed.append((req, str(e)))
+                    continue
+                if compiled is None:
+                    continue
+                req.guide = Guide(compiled)
+                req.pending_grammar = None
+            if not self.free_slots:
+                continue
+            width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
+            if batch and width * (len(batch) + 1) > self.max_prefill_tokens:
+                break
+            self.waiting.remove(req)
+            req.slot = self.free_slots.pop()
+            seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
+            req.generator = torch.Generator().manual_seed(seed)
+            self.running[req.request_id] = req
+            batch.append(req)
+        return batch, failed
+
+    def remove(self, req: Request) -> bool:
+        """Take a finished request out; its slot is free for the next admission. -> whether it was running."""
+        if self.running.pop(req.request_id, None) is not None:
+            self.free_slots.append(req.slot)
+            return True
+        if req in self.waiting:
+            self.waiting.remove(req)
+        return False

@@ -1,0 +1,105 @@
+"""One request to a decoupled Triton model over a gRPC stream: every response up to the final one.
+
+Used by stream_client.py, the end-to-end tests and the serving benchmarks. A response is a dict:
+
+    {"outputs": {name: np.ndarray}, "error": str | None, "final": bool, "time": float}
+
+`time` is seconds since the request was sent. The model sends an error as its FINAL response; Triton's gRPC
+stream delivers that as the error's message alone (no final marker, no status code), so an error ends the
+request.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any, Callable
+
+import numpy as np
+from stream_client import build_inputs
+
+
+class StreamTimeout(TimeoutError):
+    """No final response in time; `responses` holds what did arrive."""
+
+    def __init__(self, message: str, responses: list[dict]):
+        super().__init__(message)
+        self.responses = responses
+
+
+def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
+                 request_id: str = "", parameters: dict | None = None,
+                 on_response: Callable[[dict], None] | None = None) -> list[dict]:
+    """Send one request (inputs: name -> value, see stream_client.build_inputs) and return its responses in
+    order; on_response sees each one as it arrives. Raises StreamTimeout if nothing final arrives within
+    `timeout`; on KeyboardInterrupt the request is cancelled."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url.split("://", 1)[-1])
+    q: queue.Queue = queue.Queue()
+    responses: list[dict] = []
+    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    t0 = time.perf_counter()
+    cancel = False
+    try:
+        client.async_stream_infer(model, build_inputs(inputs), request_id=request_id, parameters=parameters,
+                                  enable_empty_final_response=True)
+        deadline = t0 + timeout
+        while True:
+            try:
+                t, result, err = q.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                raise StreamTimeout(f"no final response within {timeout:.0f}s; got {len(responses)} responses: "
+                                    f"{responses[-3:]}", responses) from None
+            if err is not None:
+                msg = err.message() if hasattr(err, "message") else str(err)
+                resp = {"outputs": {}, "error": msg, "final": True, "time": t - t0}
+            else:
+                r = result.get_response()
+                final = bool(r.parameters["triton_final_response"].bool_param) \
+                    if "triton_final_response" in r.parameters else False
+                resp = {"outputs": {o.name: result.as_numpy(o.name) for o in r.outputs}, "error": None,
+                        "final": final, "time": t - t0}
+            responses.append(resp)
+            if on_response is not None:
+                on_response(resp)
+            if resp["final"]:
+                return responses
+    except KeyboardInterrupt:
+        cancel = True
+        raise
+    finally:
+        try:
+            client.stop_stream(cancel_requests=cancel)
+        finally:
+            client.close()
+
+
+def _decode(x):
+    return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else x
+
+
+def text_of(responses: list[dict]) -> str:
+    """Concatenation of every text_output element of every response (the full text when streaming)."""
+    return "".join(_decode(x) for r in responses if "text_output" in r["outputs"]
+                   for x in r["outputs"]["text_output"].reshape(-1).tolist())
+
+
+def ids_of(responses: list[dict]) -> list[int]:
+    """Concatenation of output_ids over the responses."""
+    return [int(i) for r in responses if "output_ids" in r["outputs"]
+            for i in r["outputs"]["output_ids"].reshape(-1).tolist()]
+
+
+def last_value(responses: list[dict], name: str, default=None):
+    """The last non-empty scalar value of output `name` (decoded str for STRING outputs)."""
+    for r in reversed(responses):
+        arr = r["outputs"].get(name)
+        if arr is not None and arr.size:
+            v = _decode(arr.reshape(-1)[0].item() if arr.dtype != np.object_ else arr.reshape(-1)[0])
+            if v != "":
+                return v
+    return default
+
+
+def errors_of(responses: list[dict]) -> list[str]:
+    return [r["error"] for r in responses if r["error"]]

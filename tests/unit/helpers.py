@@ -1,0 +1,150 @@
+"""What the unit tests share: driving an engine, target + draft engines on tiny checkpoints, the exact
+distributions and the chi-square test for sampling, pinning the EOS id, and loading model.py."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specgram import sampling
+from specgram.config import EngineConfig
+from specgram.engine import Engine
+from specgram.generate import generate
+from specgram.request import SamplingParams
+
+from . import fake_pb_utils as pb
+from .tiny import save_checkpoint
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
+
+
+# ---- driving an engine -------------------------------------------------------------------------------------
+
+def run_to_end(engine, requests):
+    """Drive the engine until all requests finish; -> {request_id: [outputs]}."""
+    return {g.request.request_id: g.outputs for g in generate(engine, requests).generations}
+
+
+def run(engine, prompts, **params):
+    """One request per prompt, submitted together; a list value (except `stop`) gives one value per request.
+    -> each request's outputs, in prompt order."""
+    per_request = [{k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()}
+                   for i in range(len(prompts))]
+    reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, per_request)]
+    outs = run_to_end(engine, reqs)
+    return [outs[r.request_id] for r in reqs]
+
+
+def tokens_of(outputs):
+    return [t for o in outputs for t in o.token_ids]
+
+
+def text_of(outputs):
+    return "".join(o.text for o in outputs)
+
+
+@contextlib.contextmanager
+def pinned_eos(engine, eos: int):
+    """The engine stops on `eos` alone while inside (the grammar compiler keeps its own stop tokens)."""
+    saved = engine.output.eos_ids
+    engine.output.eos_ids = {eos}
+    try:
+        yield
+    finally:
+        engine.output.eos_ids = saved
+
+
+def target_and_draft(root: Path, max_seq_len: int, max_slots: int = 4, target_seed: int = 0, draft_seed: int = 11,
+                     **ckpt) -> Engine:
+    """A tiny target with a draft model of other random weights (mostly wrong drafts); draft_seed == target_seed
+    drafts with the target itself (every draft right)."""
+    target = save_checkpoint(root / f"target-{target_seed}", seed=target_seed, **ckpt)
+    draft = save_checkpoint(root / f"draft-{draft_seed}", seed=draft_seed, **ckpt)
+    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=max_slots,
+                                           max_seq_len=max_seq_len))
+
+
+# ---- sampling: exact distributions and chi-square -------------------------------------------------------------
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2_stat(samples, expected_probs):
+    """samples: sequences; expected_probs: {sequence: probability} -> (statistic, degrees of freedom), with the
+    rarest cells merged until each expects >= 5 samples."""
+    n = len(samples)
+    counts = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert set(counts) <= set(expected_probs), "a sampled sequence has probability 0"
+    cells = sorted(expected_probs, key=expected_probs.get, reverse=True)
+    obs, exp, o_acc, e_acc = [], [], 0, 0.0
+    for c in cells:
+        o_acc += counts.get(c, 0)
+        e_acc += expected_probs[c] * n
+        if e_acc >= 5:
+            obs.append(o_acc)
+            exp.append(e_acc)
+            o_acc, e_acc = 0, 0.0
+    if e_acc > 0:
+        obs[-1] += o_acc
+        exp[-1] += e_acc
+    obs, exp = np.array(obs), np.array(exp)
+    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+
+
+def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None):
+    """P(x_1..x_n | prompt) by enumeration -> {tuple: prob}, for sampling from the processed distribution
+    (temperature, top-p) of the logits, restricted to the `allowed` token ids when given (a grammar mask)."""
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        nxt = {}
+        seqs = list(probs)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1].float()
+        if allowed is not None:
+            mask = torch.full_like(logits, float("-inf"))
+            mask[:, allowed] = 0
+            logits = logits + mask
+        n = len(seqs)
+        p = sampling.probabilities(logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long),
+                                   torch.full((n,), top_p))
+        for s, row in zip(seqs, p.tolist()):
+            for t, pt in enumerate(row):
+                if pt > 0:
+                    nxt[s + (t,)] = probs[s] * pt
+        probs = nxt
+    return probs
+
+
+# ---- model.py with a fake triton_python_backend_utils -------------------------------------------------------
+
+def config_parameters() -> dict:
+    """The parameters block of config.pbtxt, parsed minimally (key/string_value pairs)."""
+    text = (MODEL_DIR / "config.pbtxt").read_text()
+    return {k: {"string_value": v} for k, v in
+            re.findall(r'key:\s*"([^"]+)",\s*value:\s*{\s*string_value:\s*"([^"]*)"', text)}
+
+
+def load_model_py(name: str = "llm_model"):
+    """model.py as a module, with triton_python_backend_utils = the fake (left in sys.modules)."""
+    sys.modules["triton_python_backend_utils"] = pb
+    spec = importlib.util.spec_from_file_location(name, MODEL_DIR / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def initialize_args(params: dict, kind: str = "CPU", device_id: str = "0") -> dict:
+    return {"model_config": json.dumps({"parameters": params, "model_transaction_policy": {"decoupled": True}}),
+            "model_repository": str(MODEL_DIR), "model_instance_kind": kind, "model_instance_device_id": device_id,
+            "model_name": "llm", "model_version": "1"}
