@@ -24,7 +24,8 @@ class EngineConfig:
     max_seq_len: int = 2048         # prompt + output tokens per sequence = KV cache positions per row
     max_draft_len: int = 8          # upper bound for a request's num_draft_tokens
     default_max_tokens: int = 128   # used when a request gives no max_tokens
-    max_prefill_tokens: int = 4096  # cap on the padded prompt tokens prefilled in one forward
+    max_prefill_tokens: int = 512   # prompt tokens prefilled per step; longer prompts are prefilled in chunks
+                                    # over several steps, while the running requests keep decoding
     drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
     draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"       # dtype of the draft model

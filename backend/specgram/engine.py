@@ -1,6 +1,7 @@
 """The engine's step. Single-threaded: one thread owns it (see loop.py); nothing here locks.
 
-Each step:  admit (scheduler.py) -> prefill (new requests get their first token) -> decode the others:
+Each step:  admit (scheduler.py) -> prefill this step's prompt chunks (a request whose prompt is complete gets
+            its first token) -> decode the others:
             draft -> seal -> verify (one batched target forward) -> mask -> accept -> commit (output.py).
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
 carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, position); choose.py decides tokens.
@@ -120,7 +121,7 @@ class Engine:
     # ---- the step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        decoding = list(self.scheduler.running.values())
+        decoding = [r for r in self.scheduler.running.values() if not r.prefilling]
         admitted, failed = self.scheduler.admit()
         outputs = []
         for req, error in failed:                  # the request's grammar did not compile
@@ -128,8 +129,9 @@ class Engine:
             outputs.append(self._finish(req, self.output.final(req, [], "", error, "invalid")))
         for req in admitted:
             self.output.start(req)
-        if admitted:
-            outputs += self._guarded(admitted, self._prefill)
+        chunks = self.scheduler.prefill_chunks()
+        if chunks:
+            outputs += self._guarded([r for r, _ in chunks], lambda reqs: self._prefill(chunks))
         if decoding:
             outputs += self._guarded(decoding, self._decode)
         return outputs
@@ -147,11 +149,19 @@ class Engine:
                     outs.append(self._finish(r, self.output.final(r, [], "", error)))
             return outs
 
-    def _prefill(self, reqs: list[Request]) -> list[RequestOutput]:
-        logits = self.target.forward_rows([r.prompt_ids for r in reqs], [r.slot for r in reqs], [0] * len(reqs),
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> list[RequestOutput]:
+        """One forward over this step's prompt chunks; a request whose prompt is now complete gets its first
+        token (from its last prompt position) and its drafters see it."""
+        logits = self.target.forward_rows([r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in chunks],
+                                          [r.slot for r, _ in chunks], [r.cache_len for r, _ in chunks],
                                           last_only=True)                                              # [B, V]
-        for r in reqs:
-            r.cache_len = len(r.prompt_ids)
+        for r, n in chunks:
+            r.cache_len += n
+        done = [b for b, (r, _) in enumerate(chunks) if not r.prefilling]
+        if not done:
+            return []
+        reqs = [chunks[b][0] for b in done]
+        logits = logits[torch.tensor(done)] if len(done) < len(chunks) else logits
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.num_draft_tokens > 0 and r.params.drafter == name]
             if users:

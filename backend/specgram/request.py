@@ -130,7 +130,8 @@ class RequestOutput:
 
 @dataclass(eq=False)  # identity: two requests are never "equal"
 class Request:
-    """Engine-side state of one sequence. Invariant while running: cache_len == len(all_ids) - 1
+    """Engine-side state of one sequence. While its prompt is being prefilled (in chunks, across steps):
+    cache_len < len(prompt_ids) and no output yet. After that, while running: cache_len == len(all_ids) - 1
     (every token but the last committed one has its KV in the slot's cache row)."""
     prompt_ids: list[int]
     params: SamplingParams
@@ -151,6 +152,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cache_len < len(self.prompt_ids)
 
     @property
     def finished(self) -> bool:

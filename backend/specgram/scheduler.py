@@ -1,7 +1,11 @@
-"""Admission: the waiting queue, the free KV slots, the prefill budget, and requests waiting for a grammar.
+"""Admission: the waiting queue, the free KV slots, the per-step prefill budget, and requests waiting for a
+grammar.
 
 Invariant: a request is in exactly one of `waiting` (no slot) and `running` (holds `slot`), or in neither
 once finished. A slot's KV rows are never cleared: the next request simply overwrites them.
+Chunked prefill: an admitted request's prompt enters the cache over as many steps as the budget needs
+(max_prefill_tokens prompt tokens per step, first come first served), so a long prompt never stalls the
+running streams for more than one chunk, and the earliest request gets its first token first.
 """
 from __future__ import annotations
 
@@ -35,10 +39,10 @@ class Scheduler:
         return not self.running and all(r.pending_grammar is not None for r in self.waiting)
 
     def admit(self) -> tuple[list[Request], list[tuple[Request, str]]]:
-        """Move waiting requests into free slots, keeping the padded prefill (widest prompt x rows) under
-        max_prefill_tokens. A request whose grammar is still compiling keeps waiting without holding up the ones
-        behind it. -> (admitted, [(request whose grammar failed to compile, its error)]); the failed ones are
-        checked even without a free slot, so that their errors go out at once."""
+        """Move waiting requests into free slots (their prompts are prefilled by prefill_chunks()). A request
+        whose grammar is still compiling keeps waiting without holding up the ones behind it.
+        -> (admitted, [(request whose grammar failed to compile, its error)]); the failed ones are checked even
+        without a free slot, so that their errors go out at once."""
         batch: list[Request] = []
         failed: list[tuple[Request, str]] = []
         for req in list(self.waiting):
@@ -54,9 +58,6 @@ class Scheduler:
                 req.pending_grammar = None
             if not self.free_slots:
                 continue
-            width = max([len(r.prompt_ids) for r in batch] + [len(req.prompt_ids)])
-            if batch and width * (len(batch) + 1) > self.max_prefill_tokens:
-                break
             self.waiting.remove(req)
             req.slot = self.free_slots.pop()
             seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
@@ -64,6 +65,19 @@ class Scheduler:
             self.running[req.request_id] = req
             batch.append(req)
         return batch, failed
+
+    def prefill_chunks(self) -> list[tuple[Request, int]]:
+        """This step's prompt chunks: (request, tokens) for running requests still prefilling, in admission order,
+        max_prefill_tokens in all; a chunk ends a prompt or uses the rest of the budget."""
+        budget, chunks = self.max_prefill_tokens, []
+        for req in self.running.values():               # insertion order = admission order
+            if budget == 0:
+                break
+            if req.prefilling and not req.finished:
+                n = min(len(req.prompt_ids) - req.cache_len, budget)
+                chunks.append((req, n))
+                budget -= n
+        return chunks
 
     def remove(self, req: Request) -> bool:
         """Take a finished request out; its slot is free for the next admission. -> whether it was running."""

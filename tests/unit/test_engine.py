@@ -214,7 +214,39 @@ def test_empty_prompt_and_chat_template(make_engine):
 def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch):
     engine = make_engine()
     req = engine.make_request(SamplingParams(max_tokens=5), text="hi")
-    monkeypatch.setattr(engine.target, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(engine.target, "forward_rows", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     outs = run_to_end(engine, [req])[req.request_id]
     assert len(outs) == 1 and outs[0].finish_reason == "error" and "boom" in outs[0].error
     assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
+
+
+LONG = "A long prompt that is prefilled in several chunks, while other requests keep decoding. " * 2
+
+
+@pytest.mark.parametrize("linear", ["native", "torch"])
+def test_chunked_prefill_equals_whole_prompt_prefill(make_engine, linear):
+    whole = make_engine(max_prefill_tokens=4096, linear=linear)
+    chunked = make_engine(max_prefill_tokens=7, linear=linear)
+    outs = []
+    for engine in (whole, chunked):
+        reqs = [engine.make_request(SamplingParams(max_tokens=12), text=p) for p in (LONG, *PROMPTS)]
+        got = run_to_end(engine, reqs)
+        outs.append([tokens_of(got[r.request_id]) for r in reqs])
+    assert outs[0] == outs[1]
+
+
+def test_running_requests_decode_while_a_long_prompt_prefills(make_engine):
+    engine = make_engine(max_prefill_tokens=8)
+    short = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text="hi")
+    engine.add(short)
+    first = engine.step()                                 # "hi" fits one chunk: its first token comes at once
+    assert [o.request_id for o in first] == [short.request_id]
+    long = engine.make_request(SamplingParams(max_tokens=4), text=LONG)
+    engine.add(long)
+    chunks = -(-len(long.prompt_ids) // 8)
+    for _ in range(chunks - 1):                           # the long prompt is still being prefilled ...
+        outs = engine.step()
+        assert [o.request_id for o in outs] == [short.request_id]      # ... and the short one decodes each step
+        assert long.prefilling
+    outs = engine.step()                                  # last chunk: the long request's first token
+    assert {o.request_id for o in outs} == {short.request_id, long.request_id} and not long.prefilling
