@@ -250,3 +250,28 @@ def test_running_requests_decode_while_a_long_prompt_prefills(make_engine):
         assert long.prefilling
     outs = engine.step()                                  # last chunk: the long request's first token
     assert {o.request_id for o in outs} == {short.request_id, long.request_id} and not long.prefilling
+
+
+def test_engine_loop_builds_the_engine_on_its_own_thread(make_engine):
+    import threading
+
+    from specgram.loop import EngineLoop
+
+    built_on = []
+
+    def factory():
+        built_on.append(threading.current_thread())
+        return make_engine()
+
+    loop = EngineLoop.build(factory)
+    try:
+        assert built_on == [loop._thread] and loop.engine is not None
+        done = threading.Event()
+        outs = []
+        req = loop.engine.make_request(SamplingParams(max_tokens=3), text="hi")
+        loop.submit(req, lambda o: (outs.append(o), o.finished and done.set()))
+        assert done.wait(30) and outs[-1].finished
+    finally:
+        loop.shutdown()
+    with pytest.raises(RuntimeError, match="no checkpoint"):
+        EngineLoop.build(lambda: (_ for _ in ()).throw(RuntimeError("no checkpoint")))

@@ -20,6 +20,9 @@
 #include <string.h>
 
 #define NB 32
+#ifndef SCHED
+#define SCHED dynamic, 2   /* 2 blocks per grab: a preempted thread (2 cores shared with a server) does not hold up the call */
+#endif
 #define MT_MAX 8
 #ifndef PF
 #define PF 16   /* prefetch distance in k steps of 128 bytes: keeps 2 KB of the stream in flight (measured best of 6-64) */
@@ -81,7 +84,7 @@ DEFINE_TILES(bf16, uint16_t, { w0 = load_bf16(wb + k * NB); w1 = load_bf16(wb + 
     void specgram_gemm_##SUFFIX(const float *x, int64_t M, int64_t K, int64_t ldx, const WT *w, int64_t N, \
                                 const float *bias, float *y, int64_t ldy, int nthreads) {             \
         int64_t nblocks = (N + NB - 1) / NB;                                                          \
-        _Pragma("omp parallel for schedule(static) num_threads(nthreads)")                           \
+        _Pragma("omp parallel for schedule(SCHED) num_threads(nthreads)")                            \
         for (int64_t b = 0; b < nblocks; ++b) {                                                       \
             const WT *wb = w + b * K * NB;                                                            \
             for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {                                              \

@@ -148,12 +148,14 @@ class TritonPythonModel:
         try:
             params["device"] = resolve_device(args.get("model_instance_kind"), args.get("model_instance_device_id"),
                                               params.get("device", "auto"))
-            self.engine = Engine.from_config(EngineConfig.from_dict(params))
+            config = EngineConfig.from_dict(params)
+            # loaded on the engine thread, which steps it (loop.py: one OpenMP pool, not two)
+            self.loop = EngineLoop.build(lambda: Engine.from_config(config))
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
+        self.engine = self.loop.engine
         self.metrics = Metrics({"model": args["model_name"], "version": args["model_version"]},
                                self.engine.config.max_draft_len)
-        self.loop = EngineLoop(self.engine).start()
         self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
         self.outbox: queue.Queue = queue.Queue()
         self.running = True
