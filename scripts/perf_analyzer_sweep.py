@@ -229,7 +229,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prompt", choices=["schema", "extract"], default="schema")
     ap.add_argument("--warmup", type=int, default=2, help="requests sent (c=1, not recorded) before the sweep")
-    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/benchmarks/perf_analyzer (--quick: its quick/)")
     ap.add_argument("--export-dir", type=Path, default=None,
                     help="where the profile exports go (default: <out-dir>; they hold every prompt, ~10 KB/request)")
     ap.add_argument("--summary", type=Path, default=None, help="default: <out-dir>/summary.md")
@@ -240,7 +240,7 @@ def main() -> None:
 
     variants = args.variants or (QUICK_VARIANTS if args.quick else list(VARIANTS))
     concs = args.concurrency or ([1, 2] if args.quick else [1, 2, 4, 8, 16])
-    out_dir: Path = args.out_dir
+    out_dir: Path = args.out_dir or (DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_md = args.summary or out_dir / "summary.md"
     export_dir: Path = args.export_dir or out_dir
