@@ -39,6 +39,8 @@ class EngineConfig:
     grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
     json_strict: bool = True        # json_schema: no properties beyond the schema's unless it allows them
     json_any_whitespace: bool = True  # json_schema: free whitespace; False = fixed compact layout
+    forced_strings: bool = False    # guided drafts also start with the string the grammar forces (key names,
+                                    # '": "', brackets) in xgrammar's tokenization, not only single forced tokens
     linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
                                     # batch-invariant), "torch" (transformers' modules), auto = native where
                                     # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA

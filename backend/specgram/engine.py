@@ -200,7 +200,9 @@ class Engine:
         use it, batched across them; draft logits are masked with the rows the target will use. Proposals are
         cut to this step's k; guided ones stay tentatively accepted in their matchers until _seal()."""
         ks = [self.draft_len(r) for r in reqs]
-        prefixes = [self.masks.forced_prefix(r.slot, r.guide, k) if r.guide else [] for r, k in zip(reqs, ks)]
+        strings = self.config.forced_strings
+        prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, strings) if r.guide and k else []
+                    for r, k in zip(reqs, ks)]
         proposals = [Proposal(p) for p in prefixes]
         for name, drafter in self.drafters.items():
             idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]

@@ -35,14 +35,27 @@ class StepMasks:
         guide.fill(self.buf, r)
         return self.buf[r].numpy()
 
-    def forced_prefix(self, slot: int, guide: Guide, k: int) -> list[int]:
-        """Tokens the grammar forces next (exactly one legal token each), up to k; accepted tentatively."""
+    def forced_prefix(self, slot: int, guide: Guide, k: int, strings: bool = True) -> list[int]:
+        """Tokens the grammar forces next, up to k, accepted tentatively (each position's row filled): a
+        position with exactly one legal token, and with `strings` the string the grammar forces from here (a
+        key name and '": "', closing brackets, the rest of an enum literal) in xgrammar's own greedy
+        tokenization (find_jump_forward_tokens). The model may tokenize that string otherwise; the verify
+        pass decides, so output stays exact either way."""
         out: list[int] = []
+        row = self.fill(slot, guide)
         while len(out) < k and not guide.terminated:
-            t = single_allowed_token(self.fill(slot, guide))
-            if t < 0 or not guide.try_tentative(t):
+            t = single_allowed_token(row)
+            run = [t] if t >= 0 else guide.matcher.find_jump_forward_tokens() if strings else []
+            before = len(out)
+            for tok in run[:k - len(out)]:
+                if not token_allowed(row, tok) or not guide.try_tentative(tok):
+                    break
+                out.append(tok)
+                if guide.terminated:
+                    break
+                row = self.fill(slot, guide)
+            if len(out) == before:
                 break
-            out.append(t)
         return out
 
     def seal(self, slot: int, guide: Guide, tokens: list[int]) -> int:

@@ -180,3 +180,34 @@ def test_sampling_under_a_grammar_matches_masked_sampling(tmp_path_factory, draf
         assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
     stat, df = chi2_stat(samples, expected)
     assert stat < chi2_critical(df), (stat, df)
+
+
+def test_forced_strings_are_drafted_in_multi_character_tokens():
+    """With a real BPE vocabulary the rest of a key name is one forced string but several positions with more
+    than one legal token (a whole word, or its pieces): only the jump-forward string drafts it."""
+    from pathlib import Path
+
+    import torch
+
+    from specgram.loading import load_tokenizer
+    from specgram.masks import StepMasks
+
+    path = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
+    if not path.is_dir():
+        pytest.skip("the default model's tokenizer is fetched by scripts/setup.sh")
+    tok = load_tokenizer(str(path))
+    vocab = len(tok)
+    compiler = grammar_mod.GrammarCompiler(tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30,
+                                           json_strict=True, json_any_whitespace=False)
+    schema = json.dumps({"type": "object", "properties": {"customer_identifier": {"type": "integer"}},
+                         "required": ["customer_identifier"], "additionalProperties": False})
+    masks = StepMasks(vocab, 1, 8, torch.device("cpu"))
+    drafted = {}
+    for strings in (False, True):
+        guide = grammar_mod.Guide(compiler.compile(grammar_mod.GuideType.JSON_SCHEMA, schema))
+        drafted[strings] = masks.forced_prefix(0, guide, 8, strings)
+        assert guide.tentative == len(drafted[strings])      # every drafted token accepted tentatively
+        guide.rollback()
+    text = tok.decode(drafted[True])
+    assert text.startswith('{"customer_identifier"') and len(drafted[True]) > len(drafted[False])
+    assert len(drafted[True]) < len(text)                    # multi-character tokens, not bytes
