@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelLoadError
+from .linear import LINEAR_KINDS
 
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")
@@ -75,8 +76,8 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not 0 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
-        if self.linear not in ("auto", "native", "torch"):
-            raise ModelLoadError(f"engine setting linear must be auto, native or torch, got {self.linear!r}")
+        if self.linear not in LINEAR_KINDS:
+            raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string

@@ -1,18 +1,17 @@
-"""The weight matmuls of a forward: PyTorch's (any device) or the native small-M CPU kernel (kernels/gemm.c).
+"""The native CPU forward's weight matmuls (kernels/gemm.c), and the choice between it and PyTorch's forward.
 
 Why a kernel of our own on CPU: a decode, verify or draft step multiplies a few rows by every weight, so its
 cost is reading the weights once. PyTorch's CPU matmuls (MKL / oneDNN) run those shapes well below the memory
 bandwidth once M > 1 (a verify over 5 rows cost about 2x a 1-row decode), and their per-row results change
 with M (other blocking), which would let batch composition and draft width change greedy output. The native
 kernel reads each weight once per call for up to 8 rows per register tile and accumulates every output in
-the same order whatever M is: bitwise batch-invariant (tests/unit/test_linear.py checks both properties).
+the same order whatever M is: bitwise batch-invariant (tests/unit/test_native.py checks both properties).
 
 Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import kernels
 from .errors import ModelLoadError
@@ -55,19 +54,6 @@ class NativeLinear(torch.nn.Module):
         return y.view(*lead, self.out_features)
 
 
-class TorchLinear(torch.nn.Module):
-    """F.linear over a (possibly fused) weight: the path for CUDA and for CPUs without the native kernel."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
-        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
     """-> ("native", lib) or ("torch", None). auto = native on a CPU whose kernel builds, for fp32/bf16 models."""
     if kind not in LINEAR_KINDS:
@@ -84,14 +70,12 @@ def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
     return "native", lib
 
 
-def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], kind: str, lib,
-                weight_dtype: torch.dtype) -> torch.nn.Module:
+def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], lib,
+                weight_dtype: torch.dtype) -> NativeLinear:
     """One module computing the concatenation of several projections of the same input (fused when > 1)."""
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     if all(b is None for b in biases):
         bias = None
     else:
         bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    if kind == "native":
-        return NativeLinear(weight, bias, weight_dtype, lib)
-    return TorchLinear(weight, bias)
+    return NativeLinear(weight, bias, weight_dtype, lib)

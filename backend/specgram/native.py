@@ -61,16 +61,16 @@ class NativeForward:
         for layer in inner.layers:
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
             qkv = [a.q_proj, a.k_proj, a.v_proj]
-            L.qkv = make_linear([m.weight for m in qkv], [m.bias for m in qkv], "native", lib, wdt)
-            L.o = make_linear([a.o_proj.weight], [None], "native", lib, wdt)
+            L.qkv = make_linear([m.weight for m in qkv], [m.bias for m in qkv], lib, wdt)
+            L.o = make_linear([a.o_proj.weight], [None], lib, wdt)
             gu = [mlp.gate_proj, mlp.up_proj]
-            L.gate_up = make_linear([m.weight for m in gu], [m.bias for m in gu], "native", lib, wdt)
-            L.down = make_linear([mlp.down_proj.weight], [mlp.down_proj.bias], "native", lib, wdt)
+            L.gate_up = make_linear([m.weight for m in gu], [m.bias for m in gu], lib, wdt)
+            L.down = make_linear([mlp.down_proj.weight], [mlp.down_proj.bias], lib, wdt)
             L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
             L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
             self.layers.append(L)
         self.w_final, self.eps_final = _norm_weight(inner.norm)
-        self.lm_head = make_linear([model.lm_head.weight], [model.lm_head.bias], "native", lib, wdt)
+        self.lm_head = make_linear([model.lm_head.weight], [model.lm_head.bias], lib, wdt)
 
     def linear_layers(self) -> list[torch.nn.Module]:
         return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
@@ -78,25 +78,20 @@ class NativeForward:
     @torch.inference_mode()
     def __call__(self, cache, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
                  last_only: bool, window: int | None) -> torch.Tensor:
-        """tokens [B, T] long (right-padded), slots/starts/num_new [B] long, all on the CPU. Writes the new
-        tokens' KV into `cache` and returns float32 logits: [B, V] at each row's last new token if last_only,
-        else [B, T, V] (zeros at padding). Padding is dropped first: the layers see only the N real tokens."""
+        """The runner's forward() on padded tensors: tokens [B, T] long (right-padded), slots/starts/num_new [B]
+        long, all on the CPU. Padding is dropped first: the layers see only the N real tokens."""
         B, T = tokens.shape
         valid = torch.arange(T)[None, :] < num_new[:, None]                                    # [B, T]
         positions = (starts[:, None] + torch.arange(T)[None, :])[valid]                         # [N]
         tok_slots = slots[:, None].expand(B, T)[valid]                                          # [N]
         x = self.layers_forward(cache, tokens[valid], tok_slots.contiguous(), positions.contiguous(), window)
-        if last_only:
-            return self.lm_head(x[num_new.cumsum(0) - 1])                                       # [B, V]
-        logits = torch.zeros(B, T, self.lm_head.out_features)
-        logits[valid] = self.lm_head(x)
-        return logits
+        return self._logits(x, num_new, last_only)
 
+    @torch.inference_mode()
     def forward_rows(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool,
                      window: int | None) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
-        rows[b] to slot slots[b] from position starts[b]. -> float32 logits [B, V] at each row's last token if
-        last_only, else [B, T, V] with T the longest row (zeros past a row's end)."""
+        rows[b] to slot slots[b] from position starts[b]."""
         flat_tokens, flat_slots, flat_pos = [], [], []
         for row, slot, start in zip(rows, slots, starts):
             flat_tokens += row
@@ -104,15 +99,19 @@ class NativeForward:
             flat_pos += range(start, start + len(row))
         as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
         x = self.layers_forward(cache, as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos), window)
-        ends = torch.tensor([len(r) for r in rows]).cumsum(0)                                   # [B]
+        return self._logits(x, as_long([len(r) for r in rows]), last_only)
+
+    def _logits(self, x: torch.Tensor, lengths: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """x [N, E]: the rows' hidden states one row after another, lengths [B] tokens each -> float32 logits
+        [B, V] at each row's last token if last_only, else [B, T, V] with T the longest row (zeros past a row's
+        end)."""
         if last_only:
-            return self.lm_head(x[ends - 1])                                                    # [B, V]
-        width = max(map(len, rows))
-        if width == 1 or all(len(r) == width for r in rows):
-            return self.lm_head(x).view(len(rows), width, -1)
-        logits = torch.zeros(len(rows), width, self.lm_head.out_features)
-        valid = torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
-        logits[valid] = self.lm_head(x)
+            return self.lm_head(x[lengths.cumsum(0) - 1])                                      # [B, V]
+        B, T = lengths.shape[0], int(lengths.max())
+        if bool((lengths == T).all()):
+            return self.lm_head(x).view(B, T, -1)
+        logits = torch.zeros(B, T, self.lm_head.out_features)
+        logits[torch.arange(T)[None, :] < lengths[:, None]] = self.lm_head(x)
         return logits
 
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,

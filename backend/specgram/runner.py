@@ -65,12 +65,16 @@ def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
     return tokens
 
 
+def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' weight matmuls of one forward, in order (the lm_head last)."""
+    return [m for layer in model.model.layers for m in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head]
+
+
 def _plain_linears(model: torch.nn.Module) -> bool:
     """True when every projection is a float nn.Linear (not, e.g., an int8 dynamic-quantized copy)."""
-    mods = [model.lm_head] + [m for layer in model.model.layers for m in (
-        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
-    return all(type(m) is torch.nn.Linear for m in mods)
+    return all(type(m) is torch.nn.Linear for m in _projections(model))
 
 
 class ModelRunner:
@@ -126,9 +130,7 @@ class ModelRunner:
         """Every weight matmul of one forward, in order (the lm_head last), as this runner calls them."""
         if self.native is not None:
             return self.native.linear_layers()
-        return [m for layer in self.model.model.layers for m in (
-            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [self.model.lm_head]
+        return _projections(self.model)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
