@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         for name in SCALAR_OUTPUTS:
             if name in outputs:
                 v = _decode(outputs[name])[0]
-                if name != "finish_reason" or v:
+                if name not in ("finish_reason", "spec_detail") or v:     # these two are set on the final one
                     scalars[name] = v
         if human and delta:
             sys.stdout.write(delta)
@@ -228,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             "spec_drafted_tokens": scalars.get("spec_drafted_tokens"),
             "spec_accepted_tokens": scalars.get("spec_accepted_tokens"),
             "spec_acceptance_rate": scalars.get("spec_acceptance_rate"),
+            "spec_detail": json.loads(scalars["spec_detail"]) if scalars.get("spec_detail") else None,
             "stats": stats,
             "error": error,
         }

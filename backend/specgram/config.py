@@ -32,7 +32,8 @@ class EngineConfig:
     draft_dtype: str = "auto"       # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 dynamic-quantized copy (of draft_checkpoint,
                                       # or of the target when that is empty); CPU only
-    default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens
+    default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
+                                       # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
     ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
     ngram_max: int = 4              # ... longest suffix to match
@@ -74,8 +75,8 @@ class EngineConfig:
         if self.draft_quantization == "int8" and self.torch_device().type != "cpu":
             raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
-            if not 0 <= getattr(self, name) <= self.max_draft_len:
-                raise ModelLoadError(f"{name} must be in [0, max_draft_len]")
+            if not -1 <= getattr(self, name) <= self.max_draft_len:
+                raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
         if self.linear not in LINEAR_KINDS:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -98,6 +99,8 @@ class EngineConfig:
                     raise ModelLoadError(f"engine parameter {key} must be 0, 1, true or false; got {raw!r}")
                 kwargs[key] = text in _TRUE
                 continue
+            if key.startswith("default_num_draft_tokens") and str(raw).strip().lower() == "auto":
+                raw = "-1"
             try:
                 kwargs[key] = int(raw) if kind == "int" else str(raw)
             except ValueError:

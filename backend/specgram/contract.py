@@ -54,6 +54,11 @@ def to_bool(name: str, v: Any) -> bool:
     raise InvalidRequest(f"{name} must be a boolean, got {v!r}")
 
 
+def to_draft_len(name: str, v: Any) -> int:
+    """An integer, or "auto" (= -1: the engine chooses the draft length per step)."""
+    return -1 if isinstance(v, str) and v.strip().lower() == "auto" else to_int(name, v)
+
+
 def to_str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise InvalidRequest(f"{name} must be a string, got {v!r}")
@@ -114,9 +119,10 @@ INPUTS: tuple[Field, ...] = (
     Field("ignore_eos", "BOOL", (1,), "keep going past EOS (fixed-length load runs)", "false",
           convert=to_bool, param="ignore_eos"),
     Field("num_draft_tokens", "INT32", (1,),
-          "speculative draft length k, 0..`max_draft_len`; 0 = no speculation",
+          "speculative draft length k, 0..`max_draft_len`; 0 = no speculation; -1 (or \"auto\" in "
+          "`sampling_parameters`) = the engine chooses k per step from the request's acceptance and the step cost",
           "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
-          convert=to_int, param="num_draft_tokens"),
+          convert=to_draft_len, param="num_draft_tokens"),
     Field("drafter", "STRING", (1,),
           "`ngram` (prompt lookup), `draft_model` (if configured), `grammar` (grammar-forced tokens only)",
           "config `drafter`", convert=to_str, param="drafter"),
@@ -150,6 +156,10 @@ OUTPUTS: tuple[Field, ...] = (
     Field("spec_acceptance_length", "FP32", (1,),
           "tokens committed per speculative step (1 + accepted drafts; TensorRT-LLM's \"acceptance length\")",
           optional=False),
+    Field("spec_detail", "STRING", (1,),
+          'final response: JSON `{"sources": {source: {"drafted", "accepted"}}, "k_hist": [...]}`, drafts by '
+          "source (`forced` by the grammar, lookup in the `prompt` / `output` / `guide`, `draft_model`) and "
+          "k_hist[k] = steps that verified k drafts; empty before", optional=False),
 )
 
 INPUT = {f.name: f for f in INPUTS}

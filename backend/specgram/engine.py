@@ -8,9 +8,11 @@ carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, pos
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from . import choose, loading
+from . import adaptive, choose, loading
 from .config import EngineConfig
 from .drafters import Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
 from .errors import InvalidRequest
@@ -27,7 +29,15 @@ def _cut(p: Proposal, n: int) -> Proposal:
     """The first n drafts of a proposal (the proposal itself when it is not longer)."""
     if n >= len(p.tokens):
         return p
-    return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n])
+    return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n],
+                    None if p.sources is None else p.sources[:n])
+
+
+def _tagged(p: Proposal, n_forced: int, drafter: str) -> Proposal:
+    """p with its per-token sources: the drafter's own tags, else the forced prefix then the drafter's name."""
+    if p.sources is None:
+        p.sources = ["forced"] * min(n_forced, len(p.tokens)) + [drafter] * max(len(p.tokens) - n_forced, 0)
+    return p
 
 
 class Engine:
@@ -51,6 +61,7 @@ class Engine:
         self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
+        self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -89,6 +100,8 @@ class Engine:
         req = Request(prompt_ids=list(ids), params=params)
         if kind is not None:
             req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop
+            if params.speculates and params.drafter == "ngram" and params.guide:
+                req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
         return req
 
     def add(self, req: Request) -> None:
@@ -163,7 +176,7 @@ class Engine:
         reqs = [chunks[b][0] for b in done]
         logits = logits[torch.tensor(done)] if len(done) < len(chunks) else logits
         for name, drafter in self.drafters.items():
-            users = [r for r in reqs if r.params.num_draft_tokens > 0 and r.params.drafter == name]
+            users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if users:
                 drafter.admit(users)
         first = self._pick(logits, reqs)[0].tolist()
@@ -172,27 +185,34 @@ class Engine:
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
         reqs = [r for r in reqs if not r.finished]          # aborted between admission and now
         proposals = self._draft(reqs)
+        start = time.perf_counter()
         if self.overlap_grammar:
             # The verify forward is queued before the grammar work only the masking needs: the matchers check
             # the drafts and fill the bonus rows on the CPU while the GPU computes. Drafts that seal() cuts were
             # verified anyway: causal attention keeps the logits before the cut exact, and the KV written past
             # it lies beyond cache_len (overwritten later).
+            available = proposals
+            proposals = self._choose_cuts(reqs, proposals)
             logits = self._verify_forward(reqs, proposals)  # [B, 1 + max k, V], not yet masked
             proposals = self._seal(reqs, proposals)
         else:
             # On CPU a forward blocks, so there is nothing to overlap, and verifying a draft that the grammar
             # cuts would cost real work: cut first, then verify only what is left.
-            proposals = self._seal(reqs, proposals)
+            available = self._seal(reqs, proposals)
+            proposals = self._choose_cuts(reqs, available)
             logits = self._verify_forward(reqs, proposals)
         self._mask_verify(reqs, proposals, logits)
-        accepted = self._accept(reqs, proposals, logits)
+        accepted = self._accept(reqs, proposals, available, logits)
+        self.costs.record(sum(1 + len(p.tokens) for p in proposals), time.perf_counter() - start)
         return [self._commit(r, toks) for r, toks in zip(reqs, accepted)]
 
     def draft_len(self, req: Request) -> int:
-        """This step's k: the request's num_draft_tokens, cut so that the k + 1 tokens a verify step may commit
-        fit in max_tokens and in the context (k = 0 near the end costs nothing)."""
-        k = min(req.params.num_draft_tokens, self.config.max_draft_len,
-                req.params.max_tokens - len(req.output_ids) - 1, self.config.max_seq_len - req.num_tokens - 1)
+        """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the
+        k + 1 tokens a verify step may commit fit in max_tokens and in the context (k = 0 near the end costs
+        nothing)."""
+        k = self.config.max_draft_len if req.params.auto_draft else req.params.num_draft_tokens
+        k = min(k, self.config.max_draft_len, req.params.max_tokens - len(req.output_ids) - 1,
+                self.config.max_seq_len - req.num_tokens - 1)
         return max(k, 0)
 
     def _draft(self, reqs: list[Request]) -> list[Proposal]:
@@ -203,15 +223,52 @@ class Engine:
         strings = self.config.forced_strings
         prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, strings) if r.guide and k else []
                     for r, k in zip(reqs, ks)]
-        proposals = [Proposal(p) for p in prefixes]
+        ks = self._draft_model_depths(reqs, ks, prefixes)
+        proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
             idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
+                start = time.perf_counter()
                 props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], self._draft_pick,
                                         [prefixes[i] for i in idx])
+                if name == "draft_model":
+                    self.costs.record_draft(max(ks[i] - len(prefixes[i]) for i in idx), time.perf_counter() - start)
                 for i, prop in zip(idx, props):
-                    proposals[i] = prop
+                    proposals[i] = _tagged(prop, len(prefixes[i]), name)
         return [_cut(p, k) for p, k in zip(proposals, ks)]
+
+    def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]]) -> list[int]:
+        """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
+        draft forward), from their acceptance estimates; the other requests count as one verify row each."""
+        auto = [i for i, r in enumerate(reqs) if r.params.auto_draft and r.params.drafter == "draft_model"]
+        if not auto:
+            return ks
+        chances = [r.acceptance.chances(["forced"] * len(prefixes[i]) + ["draft_model"] * (ks[i] - len(prefixes[i])))
+                   if r.params.auto_draft and r.params.drafter == "draft_model" else [] for i, r in enumerate(reqs)]
+        cuts = adaptive.allocate(chances, [bool(c) for c in chances], self.costs)
+        ks = list(ks)
+        for i in auto:
+            probe = reqs[i].acceptance.idle_steps >= adaptive.PROBE_AFTER
+            ks[i] = max(cuts[i], len(prefixes[i]), min(1, ks[i]) if probe else 0)
+        return ks
+
+    def _choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
+        """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
+        whole batch; fixed-k requests count with all their drafts)."""
+        if not any(r.params.auto_draft for r in reqs):
+            return proposals
+        chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
+                   for r, p in zip(reqs, proposals)]
+        cuts = adaptive.allocate(chances, [r.params.drafter == "draft_model" for r in reqs], self.costs)
+        out = []
+        for r, p, c in zip(reqs, proposals, cuts):
+            if r.params.auto_draft:
+                # a draft model's estimate learns only from verified drafts: probe now and then
+                probe = r.params.drafter == "draft_model" and r.acceptance.idle_steps >= adaptive.PROBE_AFTER
+                p = _cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
+                r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
+            out.append(p)
+        return out
 
     def _seal(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
@@ -232,13 +289,18 @@ class Engine:
                    for i in range(1 + len(proposals[b].tokens))]
         self.masks.apply(logits.view(-1, logits.shape[-1]), entries)
 
-    def _accept(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[list[int]]:
-        """-> per request the tokens to commit: its accepted drafts, then one token from the target."""
+    def _accept(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
+                logits: torch.Tensor) -> list[list[int]]:
+        """-> per request the tokens to commit: its accepted drafts, then one token from the target.
+        available: the drafts before this step's cuts (a legal draft past the cut is a free observation)."""
         accepted, nxt = choose.accept(reqs, proposals, logits)
         out = []
-        for r, p, a, t in zip(reqs, proposals, accepted, nxt):
+        for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-            r.spec.record(len(p.tokens), a)
+            k = len(p.tokens)
+            r.spec.record(p.sources[:k], a)
+            beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
+            r.acceptance.observe((full.sources or [])[:k + 1], k, a, beyond)
             self.drafters[r.params.drafter].committed(r, a)
             out.append(p.tokens[:a] + [t])
         return out

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .adaptive import RequestAcceptance
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 MAX_STOP_STRINGS = 16
 UINT64_MAX = 2**64 - 1
+AUTO_DRAFT = -1     # num_draft_tokens: the engine chooses the draft length per request per step
 
 
 class WireEnum(str, Enum):
@@ -47,7 +49,8 @@ class SamplingParams:
     top_k: int = 0                  # 0 or -1 = off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    num_draft_tokens: int | None = None  # speculative draft length; 0 = none; None = the configured default
+    num_draft_tokens: int | None = None  # speculative draft length; 0 = none; AUTO_DRAFT (-1) = the engine
+                                         # chooses per step (adaptive.py); None = the configured default
     ignore_eos: bool = False        # keep generating past EOS (fixed-length load runs)
     drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
     guide_type: str | None = None   # as the client spelled it (aliases allowed); grammar.normalize_guide_type
@@ -56,6 +59,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def auto_draft(self) -> bool:
+        return self.num_draft_tokens == AUTO_DRAFT
+
+    @property
+    def speculates(self) -> bool:
+        return self.num_draft_tokens != 0
 
     def validate(self, default_max_tokens: int, max_draft_len: int) -> "SamplingParams":
         if self.max_tokens is None:
@@ -76,8 +87,8 @@ class SamplingParams:
             raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty strings")
-        if not isinstance(self.num_draft_tokens, int) or not 0 <= self.num_draft_tokens <= max_draft_len:
-            raise InvalidRequest(f"num_draft_tokens must be an integer in [0, {max_draft_len}] "
+        if not isinstance(self.num_draft_tokens, int) or not AUTO_DRAFT <= self.num_draft_tokens <= max_draft_len:
+            raise InvalidRequest(f"num_draft_tokens must be -1 (auto) or an integer in [0, {max_draft_len}] "
                                  f"(the configured max_draft_len), got {self.num_draft_tokens!r}")
         if self.guide is not None and self.guide_type is None:
             raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type")
@@ -92,10 +103,21 @@ class SpecStats:
     accepted: int = 0     # draft tokens the target accepted
     steps: int = 0        # speculative verify steps (those with at least one draft token)
     accepted_hist: list[int] = field(default_factory=list)   # [a] = speculative steps that accepted a drafts
+    k_hist: list[int] = field(default_factory=list)          # [k] = decode steps that verified k drafts
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, sources: list[str], accepted: int) -> None:
+        """One decode step verified drafts from `sources` (one per draft) and accepted the first `accepted`."""
+        drafted = len(sources)
+        if len(self.k_hist) <= drafted:
+            self.k_hist.extend([0] * (drafted + 1 - len(self.k_hist)))
+        self.k_hist[drafted] += 1
         if drafted == 0:
             return
+        for j, s in enumerate(sources):
+            counts = self.by_source.setdefault(s, [0, 0])
+            counts[0] += 1
+            counts[1] += j < accepted
         self.drafted += drafted
         self.accepted += accepted
         self.steps += 1
@@ -111,6 +133,11 @@ class SpecStats:
     def acceptance_length(self) -> float:
         """Tokens committed per speculative step (1 + accepted drafts), TensorRT-LLM's 'acceptance length'."""
         return (self.steps + self.accepted) / self.steps if self.steps else 0.0
+
+    def detail(self) -> dict:
+        """The per-source counts and the k distribution (the `spec_detail` output, as JSON)."""
+        return {"sources": {s: {"drafted": d, "accepted": a} for s, (d, a) in sorted(self.by_source.items())},
+                "k_hist": list(self.k_hist)}
 
 
 @dataclass
@@ -144,6 +171,8 @@ class Request:
     finish_reason: FinishReason | None = None
     pending_grammar: PendingGrammar | None = None  # while its guide compiles
     guide: Guide | None = None             # once compiled (None: unconstrained)
+    guide_ids: list[int] = field(default_factory=list)  # the guide's text, tokenized: a lookup source
+    acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)  # per draft source (adaptive k)
 
     @property
     def all_ids(self) -> list[int]:

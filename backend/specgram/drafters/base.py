@@ -17,6 +17,8 @@ PickFn = Callable[[torch.Tensor, list[Request]], tuple[torch.Tensor, torch.Tenso
 class Proposal:
     tokens: list[int]
     probs: torch.Tensor | None = None   # [len(tokens), V] draft distribution (sampled requests); None = one-hot
+    sources: list[str] | None = None    # per token, where it came from (statistics, adaptive k); None = the
+                                        # engine tags the forced prefix "forced" and the rest by the drafter
 
 
 class Drafter:
@@ -39,4 +41,4 @@ class GrammarOnlyDrafter(Drafter):
     """Drafts only what the grammar forces (the prefix): no model, no lookup."""
 
     def propose(self, reqs, ks, pick, prefixes):
-        return [Proposal(list(p)) for p in prefixes]
+        return [Proposal(list(p), sources=["forced"] * len(p)) for p in prefixes]

@@ -243,6 +243,7 @@ class TritonPythonModel:
             "spec_accepted_tokens": [spec.accepted if spec else 0],
             "spec_acceptance_rate": [spec.acceptance_rate if spec else 0.0],
             "spec_acceptance_length": [spec.acceptance_length if spec else 0.0],
+            "spec_detail": [json.dumps(spec.detail()).encode() if spec and out.finished else b""],
         }
         tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS]
         return pb_utils.InferenceResponse(output_tensors=tensors)

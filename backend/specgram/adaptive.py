@@ -1,0 +1,148 @@
+"""Adaptive draft length: each step, how many of each request's drafts to verify (num_draft_tokens = auto).
+
+A verify step over request i's first c_i drafts commits 1 + sum_{j < c_i} P_ij tokens on average, where
+P_ij = prod_{l <= j} p_il is the probability that drafts 0..j are all accepted and p_il the acceptance estimate
+of draft l's source (grammar-forced token, prompt / output / guide lookup, draft model) for that request. The
+step costs cost(N) seconds, N = sum_i (1 + c_i) verify rows, plus d seconds per draft-model depth. The cuts
+maximise the whole batch's expected tokens per second (goodput); c_i = 0 when drafting does not pay.
+
+Both inputs are learned online: acceptance per request and source from verify outcomes (and from drafts that
+were cut: whether the token the target chose equals the first unverified draft is a free observation, so a
+request at k = 0 keeps its estimate current and resumes drafting when lookup starts to hit again), and the
+step cost from the engine's own timings. Output is exact whatever the cuts: they only choose which drafts
+the target verifies.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+# Acceptance estimates: discounted success / trial counts (a trial is a draft position the target judged,
+# a success one it accepted), shrunk toward a prior. DECAY (per step) makes an estimate follow a request's
+# recent behaviour (a JSON answer alternates predictable keys and unpredictable values).
+DECAY = 0.8
+PRIOR_WEIGHT = 1.0
+# a draft-model request that drafted nothing this many steps in a row verifies one draft (its estimate's only
+# evidence; lookup and forced drafts are observed for free even when cut)
+PROBE_AFTER = 16
+PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
+
+
+@dataclass
+class Acceptance:
+    """One source's acceptance estimate for one request."""
+    prior: float
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, successes: int, trials: int) -> None:
+        self.successes = DECAY * self.successes + successes
+        self.trials = DECAY * self.trials + trials
+
+    @property
+    def rate(self) -> float:
+        return (self.successes + PRIOR_WEIGHT * self.prior) / (self.trials + PRIOR_WEIGHT)
+
+
+@dataclass
+class RequestAcceptance:
+    """A request's estimates, by draft source, and how many steps in a row it drafted nothing."""
+    sources: dict[str, Acceptance] = field(default_factory=dict)
+    idle_steps: int = 0
+
+    def get(self, source: str) -> Acceptance:
+        if source not in self.sources:
+            self.sources[source] = Acceptance(PRIORS.get(source, 0.5))
+        return self.sources[source]
+
+    def chances(self, sources: list[str]) -> list[float]:
+        """Per draft position, the probability that it and every draft before it are accepted (P_ij)."""
+        out, p = [], 1.0
+        for s in sources:
+            p *= self.get(s).rate
+            out.append(p)
+        return out
+
+    def observe(self, sources: list[str], verified: int, accepted: int, next_matches: bool | None) -> None:
+        """The target judged the first `verified` drafts (tagged `sources`) and accepted `accepted` of them.
+        next_matches: when every verified draft was accepted and a further, unverified draft existed, whether
+        the target's own next token equals it (a free observation); None otherwise."""
+        judged = verified if accepted == verified else accepted + 1
+        if next_matches is not None:
+            judged = verified + 1
+        counts: dict[str, list[int]] = {}
+        for j in range(judged):
+            c = counts.setdefault(sources[j], [0, 0])
+            c[0] += j < accepted or (j == verified and bool(next_matches))
+            c[1] += 1
+        for source, (ok, n) in counts.items():      # one decayed observation per source per step
+            self.get(source).observe(ok, n)
+
+
+class StepCosts:
+    """Seconds per decode step as a function of its verify rows N: a + b N, fitted online by least squares with
+    forgetting; b is shrunk toward a prior share of a, so few distinct N still give a usable slope."""
+
+    FORGET = 0.97
+    SLOPE_PRIOR = 0.05      # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
+    SLOPE_WEIGHT = 4.0      # the prior counts like this many observations one row apart
+
+    def __init__(self) -> None:
+        self.s0 = self.s1 = self.s2 = self.sy = self.sny = 0.0
+        self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA
+
+    def record(self, rows: int, seconds: float) -> None:
+        f = self.FORGET
+        self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + rows, f * self.s2 + rows * rows
+        self.sy, self.sny = f * self.sy + seconds, f * self.sny + rows * seconds
+
+    def record_draft(self, depth: int, seconds: float) -> None:
+        if depth > 0:
+            per = seconds / depth
+            self.draft_depth_s = per if self.draft_depth_s == 0 else 0.8 * self.draft_depth_s + 0.2 * per
+
+    @property
+    def known(self) -> bool:
+        return self.s0 > 0
+
+    def line(self) -> tuple[float, float]:
+        """-> (a, b) of cost(N) = a + b N in seconds."""
+        mean_n, mean_y = self.s1 / self.s0, self.sy / self.s0
+        b0 = self.SLOPE_PRIOR * mean_y / (1 + self.SLOPE_PRIOR * mean_n)    # prior: a + b0 N with b0 = 5% of a
+        lam = self.SLOPE_WEIGHT
+        var = self.s2 - self.s1 * mean_n          # sum of w (N - mean)^2
+        cov = self.sny - self.s1 * mean_y         # sum of w (N - mean)(y - mean)
+        b = max((cov + lam * b0) / (var + lam), 1e-9)
+        a = max(mean_y - b * mean_n, 1e-9)
+        return a, b
+
+
+def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts) -> list[int]:
+    """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
+    come from the draft model (each depth level costs a draft forward shared by the batch).
+    -> cuts c_i maximising expected committed tokens / predicted step seconds. Pure, greedy: take the best
+    marginal draft next; a draft is kept while it raises the ratio (with a linear cost and nonincreasing
+    marginals, a request's later drafts cannot pay once one does not)."""
+    if not costs.known:
+        return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
+    a, b = costs.line()
+    d = costs.draft_depth_s
+    rows = len(chances)
+    tokens = float(rows)
+    depth = 0
+    cuts = [0] * rows
+    heap = [(-c[0], i) for i, c in enumerate(chances) if c]
+    heapq.heapify(heap)
+    while heap:
+        neg, i = heapq.heappop(heap)
+        j = cuts[i]
+        new_depth = max(depth, j + 1) if draft_model[i] else depth
+        before = tokens / (a + b * rows + d * depth)
+        after = (tokens - neg) / (a + b * (rows + 1) + d * new_depth)
+        if after <= before:
+            continue                            # and so would this request's later drafts
+        tokens, rows, depth = tokens - neg, rows + 1, new_depth
+        cuts[i] = j + 1
+        if j + 1 < len(chances[i]):
+            heapq.heappush(heap, (-chances[i][j + 1], i))
+    return cuts

@@ -1,0 +1,188 @@
+"""Adaptive draft length (num_draft_tokens = auto): the goodput allocation and the online estimates, and that
+output stays exact whatever k the engine chooses (greedy: token-identical; sampled: the target's distribution)."""
+import pytest
+
+from specgram import adaptive
+from specgram.adaptive import Acceptance, RequestAcceptance, StepCosts, allocate
+from specgram.request import AUTO_DRAFT, SamplingParams
+
+from .helpers import chi2_critical, chi2_stat, exact_joint, run, run_to_end, target_and_draft, tokens_of
+from .test_speculative import PROMPT, PROMPTS, SAMPLE_PARAMS, VOCAB, with_oracle
+
+
+def costs_of(a: float, b: float, rows=(1, 2, 4, 8, 16)) -> StepCosts:
+    c = StepCosts()
+    for _ in range(50):
+        for n in rows:
+            c.record(n, a + b * n)
+    return c
+
+
+def frozen(monkeypatch, costs: StepCosts) -> StepCosts:
+    """costs, not updated by the engine's own timings while a test runs."""
+    monkeypatch.setattr(costs, "record", lambda *a: None)
+    monkeypatch.setattr(costs, "record_draft", lambda *a: None)
+    return costs
+
+
+# ---- pure parts -------------------------------------------------------------------------------------------
+
+def test_step_costs_recover_a_line():
+    a, b = costs_of(0.030, 0.002).line()
+    assert a == pytest.approx(0.030, rel=0.02) and b == pytest.approx(0.002, rel=0.05)
+
+
+def test_step_costs_with_one_row_count_use_the_prior_slope():
+    c = StepCosts()
+    for _ in range(10):
+        c.record(4, 0.024)
+    a, b = c.line()
+    assert a + 4 * b == pytest.approx(0.024) and b == pytest.approx(StepCosts.SLOPE_PRIOR * a, rel=1e-6)
+
+
+def test_allocate_drafts_while_a_draft_pays_for_its_row():
+    # one request, cost 30 ms + 3 ms per row: draft j pays iff its chance beats the running tokens/cost ratio
+    costs = costs_of(0.030, 0.003)
+    chances = [0.9, 0.8, 0.5, 0.05]
+    [cut] = allocate([chances], [False], costs)
+    a, b = costs.line()
+    tokens, rows, expected = 1.0, 1, 0
+    for p in chances:            # the greedy rule written out: keep adding while the ratio improves
+        if (tokens + p) / (a + b * (rows + 1)) <= tokens / (a + b * rows):
+            break
+        tokens, rows, expected = tokens + p, rows + 1, expected + 1
+    assert cut == expected == 3
+
+
+def test_allocate_none_when_rows_are_dear_all_when_free():
+    chances = [[0.6, 0.4, 0.2]] * 4
+    assert allocate(chances, [False] * 4, costs_of(0.001, 0.010)) == [0, 0, 0, 0]
+    assert allocate(chances, [False] * 4, costs_of(0.030, 1e-6)) == [3, 3, 3, 3]
+
+
+def test_allocate_prefers_the_likelier_drafts_across_the_batch():
+    cuts = allocate([[0.95, 0.9, 0.85], [0.2, 0.1, 0.05]], [False, False], costs_of(0.030, 0.004))
+    assert cuts[0] == 3 and cuts[1] == 0
+
+
+def test_allocate_counts_draft_model_depth():
+    chances = [[0.7, 0.5]]
+    cheap = costs_of(0.030, 0.001)
+    assert allocate(chances, [True], cheap) == [2]
+    cheap.draft_depth_s = 0.050          # a draft forward dearer than the target step: drafting never pays
+    assert allocate(chances, [True], cheap) == [0]
+
+
+def test_allocate_before_any_timing_verifies_everything():
+    assert allocate([[0.1, 0.1], []], [False, False], StepCosts()) == [2, 0]
+
+
+def test_acceptance_observations_and_the_free_one():
+    est = RequestAcceptance()
+    est.observe(["prompt"] * 4, verified=4, accepted=1, next_matches=None)   # 1 success, 1 failure
+    s = est.get("prompt")
+    assert (s.successes, s.trials) == (1, 2)
+    est.observe(["prompt"] * 2, verified=1, accepted=1, next_matches=True)   # verified one, the cut one hit too
+    assert s.successes == pytest.approx(adaptive.DECAY + 2) and s.trials == pytest.approx(2 * adaptive.DECAY + 2)
+    est.observe(["output"], verified=0, accepted=0, next_matches=False)      # k = 0: the shadow draft missed
+    assert est.get("output").trials == 1 and est.get("output").successes == 0
+    assert est.chances(["forced", "prompt"])[1] == pytest.approx(est.get("forced").rate * s.rate)
+
+
+def test_acceptance_rate_follows_recent_steps():
+    s = Acceptance(prior=0.5)
+    for _ in range(20):
+        s.observe(1, 1)
+    high = s.rate
+    for _ in range(10):
+        s.observe(0, 1)
+    assert high > 0.9 and s.rate < 0.2
+
+
+# ---- the engine: exact whatever k it picks ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adaptive")
+    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "right"])
+def test_greedy_auto_identical_batch1_and_batch4(engines, drafter):
+    engine = engines["right" if drafter == "right" else "wrong"]
+    name = "draft_model" if drafter == "right" else drafter
+    for prompts in (PROMPTS[:1], PROMPTS):
+        base = run(engine, prompts, max_tokens=30)
+        auto = run(engine, prompts, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter=name)
+        assert [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
+    if drafter == "right":
+        assert sum(o[-1].spec.accepted for o in auto) > 0, "with always-right drafts auto must draft"
+
+
+def test_auto_mixed_with_fixed_k_and_no_speculation(engines):
+    engine = engines["wrong"]
+    prompts = PROMPTS * 2
+    base = run(engine, prompts, max_tokens=25)
+    spec = run(engine, prompts, max_tokens=25, num_draft_tokens=[AUTO_DRAFT, 0, 3, AUTO_DRAFT, 8, AUTO_DRAFT, 1, 2],
+               drafter=["ngram", "draft_model"] * 4)
+    assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+
+
+def test_auto_follows_the_cost_model(engines, monkeypatch):
+    """Always-right drafts: with free rows auto verifies the longest drafts it may; with dear rows none."""
+    engine = engines["wrong"]
+    base = with_oracle(engine, PROMPTS, 30)
+    for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (costs_of(0.001, 0.05), False)):
+        monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs))
+        spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
+        assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
+        hists = [o[-1].spec.k_hist for o in spec]
+        if expect_drafts:
+            assert all(max(k for k, n in enumerate(h) if n) == engine.config.max_draft_len for h in hists)
+        else:
+            assert all(len(h) == 1 for h in hists), hists          # every step verified 0 drafts
+
+
+def test_auto_is_the_configured_default_and_validated(engines):
+    engine = engines["wrong"]
+    req = engine.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="hi")
+    assert req.params.auto_draft
+    with pytest.raises(Exception, match="num_draft_tokens"):
+        engine.make_request(SamplingParams(num_draft_tokens=-2), text="hi")
+
+
+def test_per_source_statistics_add_up(engines):
+    engine = engines["wrong"]
+    outs = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=4, drafter="ngram")
+    for o in outs:
+        s = o[-1].spec
+        assert sum(d for d, _ in s.by_source.values()) == s.drafted
+        assert sum(a for _, a in s.by_source.values()) == s.accepted
+        assert set(s.by_source) <= {"prompt", "output", "guide"}
+        assert sum(s.k_hist) == len(o) - 1      # one response per decode step, and the first one (prefill)
+    assert any(s.drafted for s in (o[-1].spec for o in outs))
+
+
+# ---- sampling -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tmp_path_factory):
+    return target_and_draft(tmp_path_factory.mktemp("vocab4auto"), 32, max_slots=64, target_seed=1, draft_seed=2,
+                            vocab_size=VOCAB, init=0.08)
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypatch):
+    engine = tiny_vocab
+    # 64 rows: drafts with a chance above ~0.2 pay
+    monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs_of(0.030, 0.0001)))
+    expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
+    reqs = [engine.make_request(SamplingParams(max_tokens=3, ignore_eos=True, seed=i, num_draft_tokens=AUTO_DRAFT,
+                                               drafter=drafter, **SAMPLE_PARAMS), prompt_ids=PROMPT)
+            for i in range(3000)]
+    outs = run_to_end(engine, reqs)
+    samples = [tuple(tokens_of(outs[r.request_id])) for r in reqs]
+    stats = [outs[r.request_id][-1].spec for r in reqs]
+    assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
+    stat, df = chi2_stat(samples, expected)
+    assert stat < chi2_critical(df), (stat, df)
