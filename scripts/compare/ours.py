@@ -11,11 +11,12 @@ from pathlib import Path
 
 from benchlib import REPO
 
-# config name -> (drafter, k). "grammar" = grammar-forced tokens only; every drafter also drafts forced tokens
-# first under a guide. int8 = an int8 dynamic-quantized copy of the target as the draft model.
+# config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only; every drafter also drafts
+# forced tokens first under a guide. int8 = an int8 dynamic-quantized copy of the target as the draft model.
 CONFIGS = {
     "target only": (None, 0),
     "ngram k4": ("ngram", 4),
+    "ngram auto": ("ngram", -1),
     "int8 draft k2": ("draft_model", 2),
     "grammar-forced k4": ("grammar", 4),
 }

@@ -104,7 +104,7 @@ def table(rows: list[dict]) -> list[str]:
 
 
 # colour = configuration, line and marker = system
-_COLOR = {"target only": "tab:blue", "ngram k4": "tab:orange", "int8 draft k2": "tab:green",
+_COLOR = {"target only": "tab:blue", "ngram k4": "tab:orange", "ngram auto": "tab:red", "int8 draft k2": "tab:green",
           "grammar-forced k4": "tab:purple"}
 _STYLE = {"ours in-process": ":", "ours via Triton": "-", "HF transformers": "--", "vLLM-CPU float32": "-.",
           "vLLM-CPU bfloat16": (0, (5, 1, 1, 1, 1, 1))}

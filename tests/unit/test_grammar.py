@@ -10,7 +10,7 @@ import pytest
 
 from specgram import grammar as grammar_mod
 from specgram.errors import InvalidRequest
-from specgram.request import SamplingParams
+from specgram.request import AUTO_DRAFT, SamplingParams
 
 from .helpers import chi2_critical, chi2_stat, exact_joint, run, run_to_end, target_and_draft, text_of, tokens_of
 
@@ -59,7 +59,7 @@ def test_unconstrained_output_would_violate_the_grammar(engine):
     assert not any(matcher_accepts(engine, "regex", REGEX, tokens_of(o)) for o in outs)
 
 
-@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("k", [*range(1, 9), AUTO_DRAFT])
 def test_greedy_identical_with_speculation_under_a_grammar(engine, k):
     for kind, guide in GUIDES:
         base = run(engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide)
