@@ -2,6 +2,7 @@
 
     python scripts/bench_draft_length.py                          # 8 JME prompts, 128 tokens, c = 1 and 8
     python scripts/bench_draft_length.py --concurrency 1 2 4 8 16 --prompts 16
+    python scripts/bench_draft_length.py --guided yes --compact-json  # schemas with a fixed JSON layout
     python scripts/bench_draft_length.py --quick                  # 2 prompts, 32 tokens: a smoke run
 
 Workload: JME extraction prompts (chat template, greedy), guided by each case's JSON schema and unguided;
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     ap.add_argument("--guided", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--compact-json", action="store_true",
+                    help="json_any_whitespace off: the schema fixes the layout (more grammar-forced tokens)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--out", default="", help="also write the markdown report here")
     ap.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, concurrency 1 and 2")
@@ -87,11 +90,12 @@ def main() -> None:
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16
     engine = Engine.from_config(EngineConfig(checkpoint=args.model, device="cpu", dtype="float32",
                                              max_slots=max(args.concurrency), max_seq_len=max_seq_len,
-                                             max_draft_len=8, drafter="ngram"))
+                                             max_draft_len=8, drafter="ngram",
+                                             json_any_whitespace=not args.compact_json))
     guided_modes = {"both": [False, True], "yes": [True], "no": [False]}[args.guided]
     lines = [f"Machine: {machine()}", f"Versions: {versions()}",
              f"Workload: {len(cases)} JME prompts, {args.max_tokens} tokens, greedy, n-gram lookup; repeat "
-             f"{args.repeat}", "",
+             f"{args.repeat}; json_any_whitespace {0 if args.compact_json else 1}", "",
              "| guided | c | config | tok/s | vs k=0 | vs best fixed | acc len | mean k | sources | exact |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
