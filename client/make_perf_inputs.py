@@ -26,12 +26,18 @@ from pathlib import Path
 
 from jme import load_jme
 
-# name -> (guided, num_draft_tokens)
+# name -> (guided, num_draft_tokens; -1 = auto: the engine chooses k per step)
 VARIANTS = {
     "unguided_k0": (False, 0),
+    "unguided_k2": (False, 2),
     "unguided_k4": (False, 4),
+    "unguided_k8": (False, 8),
+    "unguided_auto": (False, -1),
     "guided_k0": (True, 0),
+    "guided_k2": (True, 2),
     "guided_k4": (True, 4),
+    "guided_k8": (True, 8),
+    "guided_auto": (True, -1),
 }
 
 
