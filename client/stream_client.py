@@ -97,6 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--url", default="localhost:8001", help="gRPC endpoint host:port (default %(default)s)")
     ap.add_argument("--model", default="llm", help="model name (default %(default)s)")
     ap.add_argument("--max-tokens", type=int)
+    ap.add_argument("--min-tokens", type=int, help="tokens before EOS or a stop string may end the output")
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--top-p", type=float)
     ap.add_argument("--top-k", type=int)
@@ -137,6 +138,7 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
         "text_input": args.prompt if args.prompt is not None else "",
         "stream": stream,
         "max_tokens": args.max_tokens,
+        "min_tokens": args.min_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p,
         "top_k": args.top_k,

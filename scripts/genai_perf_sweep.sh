@@ -6,8 +6,8 @@
 # genai-perf 0.0.16 goes into its own venv, build/peers/genai-perf, on demand (never by set-up or CI). Its
 # PyPI dependency `perf-analyzer` is an empty placeholder, so it runs the project's perf_analyzer 2.51
 # (.venv/bin, libraries from build/lib; scripts/setup.sh provides both). Exact output lengths come from
-# max_tokens + ignore_eos (genai-perf's --output-tokens-mean-deterministic sends min_tokens, which the model
-# does not implement and rejects as an unknown sampling parameter). No warm-up requests: perf_analyzer 2.51
+# max_tokens + ignore_eos (genai-perf's --output-tokens-mean-deterministic, which sends min_tokens, would work
+# too: docs/operating.md). No warm-up requests: perf_analyzer 2.51
 # with --warmup-request-count 1 at concurrency 2 never stopped sending (seen here).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

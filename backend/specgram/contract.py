@@ -109,6 +109,9 @@ INPUTS: tuple[Field, ...] = (
           convert=to_bool),
     Field("max_tokens", "INT32", (1,), "tokens to generate", "config `default_max_tokens`",
           convert=to_int, param="max_tokens"),
+    Field("min_tokens", "INT32", (1,),
+          "0..`max_tokens`: the first min_tokens tokens are never EOS and never end a stop string (a grammar that "
+          "can only end still ends the output)", "0", convert=to_int, param="min_tokens"),
     Field("temperature", "FP32", (1,), "0 = greedy", "0", convert=to_float, param="temperature"),
     Field("top_p", "FP32", (1,), "nucleus, in (0, 1]", "1", convert=to_float, param="top_p"),
     Field("top_k", "INT32", (1,), "0 or -1 = off", "0", convert=to_int, param="top_k"),

@@ -4,7 +4,8 @@ Each step:  admit (scheduler.py) -> prefill this step's prompt chunks (a request
             its first token) -> decode the others:
             draft -> seal -> verify (one batched target forward) -> mask -> accept -> commit (output.py).
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
-carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, position); choose.py decides tokens.
+carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, position); min_tokens.py bans EOS
+below a request's min_tokens, after the grammar mask, wherever a token is chosen; choose.py decides tokens.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import torch
 
-from . import adaptive, choose, loading
+from . import adaptive, choose, loading, min_tokens
 from .config import EngineConfig
 from .drafters import Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
 from .errors import InvalidRequest
@@ -179,7 +180,7 @@ class Engine:
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if users:
                 drafter.admit(users)
-        first = self._pick(logits, reqs)[0].tolist()
+        first = self._pick(logits, reqs, [0] * len(reqs))[0].tolist()
         return [self._commit(r, [t]) for r, t in zip(reqs, first)]
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
@@ -283,11 +284,14 @@ class Engine:
                                         [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
 
     def _mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
-        """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did."""
+        """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did,
+        then EOS banned where output position len(output_ids) + i is below min_tokens (as the drafts were)."""
         width = logits.shape[1]
+        flat = logits.view(-1, logits.shape[-1])                                      # [B * T, V]
         entries = [(b * width + i, r.slot, i) for b, r in enumerate(reqs) if r.guide is not None
                    for i in range(1 + len(proposals[b].tokens))]
-        self.masks.apply(logits.view(-1, logits.shape[-1]), entries)
+        self.masks.apply(flat, entries)
+        min_tokens.apply(flat, [min_tokens.eos_banned(r, i) for r in reqs for i in range(width)], self.eos_ids)
 
     def _accept(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
                 logits: torch.Tensor) -> list[list[int]]:
@@ -305,15 +309,17 @@ class Engine:
             out.append(p.tokens[:a] + [t])
         return out
 
-    def _pick(self, logits: torch.Tensor, reqs: list[Request],
+    def _pick(self, logits: torch.Tensor, reqs: list[Request], offsets: list[int],
               tentative: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits: [B, V], row b for reqs[b] -> choose.pick under each guided request's grammar mask at its
-        current position, row (slot, guide.tentative); with `tentative` (drafting) the picked tokens are then
-        accepted tentatively."""
+        """logits: [B, V], row b for reqs[b]'s token at output position len(output_ids) + offsets[b] ->
+        choose.pick under each guided request's grammar mask at its current position, row (slot,
+        guide.tentative), and with EOS banned below min_tokens; with `tentative` (drafting) the picked tokens
+        are then accepted tentatively."""
         guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
         for _, r in guided:
             self.masks.fill(r.slot, r.guide)
         self.masks.apply(logits, [(j, r.slot, r.guide.tentative) for j, r in guided])
+        min_tokens.apply(logits, [min_tokens.eos_banned(r, o) for r, o in zip(reqs, offsets)], self.eos_ids)
         ids, probs = choose.pick(logits, reqs)
         if tentative:
             for j, r in guided:
@@ -321,6 +327,7 @@ class Engine:
                 assert accepted, "a token drawn under its grammar mask was rejected by the matcher"
         return ids, probs
 
-    def _draft_pick(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft_pick(self, logits: torch.Tensor, reqs: list[Request],
+                    offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafters' PickFn: _pick with the picks accepted tentatively."""
-        return self._pick(logits, reqs, tentative=True)
+        return self._pick(logits, reqs, offsets, tentative=True)

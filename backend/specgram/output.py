@@ -3,6 +3,11 @@ and the responses.
 
 Text: each request's output text so far (a stop string and what follows it cut off), of which `sent`
 characters went out; text that may still turn into a stop string is held back until it cannot.
+
+min_tokens: a stop string counts only when a token at output position >= min_tokens completes it (EOS is
+never chosen below min_tokens: min_tokens.py). One completed earlier is ordinary text and is streamed as such;
+a stop string completed later is cut even where it began in the text of the first min_tokens tokens, and that
+part was never streamed (it was held back as a possible stop string), so streamed text is never taken back.
 """
 from __future__ import annotations
 
@@ -51,7 +56,8 @@ class Outputs:
                 break
             piece = state.detok.push(t)
             state.text += piece
-            cut = find_stop(state.text, stops, len(state.text) - len(piece)) if piece else -1
+            may_stop = piece and len(req.output_ids) > req.params.min_tokens     # t's position >= min_tokens
+            cut = find_stop(state.text, stops, len(state.text) - len(piece)) if may_stop else -1
             if cut >= 0:
                 state.text = state.text[:cut]
                 req.finish_reason = "stop"

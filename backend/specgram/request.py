@@ -44,6 +44,7 @@ class ErrorKind(WireEnum):
 class SamplingParams:
     """What a client may set per request. `validate` fills defaults and fails with a user-facing message."""
     max_tokens: int | None = None
+    min_tokens: int = 0             # the first min_tokens tokens are never EOS nor end a stop string (min_tokens.py)
     temperature: float = 0.0        # 0 = greedy (the default: exact, reproducible output)
     top_p: float = 1.0
     top_k: int = 0                  # 0 or -1 = off
@@ -73,6 +74,10 @@ class SamplingParams:
             self.max_tokens = default_max_tokens
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
+                or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequest(f"min_tokens must be an integer in [0, max_tokens] = [0, {self.max_tokens}], "
+                                 f"got {self.min_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 
 def find_stop(text: str, stops: list[str], search_from: int) -> int:
-    """Index where the earliest stop string starts in text[search_from - longest + 1:], or -1."""
-    if not stops:
-        return -1
-    start = max(0, search_from - max(map(len, stops)) + 1)
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    """Index where the earliest stop string that ends in text[search_from:] (the new text) starts, or -1.
+    An occurrence ending before search_from is never found: it was not a stop when it completed (it came
+    before min_tokens) and does not become one later."""
+    hits = [i for i in (text.find(s, max(0, search_from - len(s) + 1)) for s in stops) if i >= 0]
     return min(hits) if hits else -1
 
 

@@ -67,7 +67,7 @@ def test_non_streaming_returns_one_full_response(triton_server):
 def test_bad_request_next_to_a_good_one(triton_server):
     solo = ids_of(greedy(triton_server, max_tokens=12))
     bad_inputs = [{"max_tokens": 0}, {"sampling_parameters": "{oops"}, {"temperature": -2.0},
-                  {"num_draft_tokens": 1000}, {"text_input": ""}]
+                  {"num_draft_tokens": 1000}, {"text_input": ""}, {"min_tokens": -1}]
     with ThreadPoolExecutor(len(bad_inputs) + 1) as pool:
         good = pool.submit(greedy, triton_server, PROMPT, 12)
         bads = [pool.submit(stream_infer, triton_server.grpc_url, {"text_input": PROMPT, **b}) for b in bad_inputs]
@@ -76,6 +76,22 @@ def test_bad_request_next_to_a_good_one(triton_server):
     for b, r in zip(bad_inputs, bad_results):
         assert len(r) == 1 and r[0]["error"], (b, r)
         assert any(k in r[0]["error"] for k in b), (b, r[0]["error"])   # the message names the field
+
+
+def test_min_tokens_as_genai_perf_sends_it(triton_server):
+    """genai-perf's --output-tokens-mean-deterministic: sampling_parameters {"max_tokens": n, "min_tokens": n} with
+    numbers as strings gives exactly n tokens, none of them EOS, where the model alone stops sooner."""
+    prompt, n = "What is 2+2?", 20
+    free = greedy(triton_server, prompt, max_tokens=n)
+    free_ids = ids_of(free)
+    assert last_value(free, "finish_reason") == "stop" and len(free_ids) < n
+    held = stream_infer(triton_server.grpc_url, {
+        "text_input": prompt, "apply_chat_template": True, "stream": True,
+        "sampling_parameters": json.dumps({"max_tokens": str(n), "min_tokens": str(n)})})
+    ids = ids_of(held)
+    assert not errors_of(held) and len(ids) == last_value(held, "num_output_tokens") == n
+    assert last_value(held, "finish_reason") == "length" and free_ids[-1] not in ids     # free_ids[-1] is EOS
+    assert ids[:len(free_ids) - 1] == free_ids[:-1]        # the same greedy output up to the banned EOS
 
 
 def test_cancelled_streams_free_their_slots(triton_server):

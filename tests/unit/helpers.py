@@ -102,11 +102,12 @@ def chi2_stat(samples, expected_probs):
     return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
 
 
-def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None):
+def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None, eos=None, min_tokens=0):
     """P(x_1..x_n | prompt) by enumeration -> {tuple: prob}, for sampling from the processed distribution
-    (temperature, top-p) of the logits, restricted to the `allowed` token ids when given (a grammar mask)."""
-    probs = {(): 1.0}
-    for _ in range(n_tokens):
+    (temperature, top-p) of the logits, restricted to the `allowed` token ids when given (a grammar mask).
+    With `eos`: a sequence ends at that token (shorter tuples), which is banned at positions below min_tokens."""
+    probs, ended = {(): 1.0}, {}
+    for position in range(n_tokens):
         nxt = {}
         seqs = list(probs)
         with torch.no_grad():
@@ -115,15 +116,17 @@ def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None):
             mask = torch.full_like(logits, float("-inf"))
             mask[:, allowed] = 0
             logits = logits + mask
+        if eos is not None and position < min_tokens:
+            logits[:, eos] = float("-inf")
         n = len(seqs)
         p = sampling.probabilities(logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long),
                                    torch.full((n,), top_p))
         for s, row in zip(seqs, p.tolist()):
             for t, pt in enumerate(row):
                 if pt > 0:
-                    nxt[s + (t,)] = probs[s] * pt
+                    (ended if t == eos else nxt)[s + (t,)] = probs[s] * pt
         probs = nxt
-    return probs
+    return {**ended, **probs}
 
 
 # ---- model.py with a fake triton_python_backend_utils -------------------------------------------------------

@@ -44,6 +44,10 @@ def test_find_stop_across_steps_and_holdback():
     assert find_stop("abc STOP", ["STOP"], search_from=6) == 4
     assert find_stop("abc STO", ["STOP"], search_from=6) == -1
     assert find_stop("xx\n\nyy", ["\n\n", "yy"], search_from=3) == 2
+    # only stop strings that end in the new text: "ab" ended before it (a completion below min_tokens, not a
+    # stop), and a longer stop string in the list must not widen the search back onto it
+    assert find_stop("xxabc", ["ab", "zzzzzz"], search_from=4) == -1
+    assert find_stop("xxabcab", ["ab", "zzzzzz"], search_from=6) == 5
     assert holdback("hello ST", ["STOP"]) == 2
     assert holdback("hello S", ["STOP", "Sx"]) == 1
     assert holdback("hello", ["STOP"]) == 0

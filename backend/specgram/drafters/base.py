@@ -8,9 +8,10 @@ import torch
 
 from ..request import Request
 
-# pick(logits [B, V], requests) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token choice,
-# so a draft model samples with each request's temperature / top-k / top-p and generator.
-PickFn = Callable[[torch.Tensor, list[Request]], tuple[torch.Tensor, torch.Tensor | None]]
+# pick(logits [B, V], requests, offsets) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token
+# choice, so a draft model samples with each request's temperature / top-k / top-p, generator and min_tokens.
+# offsets[b]: the drafted token's index in this step's proposal (its output position minus len(output_ids)).
+PickFn = Callable[[torch.Tensor, list[Request], list[int]], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass

@@ -49,7 +49,7 @@ class DraftModelDrafter(Drafter):
         starts = [self.lens[reqs[i].request_id] for i in active]
         while active:
             group = [reqs[i] for i in active]
-            ids, p = pick(self._forward(rows, group, starts), group)
+            ids, p = pick(self._forward(rows, group, starts), group, [len(out[i].tokens) for i in active])
             for j, i in enumerate(active):
                 r = reqs[i]
                 fed_drafts = len(out[i].tokens)              # drafts whose KV the draft cache now holds
