@@ -43,8 +43,13 @@ _CANCEL_CHECK_S = 0.25
 _OUTBOX_WAIT_S = 0.05
 # Each gauge set is a round trip to the server process too: the gauges follow the load at most this often.
 _GAUGE_PERIOD_S = 0.5
-_ERROR_CODES = {ErrorKind.INVALID: pb_utils.TritonError.INVALID_ARG, ErrorKind.INTERNAL: pb_utils.TritonError.INTERNAL,
-                ErrorKind.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE}
+
+
+def _error_code(kind: ErrorKind | None):
+    """ErrorKind -> Triton error code (looked up per call: the stub that auto-completes the config imports this
+    module without pb_utils.TritonError)."""
+    errors = pb_utils.TritonError
+    return {ErrorKind.INVALID: errors.INVALID_ARG, ErrorKind.UNAVAILABLE: errors.UNAVAILABLE}.get(kind, errors.INTERNAL)
 
 
 def _py(value, name: str):
@@ -260,8 +265,7 @@ class TritonPythonModel:
             del self.streams[rid]
         self.metrics.record(st, out)
         if out.finish_reason == FinishReason.ERROR:
-            code = _ERROR_CODES.get(out.error_kind, pb_utils.TritonError.INTERNAL)
-            self._send_error(st.sender, out.error or "internal error", code)
+            self._send_error(st.sender, out.error or "internal error", _error_code(out.error_kind))
             return
         if out.finish_reason == FinishReason.CANCELLED:
             # older Triton Python backends lack the CANCELLED code
