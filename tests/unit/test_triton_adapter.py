@@ -259,15 +259,18 @@ def test_finalize_ends_every_stream_and_releases_the_metrics(own_model):
     assert all(x._family_ref() is None for x in mine), "a metric family outlived finalize()"
 
 
-def test_load_gauges_and_a_dying_engine(own_model):
-    name = "test_load_gauges_and_a_dying_engine"
-    m = own_model(max_slots=1)
+def test_load_gauges_refusals_and_a_dying_engine(own_model):
+    name = "test_load_gauges_refusals_and_a_dying_engine"
+    m = own_model(max_slots=1, max_waiting_requests=1)
     gauge = lambda family: metric(family, model=name)[0].value()  # noqa: E731
     assert gauge("specgram_kv_slots") == 1 and m.is_ready()
     slow_steps(m)
     running = started(m)
     waiting = request(max_tokens=4)
     m.execute([waiting])
+    [[refused]] = finish(m, request(max_tokens=4))
+    assert refused.error.code() == pb.TritonError.UNAVAILABLE
+    assert "max_waiting_requests = 1" in refused.error.message()
     wait_for(lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
              "the gauges show one running and one waiting request")
     assert gauge("specgram_engine_up") == 1

@@ -134,7 +134,7 @@ class Metrics:
                            "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
             labels=labels, buckets=_TTFT_BUCKETS)
         gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
-        self.gauges = (  # in the order of Metrics.load_values
+        self.gauges = (  # in the order of publish()'s values
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
             gauge("specgram_requests_running", "Requests holding a KV slot (KV slots in use)"),
             gauge("specgram_requests_compiling_grammar", "Waiting requests whose grammar is still compiling"),
@@ -142,12 +142,9 @@ class Metrics:
         self.published: tuple | None = None
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
 
-    @staticmethod
-    def load_values(load: Load, alive: bool) -> tuple:
-        return load.waiting, load.running, load.compiling, int(alive)
-
     def publish(self, load: Load, alive: bool) -> None:
-        values = self.load_values(load, alive)
+        """Set the gauges whose value changed."""
+        values = (load.waiting, load.running, load.compiling, int(alive))
         for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values)):
             if value != before:
                 gauge.set(value)
