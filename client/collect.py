@@ -28,10 +28,12 @@ class StreamTimeout(TimeoutError):
 
 def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
                  request_id: str = "", parameters: dict | None = None,
-                 on_response: Callable[[dict], None] | None = None) -> list[dict]:
+                 on_response: Callable[[dict], None] | None = None,
+                 request_timeout_us: int | None = None) -> list[dict]:
     """Send one request (inputs: name -> value, see stream_client.build_inputs) and return its responses in
     order; on_response sees each one as it arrives. Raises StreamTimeout if nothing final arrives within
-    `timeout`; on KeyboardInterrupt the request is cancelled."""
+    `timeout`; on KeyboardInterrupt the request is cancelled. request_timeout_us: Triton's per-request timeout
+    (the model ends the request once it passes: finish_reason timeout)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url.split("://", 1)[-1])
@@ -42,7 +44,7 @@ def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", time
     cancel = False
     try:
         client.async_stream_infer(model, build_inputs(inputs), request_id=request_id, parameters=parameters,
-                                  enable_empty_final_response=True)
+                                  enable_empty_final_response=True, timeout=request_timeout_us)
         deadline = t0 + timeout
         while True:
             try:

@@ -48,6 +48,15 @@ class EngineConfig:
                                     # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
     cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
+    # Serving limits (loop.py). A request waits for a KV slot in a queue; past these bounds it is refused at once
+    # (UNAVAILABLE) rather than queued for longer than a client would wait.
+    max_waiting_requests: int = -1  # requests waiting for a slot; -1 = 4 x max_slots, 0 = no bound
+    max_waiting_prompt_tokens: int = 0  # prompt tokens of the waiting requests (0 = no bound); a request is
+                                        # always taken when none are waiting, however long its prompt
+    max_queue_delay_ms: int = 0     # a request still without a slot after this long is refused (0 = no limit)
+    request_timeout_s: int = 0      # a request running longer ends with finish_reason timeout (0 = no limit);
+                                    # a client's own Triton request timeout can only shorten it
+    shutdown_grace_s: int = 5       # on unload, running requests may finish for this long before they are cut
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):        # 0 / 1 are accepted for booleans and stored as bool
@@ -59,6 +68,12 @@ class EngineConfig:
         for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_waiting_prompt_tokens", "max_queue_delay_ms", "request_timeout_s", "shutdown_grace_s"):
+            if getattr(self, name) < 0:
+                raise ModelLoadError(f"engine setting {name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        if self.max_waiting_requests < -1:
+            raise ModelLoadError(f"engine setting max_waiting_requests must be -1 (4 x max_slots), 0 (no bound) or "
+                                 f"a positive count, got {self.max_waiting_requests}")
         if not 0 <= self.max_draft_len <= 64:
             raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
         for name in ("dtype", "draft_dtype"):
@@ -133,6 +148,15 @@ class EngineConfig:
         if value == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return _DTYPES[value]
+
+    @property
+    def waiting_requests_bound(self) -> int | None:
+        """max_waiting_requests resolved: None = no bound. The default, 4 x max_slots, lets a request queue behind
+        about four generations per slot; a client would rather be refused at once (and retry elsewhere) than
+        wait longer than that."""
+        if self.max_waiting_requests == -1:
+            return 4 * self.max_slots
+        return self.max_waiting_requests or None
 
     @property
     def has_draft_model(self) -> bool:

@@ -149,7 +149,8 @@ OUTPUTS: tuple[Field, ...] = (
     Field("text_output", "STRING", (-1,), "text delta when streaming, else the whole text", optional=False),
     Field("output_ids", "INT32", (-1,), "this response's tokens (a response may carry several)", optional=False),
     Field("finish_reason", "STRING", (1,),
-          "empty until the final response, then `stop` (EOS, a stop string, or the grammar completed) or `length`",
+          "empty until the final response, then `stop` (EOS, a stop string, or the grammar completed), `length` "
+          "or `timeout` (config `request_timeout_s` or the request's own Triton timeout passed; the text so far)",
           optional=False),
     Field("num_input_tokens", "INT32", (1,), "prompt tokens", optional=False),
     Field("num_output_tokens", "INT32", (1,), "output tokens so far", optional=False),

@@ -108,13 +108,15 @@ class Engine:
     def add(self, req: Request) -> None:
         self.scheduler.add(req)
 
-    def abort(self, request_id: int, reason: str = "cancelled", error: str | None = None) -> RequestOutput | None:
-        """Remove a request wherever it is; its slot is free for the next step. None if it is not here."""
+    def abort(self, request_id: int, reason: str = "cancelled", error: str | None = None,
+              error_kind: str | None = None) -> RequestOutput | None:
+        """Remove a request wherever it is; its slot is free for the next step; its final output carries the text
+        not yet sent. None if it is not here."""
         req = self.scheduler.find(request_id)
         if req is None:
             return None
         req.finish_reason = reason
-        return self._finish(req, self.output.final(req, [], "", error))
+        return self._finish(req, self.output.final(req, [], self.output.unsent(req), error, error_kind))
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

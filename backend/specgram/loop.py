@@ -1,7 +1,15 @@
 """EngineLoop: the one thread that owns an Engine. Other threads talk to it through a queue.
 
 submit() and abort() may be called from any thread. Each request's outputs go to its sink, called on the
-engine thread: a sink must only hand the output over (e.g. put it on a queue), never block or send.
+engine thread (a refusal's, on the submitting thread): a sink must only hand the output over (e.g. put it on a
+queue), never block or send.
+
+Serving limits (admission.py): a request over the waiting bound is refused at once and never reaches the engine;
+once per step, a waiting request past its queue limit is refused and a running one past its run limit ends
+(finish_reason timeout). shutdown() stops taking requests, refuses the waiting ones at once, lets the running
+ones go on for the grace period and then cuts them (cancelled). An exception escaping the engine is a bug that
+leaves its state untrusted: the thread stops, every open request fails (INTERNAL), new ones are refused, and
+`failure` says why.
 
 EngineLoop.build() loads the engine on the engine thread itself. That matters on CPU: OpenMP (libgomp) keeps a
 thread pool per thread that starts parallel work, and once the pools' threads outnumber the cores it stops
@@ -13,38 +21,60 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable
 
+from .admission import Admission, Deadlines, Limit
 from .engine import Engine
-from .request import Request, RequestOutput
+from .request import ErrorKind, FinishReason, Request, RequestOutput
 
 log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput], None]
+_SHUTTING_DOWN = "the server is shutting down; the request was not started"
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the engine holds, published by the engine thread after each step (read by the metrics)."""
+    waiting: int = 0        # requests without a KV slot yet
+    running: int = 0        # requests holding a KV slot
+    compiling: int = 0      # waiting requests whose grammar is still compiling
+
+
+def _ended(request_id: int, error: str, kind: ErrorKind) -> RequestOutput:
+    """A final error output made outside the engine (a refusal, or the engine is gone)."""
+    return RequestOutput(request_id, [], "", finished=True, finish_reason=FinishReason.ERROR, error=error,
+                         error_kind=kind)
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine | None):
-        self.engine = engine
+    def __init__(self):
+        self.engine: Engine | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._sinks: dict[int, Sink] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-
-    def start(self) -> "EngineLoop":
-        self._thread.start()
-        return self
+        self._lock = threading.Lock()  # a request is counted and queued, or refused, atomically with closing
+        self._admission: Admission | None = None
+        self._deadlines = Deadlines()
+        self._cut_at: float | None = None     # shutting down: what still runs at this time is cut
+        self._grace_s = 0.0
+        self.failure: str | None = None       # set when the engine thread stopped on an error
+        self.load = Load()
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def build(cls, factory: Callable[[], Engine]) -> "EngineLoop":
         """Start the engine thread, build the engine there (factory(), e.g. Engine.from_config) and return once
         it is ready; an exception from the factory is raised here, in the caller."""
-        loop = cls(None)
+        loop = cls()
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def run() -> None:
             try:
                 loop.engine = factory()
+                config = loop.engine.config
+                loop._admission = Admission(config.waiting_requests_bound, config.max_waiting_prompt_tokens or None)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 failure.append(e)
                 return
@@ -59,40 +89,63 @@ class EngineLoop:
             raise failure[0]
         return loop
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._inbox.put(("wake", None, None))
-        self._thread.join(timeout)
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
 
-    def submit(self, req: Request, sink: Sink) -> int:
-        self._inbox.put(("add", req, sink))
-        return req.request_id
+    def submit(self, req: Request, sink: Sink, timeout_s: float | None = None) -> bool:
+        """Queue req for the engine, or refuse it at once: sink then gets its only output, an UNAVAILABLE error
+        naming the reason (at capacity, shutting down, the engine stopped). timeout_s: the client's own limit on
+        the request's time (None = none). -> whether it was queued."""
+        with self._lock:
+            refusal = self._admission.refusal(req)
+            if refusal is None:
+                self._admission.enter(req)
+                self._inbox.put(("add", req, (sink, time.monotonic(), timeout_s)))
+        if refusal is not None:
+            sink(_ended(req.request_id, refusal, ErrorKind.UNAVAILABLE))
+        return refusal is None
 
     def abort(self, request_id: int) -> None:
         self._inbox.put(("abort", request_id, None))
 
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop taking requests, refuse the waiting ones, let the running ones go on for up to grace_s (default:
+        the shutdown_grace_s setting) and cut the rest; returns once the engine thread has ended."""
+        grace = self.engine.config.shutdown_grace_s if grace_s is None else grace_s
+        with self._lock:
+            if self._admission.closed is None:
+                self._admission.closed = _SHUTTING_DOWN
+            self._inbox.put(("stop", grace, None))
+        self._thread.join(grace + 30)   # + one step, however slow
+
     # ---- engine thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - a bug outside the guarded forwards: the engine is not trusted
+            log.exception("the engine thread stopped")
+            self._fail_all(f"the engine stopped after an internal error ({e!r}); this model instance must be "
+                           "restarted")
+
+    def _serve(self) -> None:
+        while True:
             if self.engine.only_waiting_for_grammars():
                 self._drain(block=True, timeout=0.005)     # let compiles finish without spinning
             else:
                 self._drain(block=not self.engine.has_work())
-            if self._stop.is_set():
+            if self._cut_at is not None and (not self.engine.has_work() or time.monotonic() >= self._cut_at):
                 break
-            try:
-                outputs = self.engine.step()
-            except Exception:  # noqa: BLE001 - the engine already fails requests per forward; this is a bug
-                log.exception("engine step failed")
-                outputs = [self.engine.abort(rid, "error", "internal engine error") for rid in list(self._sinks)]
+            self._expire(time.monotonic())
+            outputs = self.engine.step()
+            self._settle()                  # before the outputs: whoever sees one sees its request admitted
             for out in outputs:
-                if out is not None:
-                    self._deliver(out)
-        for rid in list(self._sinks):   # shutting down: every request still ends with a final output
-            out = self.engine.abort(rid, "cancelled", "the server is shutting down")
-            if out is not None:
                 self._deliver(out)
+        message = f"the server is shutting down: the request was stopped after the {self._grace_s:g} s grace period " \
+                  "(shutdown_grace_s)"
+        for rid in list(self._sinks):
+            self._deliver(self.engine.abort(rid, FinishReason.CANCELLED, message))
 
     def _drain(self, block: bool, timeout: float = 0.5) -> None:
         try:
@@ -100,24 +153,91 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            kind, payload, sink = item
+            kind, payload, extra = item
             if kind == "add":
-                self._sinks[payload.request_id] = sink
-                self.engine.add(payload)
+                self._add(payload, *extra)
             elif kind == "abort":
-                out = self.engine.abort(payload)
-                if out is not None:
-                    self._deliver(out)
+                self._deliver(self.engine.abort(payload))
+            elif kind == "stop":
+                self._stop(payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def _deliver(self, out: RequestOutput) -> None:
-        sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
-        if sink is None:
+    def _add(self, req: Request, sink: Sink, submitted: float, timeout_s: float | None) -> None:
+        config = self.engine.config
+        queue_limit = run_limit = None
+        if config.max_queue_delay_ms:
+            queue_limit = Limit(submitted + config.max_queue_delay_ms / 1000,
+                                f"max_queue_delay_ms = {config.max_queue_delay_ms}")
+        if config.request_timeout_s and (timeout_s is None or config.request_timeout_s <= timeout_s):
+            run_limit = Limit(submitted + config.request_timeout_s, f"request_timeout_s = {config.request_timeout_s}")
+        elif timeout_s is not None:
+            run_limit = Limit(submitted + timeout_s, f"the request's timeout of {timeout_s:g} s")
+        self._sinks[req.request_id] = sink
+        self._deadlines.add(req.request_id, queue_limit, run_limit)
+        self.engine.add(req)
+
+    def _stop(self, grace_s: float) -> None:
+        """Shutting down: the waiting requests are refused now; the running ones may go on for grace_s."""
+        if self._cut_at is None:
+            self._grace_s, self._cut_at = grace_s, time.monotonic() + grace_s
+        for req in list(self.engine.scheduler.waiting):
+            self._deliver(self.engine.abort(req.request_id, FinishReason.ERROR, _SHUTTING_DOWN, ErrorKind.UNAVAILABLE))
+
+    def _expire(self, now: float) -> None:
+        running = self.engine.scheduler.running
+        for rid, limit in self._deadlines.passed(now, lambda rid: rid not in running):
+            if rid in running:
+                self._deliver(self.engine.abort(rid, FinishReason.TIMEOUT))
+            else:
+                self._deliver(self.engine.abort(
+                    rid, FinishReason.ERROR, f"no KV slot became free within {limit.what}: the server is at "
+                    "capacity; retry later", ErrorKind.UNAVAILABLE))
+
+    def _settle(self) -> None:
+        """After a step: the requests that got a slot stop counting as waiting; the load is published."""
+        sched = self.engine.scheduler
+        with self._lock:
+            self._admission.settle()
+            waiting = self._admission.waiting
+        self.load = Load(waiting, len(sched.running), sum(r.pending_grammar is not None for r in sched.waiting))
+
+    def _deliver(self, out: RequestOutput | None) -> None:
+        if out is None:
             return
+        if out.finished:
+            sink = self._sinks.pop(out.request_id, None)
+            self._deadlines.discard(out.request_id)
+            with self._lock:                # before the sink: whoever sees the end sees the room it left
+                self._admission.leave(out.request_id)
+        else:
+            sink = self._sinks.get(out.request_id)
+        if sink is not None:
+            self._call(sink, out)
+
+    @staticmethod
+    def _call(sink: Sink, out: RequestOutput) -> None:
         try:
             sink(out)
         except Exception:  # noqa: BLE001 - a broken sink must not stop the other requests
             log.exception("output sink failed for request %s", out.request_id)
+
+    def _fail_all(self, message: str) -> None:
+        """The engine is gone: new requests are refused, and every open one (in the engine or still in the
+        inbox) gets a final INTERNAL error now."""
+        with self._lock:
+            self.failure = self._admission.closed = message
+        open_sinks = dict(self._sinks)
+        self._sinks.clear()
+        while True:                   # nothing enters the inbox any more: it was closed under the lock
+            try:
+                kind, payload, extra = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                open_sinks[payload.request_id] = extra[0]
+        for rid, sink in open_sinks.items():
+            self._call(sink, _ended(rid, message, ErrorKind.INTERNAL))
+        self.load = Load()

@@ -72,6 +72,15 @@ class Outputs:
             return self.final(req, new, state.take(len(state.text)))
         return self._output(req, new, state.take(len(state.text) - holdback(state.text, stops)))
 
+    def unsent(self, req: Request) -> str:
+        """The text of a started request that has not gone out yet (held back as a possible stop string, or an
+        incomplete character): what a request ended from outside, e.g. by a timeout, still owes its client."""
+        state = self._text.get(req.request_id)
+        if state is None:
+            return ""
+        state.text += state.detok.flush()
+        return state.take(len(state.text))
+
     def final(self, req: Request, tokens: list[int], text: str, error: str | None = None,
               error_kind: str | None = None) -> RequestOutput:
         """The request's last response (req.finish_reason already set); its text state is dropped."""

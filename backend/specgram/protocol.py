@@ -31,22 +31,14 @@ class ClientRequest:
 def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = None) -> ClientRequest:
     """inputs: name -> python value (scalars already unwrapped from their [1] tensors, strings decoded);
     request_parameters: the request's parameters map (may hold anything; unknown keys are ignored)."""
-    merged: dict[str, Any] = {k: v for k, v in (request_parameters or {}).items() if k in OPTIONS}
-    raw_sp = inputs.get("sampling_parameters", request_parameters.get("sampling_parameters")
-                        if request_parameters else None)
-    if raw_sp:
-        try:
-            sp = json.loads(raw_sp) if isinstance(raw_sp, str) else raw_sp
-        except json.JSONDecodeError as e:
-            raise InvalidRequest(f"sampling_parameters is not valid JSON: {e}") from None
-        if not isinstance(sp, dict):
-            raise InvalidRequest("sampling_parameters must be a JSON object")
-        unknown = sorted(set(sp) - set(OPTIONS))
-        if unknown:
-            raise InvalidRequest(f"unknown keys in sampling_parameters: {unknown}; known: {sorted(OPTIONS)}")
-        merged.update(sp)
-    merged.update({k: v for k, v in inputs.items() if k in OPTIONS})
-    values = {k: OPTIONS[k].convert(k, v) for k, v in merged.items() if v is not None}
+    request_parameters = request_parameters or {}
+    raw_sp = inputs.get("sampling_parameters", request_parameters.get("sampling_parameters"))
+    sources = [("request parameter ", {k: v for k, v in request_parameters.items() if k in OPTIONS}),
+               ("sampling_parameters.", _sampling_parameters(raw_sp) if raw_sp else {}),
+               ("", {k: v for k, v in inputs.items() if k in OPTIONS})]
+    values: dict[str, Any] = {}
+    for prefix, given in sources:       # lowest precedence first; every value is checked, even one overridden
+        values.update({k: OPTIONS[k].convert(prefix + k, v) for k, v in given.items() if v is not None})
 
     text = inputs.get("text_input")
     if text is not None and not isinstance(text, str):
@@ -58,3 +50,17 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
     params = SamplingParams(**{param: values[name] for name, param in _PARAMS.items() if name in values})
     return ClientRequest(text=text, messages=messages, chat=values.get("apply_chat_template", False), stream=stream,
                          exclude_input_in_output=values.get("exclude_input_in_output", stream), params=params)
+
+
+def _sampling_parameters(raw: Any) -> dict[str, Any]:
+    """The sampling_parameters JSON object (a string, or already a dict when it came as a request parameter)."""
+    try:
+        sp = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"sampling_parameters is not valid JSON: {e}") from None
+    if not isinstance(sp, dict):
+        raise InvalidRequest("sampling_parameters must be a JSON object")
+    unknown = sorted(set(sp) - set(OPTIONS))
+    if unknown:
+        raise InvalidRequest(f"unknown keys in sampling_parameters: {unknown}; known: {sorted(OPTIONS)}")
+    return sp

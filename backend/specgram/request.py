@@ -32,12 +32,14 @@ class FinishReason(WireEnum):
     STOP = "stop"               # EOS, a stop string, or the request's grammar completed
     LENGTH = "length"           # max_tokens or the context limit
     CANCELLED = "cancelled"     # the client cancelled, or the server is shutting down
+    TIMEOUT = "timeout"         # request_timeout_s or the request's own timeout passed while it ran
     ERROR = "error"             # the request failed (RequestOutput.error says why)
 
 
 class ErrorKind(WireEnum):
     INVALID = "invalid"         # the request's fault (e.g. its grammar): INVALID_ARG
-    INTERNAL = "internal"       # a failure inside a forward: INTERNAL
+    INTERNAL = "internal"       # a failure inside a forward, or the engine stopped: INTERNAL
+    UNAVAILABLE = "unavailable"  # not taken on: the server is at capacity or shutting down: UNAVAILABLE
 
 
 @dataclass

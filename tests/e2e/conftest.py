@@ -40,6 +40,11 @@ def triton_server(tmp_path_factory):
         server.stop()
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked stops_server stop the session's server: they run after all the others."""
+    items.sort(key=lambda item: item.get_closest_marker("stops_server") is not None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Attach the end of the server log to the report of a failed test that used the server."""

@@ -67,9 +67,10 @@ class ResponseSender:
 
 
 class InferenceRequest:
-    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict | None = None):
+    def __init__(self, inputs: dict[str, np.ndarray], parameters: dict | None = None, timeout_us: int = 0):
         self.inputs = inputs
         self._parameters = json.dumps(parameters or {})
+        self._timeout_us = timeout_us
         self.sender = ResponseSender()
 
     def get_response_sender(self):
@@ -77,6 +78,10 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         return self._parameters
+
+    def timeout(self) -> int:
+        """The client's request timeout in microseconds (0 = none), as Triton passes it."""
+        return self._timeout_us
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str):
@@ -106,6 +111,10 @@ class _Metric:
     def increment(self, value):
         assert self.family.kind == MetricFamily.COUNTER and value >= 0
         self._value += value
+
+    def set(self, value):
+        assert self.family.kind == MetricFamily.GAUGE
+        self._value = value
 
     def observe(self, value):
         assert self.family.kind == MetricFamily.HISTOGRAM and self.buckets

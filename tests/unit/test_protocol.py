@@ -13,6 +13,16 @@ def test_precedence_tensor_over_sampling_parameters_over_request_parameters():
     assert (c.params.top_k, c.params.temperature, c.params.seed, c.params.top_p) == (5, 0.5, 11, 0.3)
 
 
+@pytest.mark.parametrize("inputs, request_parameters, needle", [
+    ({"max_tokens": 5, "sampling_parameters": '{"max_tokens": "many"}'}, None, "sampling_parameters.max_tokens"),
+    ({"temperature": 0.5}, {"temperature": "hot"}, "request parameter temperature"),
+    ({"sampling_parameters": '{"top_p": 0.5}'}, {"top_p": [1]}, "request parameter top_p"),
+])
+def test_a_value_overridden_by_a_higher_source_is_still_checked(inputs, request_parameters, needle):
+    with pytest.raises(InvalidRequest, match=needle):
+        parse({"text_input": "x", **inputs}, request_parameters)
+
+
 def test_defaults_follow_the_stream_flag():
     assert parse({"text_input": "x"}).exclude_input_in_output is False
     assert parse({"text_input": "x", "stream": True}).exclude_input_in_output is True

@@ -1,4 +1,5 @@
 """model.py driven in-process with a fake triton_python_backend_utils: the adapter's rules, without a server."""
+import gc
 import json
 import sys
 import time
@@ -178,3 +179,111 @@ def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
             del sys.modules["triton_python_backend_utils"]
         else:
             sys.modules["triton_python_backend_utils"] = previous
+
+
+def test_invalid_utf8_names_the_input(model):
+    bad_text = pb.InferenceRequest({"text_input": np.array([b"caf\xe9"], dtype=np.object_)})
+    bad_stop = request(max_tokens=4)
+    bad_stop.inputs["stop"] = np.array([b"ok", b"\xc3("], dtype=np.object_)
+    for req, name in ((bad_text, "text_input"), (bad_stop, "stop")):
+        [[resp]] = finish(model, req)
+        assert resp.error.code() == pb.TritonError.INVALID_ARG
+        assert f"input {name} is not valid UTF-8" in resp.error.message()
+
+
+@pytest.fixture
+def own_model(tiny_ckpt, request):
+    """A model instance of its own (settings as keyword arguments), labelled with the test's name; finalized at
+    the end unless the test did."""
+    module = load_model_py()
+    made = []
+
+    def make(**settings):
+        params = config_parameters()
+        params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+        params.update({k: {"string_value": str(v)} for k, v in settings.items()})
+        args = initialize_args(params)
+        args["model_name"] = request.node.name
+        m = module.TritonPythonModel()
+        m.initialize(args)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        if m.loop._thread.is_alive():
+            m.finalize()
+
+
+def slow_steps(m, seconds=0.005):
+    """Each engine step takes at least this long (a long request then surely outlasts a check)."""
+    step = m.loop.engine.step
+    m.loop.engine.step = lambda: (time.sleep(seconds), step())[1]
+
+
+def started(m, **inputs):
+    r = request(stream=True, max_tokens=2000, ignore_eos=True, **inputs)
+    m.execute([r])
+    for _ in range(WAIT_STEPS):
+        if r.sender.responses:
+            return r
+        time.sleep(0.01)
+    raise AssertionError("the stream never started")
+
+
+WAIT_STEPS = 12000      # x 10 ms: 2 minutes, far above what a busy machine needs
+
+
+def wait_for(condition, what):
+    for _ in range(WAIT_STEPS):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def test_finalize_ends_every_stream_and_releases_the_metrics(own_model):
+    m = own_model(max_slots=1, shutdown_grace_s=0)
+    running = started(m)
+    waiting = request(max_tokens=4)
+    m.execute([waiting])
+    m.finalize()
+    for r, code in ((running, pb.TritonError.CANCELLED), (waiting, pb.TritonError.UNAVAILABLE)):
+        assert r.sender.done.is_set(), "every request has its final response once finalize returns"
+        last = r.sender.responses[-1][0]
+        assert last.error.code() == code and "shutting down" in last.error.message()
+    mine = [x for ms in pb.MetricFamily.registry.values() for x in ms
+            if x.labels.get("model") == "test_finalize_ends_every_stream_and_releases_the_metrics"]
+    assert len(mine) > 10
+    gc.collect()
+    assert all(x._family_ref() is None for x in mine), "a metric family outlived finalize()"
+
+
+def test_load_gauges_refusals_and_a_dying_engine(own_model):
+    name = "test_load_gauges_refusals_and_a_dying_engine"
+    m = own_model(max_slots=1, max_waiting_requests=1)
+    gauge = lambda family: metric(family, model=name)[0].value()  # noqa: E731
+    assert gauge("specgram_kv_slots") == 1 and m.is_ready()
+    slow_steps(m)
+    running = started(m)
+    waiting = request(max_tokens=4)
+    m.execute([waiting])
+    [[refused]] = finish(m, request(max_tokens=4))
+    assert refused.error.code() == pb.TritonError.UNAVAILABLE
+    assert "max_waiting_requests = 1" in refused.error.message()
+    wait_for(lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
+             "the gauges show one running and one waiting request")
+    assert gauge("specgram_engine_up") == 1
+
+    def broken_step():
+        raise RuntimeError("slot bookkeeping broke")
+    m.loop.engine.step = broken_step
+    for r in (running, waiting):
+        assert r.sender.done.wait(60)
+        last = r.sender.responses[-1][0]
+        assert last.error.code() == pb.TritonError.INTERNAL and "slot bookkeeping broke" in last.error.message()
+    assert not m.is_ready()
+    [[refused]] = finish(m, request(max_tokens=4))
+    assert refused.error.code() == pb.TritonError.UNAVAILABLE and "engine stopped" in refused.error.message()
+    wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
+    assert gauge("specgram_requests_running") == gauge("specgram_requests_waiting") == 0

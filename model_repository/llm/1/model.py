@@ -2,10 +2,12 @@
 
 Only translation lives here: tensors -> protocol.parse -> engine request; engine outputs -> responses.
 Threads: Triton calls execute() (returns at once); the EngineLoop thread owns the engine; one sender thread
-sends every response and watches for cancelled requests. Every request ends with exactly one FINAL response.
+sends every response, watches for cancelled requests and sets the load gauges. Every request ends with exactly
+one FINAL response: refusals (at capacity, shutting down) and the ends of a shutdown included.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -27,7 +29,7 @@ from specgram.config import EngineConfig
 from specgram.contract import INPUTS, OUTPUTS
 from specgram.engine import Engine
 from specgram.errors import EngineError, InvalidRequest
-from specgram.loop import EngineLoop
+from specgram.loop import EngineLoop, Load
 from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
 from specgram.request import ErrorKind, FinishReason, RequestOutput
@@ -39,15 +41,24 @@ _NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": n
 # a cancelled request stops within about this long.
 _CANCEL_CHECK_S = 0.25
 _OUTBOX_WAIT_S = 0.05
+# Each gauge set is a round trip to the server process too: the gauges follow the load at most this often.
+_GAUGE_PERIOD_S = 0.5
 
 
-def _py(value):
-    """numpy element -> python value (bytes are decoded as UTF-8)."""
+def _error_code(kind: ErrorKind | None):
+    """ErrorKind -> Triton error code (looked up per call: the stub that auto-completes the config imports this
+    module without pb_utils.TritonError)."""
+    errors = pb_utils.TritonError
+    return {ErrorKind.INVALID: errors.INVALID_ARG, ErrorKind.UNAVAILABLE: errors.UNAVAILABLE}.get(kind, errors.INTERNAL)
+
+
+def _py(value, name: str):
+    """numpy element of input `name` -> python value (bytes are decoded as UTF-8)."""
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidRequest("string inputs must be UTF-8") from None
+        except UnicodeDecodeError as e:
+            raise InvalidRequest(f"input {name} is not valid UTF-8 (byte {e.start}: {e.reason})") from None
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -60,11 +71,11 @@ def read_inputs(request) -> dict:
             continue
         arr = tensor.as_numpy().reshape(-1)
         if not field.scalar:
-            inputs[field.name] = [_py(v) for v in arr]
+            inputs[field.name] = [_py(v, field.name) for v in arr]
         elif arr.size != 1:
             raise InvalidRequest(f"input {field.name} must hold exactly one element, got {arr.size}")
         else:
-            inputs[field.name] = _py(arr[0])
+            inputs[field.name] = _py(arr[0], field.name)
     return inputs
 
 
@@ -73,6 +84,12 @@ def read_parameters(request) -> dict:
         return json.loads(request.parameters() or "{}")
     except (json.JSONDecodeError, AttributeError):
         return {}
+
+
+def read_timeout(request) -> float | None:
+    """The client's Triton request timeout (microseconds on the wire; 0 = none) in seconds."""
+    micros = request.timeout()
+    return micros / 1e6 if micros else None
 
 
 class _Stream:
@@ -95,7 +112,7 @@ _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 class Metrics:
     """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
 
-    def __init__(self, labels: dict, max_draft_len: int):
+    def __init__(self, labels: dict, max_draft_len: int, max_slots: int):
         F = pb_utils.MetricFamily
         self._families = []   # a MetricFamily must outlive its Metrics: keep every family referenced
 
@@ -116,6 +133,28 @@ class Metrics:
         self.ttft = family("specgram_time_to_first_token_seconds",
                            "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
             labels=labels, buckets=_TTFT_BUCKETS)
+        gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
+        self.gauges = (  # in the order of publish()'s values
+            gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
+            gauge("specgram_requests_running", "Requests holding a KV slot (KV slots in use)"),
+            gauge("specgram_requests_compiling_grammar", "Waiting requests whose grammar is still compiling"),
+            gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"))
+        self.published: tuple | None = None
+        gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
+
+    def publish(self, load: Load, alive: bool) -> None:
+        """Set the gauges whose value changed."""
+        values = (load.waiting, load.running, load.compiling, int(alive))
+        for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values)):
+            if value != before:
+                gauge.set(value)
+        self.published = values
+
+    def release(self) -> None:
+        """Destroy every metric and family now. Left to the end of the process, the stub destroys them inside its
+        own destructor, after its shared memory is gone, and crashes (a segfault at every server stop)."""
+        vars(self).clear()
+        gc.collect()
 
     def record(self, st: "_Stream", out: RequestOutput) -> None:
         if out.token_ids:
@@ -155,7 +194,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
         self.metrics = Metrics({"model": args["model_name"], "version": args["model_version"]},
-                               self.engine.config.max_draft_len)
+                               self.engine.config.max_draft_len, self.engine.config.max_slots)
+        self.gauges_at = 0.0            # last time the sender thread looked at the load
         self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
         self.outbox: queue.Queue = queue.Queue()
         self.running = True
@@ -173,13 +213,19 @@ class TritonPythonModel:
                 continue
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
-            self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)))
+            # a refusal (at capacity, shutting down) comes back through the outbox as the request's final output
+            self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), read_timeout(request))
         return None
 
+    def is_ready(self) -> bool:
+        """Triton's model readiness (Python backends that ask the model): not ready once the engine has stopped."""
+        return self.loop.alive
+
     def finalize(self):
-        self.loop.shutdown()          # aborts what is left: their final outputs land in the outbox
+        self.loop.shutdown()          # every request ends: its final output lands in the outbox
         self.running = False
         self.sender_thread.join(timeout=10)
+        self.metrics.release()
 
     # ---- sender thread ----------------------------------------------------------------------------------
 
@@ -201,6 +247,12 @@ class TritonPythonModel:
                     st.cancel_checked = now
                     if st.sender.is_cancelled():
                         self.loop.abort(rid)      # its final output (finish_reason cancelled) comes back here
+            if now - self.gauges_at >= _GAUGE_PERIOD_S:
+                self.gauges_at = now
+                try:
+                    self.metrics.publish(self.loop.load, self.loop.alive)
+                except Exception as e:  # noqa: BLE001 - metrics must not stop the responses
+                    pb_utils.Logger.log_error(f"llm: setting the load gauges failed: {e!r}")
 
     def _send_output(self, rid: int, out: RequestOutput):
         st = self.streams.get(rid)
@@ -209,10 +261,8 @@ class TritonPythonModel:
         if out.finished:
             del self.streams[rid]
         self.metrics.record(st, out)
-        if out.error is not None and out.finish_reason == FinishReason.ERROR:
-            invalid = out.error_kind == ErrorKind.INVALID
-            code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
-            self._send_error(st.sender, out.error, code)
+        if out.finish_reason == FinishReason.ERROR:
+            self._send_error(st.sender, out.error or "internal error", _error_code(out.error_kind))
             return
         if out.finish_reason == FinishReason.CANCELLED:
             # older Triton Python backends lack the CANCELLED code
