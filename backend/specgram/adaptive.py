@@ -26,6 +26,7 @@ PRIOR_WEIGHT = 1.0
 # evidence; lookup and forced drafts are observed for free even when cut)
 PROBE_AFTER = 16
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
+SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 
 
 @dataclass

@@ -144,6 +144,8 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     ttft_before = len(metric("specgram_time_to_first_token_seconds")[0].observations)
     steps_before = len(metric("specgram_accepted_drafts_per_step")[0].observations)
     length_before = metric("specgram_requests_total", finish_reason="length")[0].value()
+    forced_before = metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value()
+    k_steps_before = len(metric("specgram_draft_tokens_per_step")[0].observations)
     guide = dict(guided_decoding_guide_type="regex", guided_decoding_guide="(abc ){10}")
     [spec] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, num_draft_tokens=4,
                                    drafter="grammar", **guide))
@@ -159,6 +161,14 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2
+    detail = json.loads(last["spec_detail"][0])
+    assert detail["sources"] == {"forced": {"drafted": drafted, "accepted": accepted}}
+    assert metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value() - forced_before \
+        == accepted
+    steps = sum(detail["k_hist"])           # decode steps of both requests: every step observed once
+    plain_steps = sum(json.loads(plain[-1].output_tensors["spec_detail"][0])["k_hist"])
+    assert len(metric("specgram_draft_tokens_per_step")[0].observations) - k_steps_before == steps + plain_steps
+    assert spec[0].output_tensors["spec_detail"][0] == b"" or len(spec) == 1     # set on the final one only
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the load error on a machine without CUDA")

@@ -25,6 +25,7 @@ _SOURCE = Path(__file__).resolve().parents[3] / "backend"
 if (_SOURCE / "specgram" / "contract.py").is_file():
     sys.path.insert(0, str(_SOURCE))
 
+from specgram.adaptive import SOURCES
 from specgram.config import EngineConfig
 from specgram.contract import INPUTS, OUTPUTS
 from specgram.engine import Engine
@@ -127,6 +128,14 @@ class Metrics:
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
         self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
                          for reason in FinishReason}
+        by_source = {name: family(name, doc, F.COUNTER) for name, doc in (
+            ("specgram_draft_tokens_by_source_total", "Draft tokens proposed to the target, by source"),
+            ("specgram_accepted_draft_tokens_by_source_total", "Draft tokens the target accepted, by source"))}
+        self.by_source = {name: {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
+                          for name, fam in by_source.items()}
+        self.draft_len = family("specgram_draft_tokens_per_step",
+                                "Draft tokens verified per decode step (0 included: the chosen k)", F.HISTOGRAM).Metric(
+            labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
         self.accepted_len = family("specgram_accepted_drafts_per_step",
                                    "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
             labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
@@ -171,6 +180,13 @@ class Metrics:
                 for accepted, steps in enumerate(spec.accepted_hist):
                     for _ in range(steps):
                         self.accepted_len.observe(float(accepted))
+                for source, (drafted, accepted) in spec.by_source.items():
+                    self.by_source["specgram_draft_tokens_by_source_total"][source].increment(drafted)
+                    self.by_source["specgram_accepted_draft_tokens_by_source_total"][source].increment(accepted)
+            if spec is not None:
+                for k, steps in enumerate(spec.k_hist):
+                    for _ in range(steps):
+                        self.draft_len.observe(float(k))
 
 
 class TritonPythonModel:
