@@ -52,15 +52,7 @@ def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", time
             except queue.Empty:
                 raise StreamTimeout(f"no final response within {timeout:.0f}s; got {len(responses)} responses: "
                                     f"{responses[-3:]}", responses) from None
-            if err is not None:
-                msg = err.message() if hasattr(err, "message") else str(err)
-                resp = {"outputs": {}, "error": msg, "final": True, "time": t - t0}
-            else:
-                r = result.get_response()
-                final = bool(r.parameters["triton_final_response"].bool_param) \
-                    if "triton_final_response" in r.parameters else False
-                resp = {"outputs": {o.name: result.as_numpy(o.name) for o in r.outputs}, "error": None,
-                        "final": final, "time": t - t0}
+            resp = _response(result, err, t - t0)
             responses.append(resp)
             if on_response is not None:
                 on_response(resp)
@@ -74,6 +66,49 @@ def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", time
             client.stop_stream(cancel_requests=cancel)
         finally:
             client.close()
+
+
+def _response(result, err, seconds: float) -> dict:
+    """A stream callback's (result, error) -> a response dict (see the module docstring)."""
+    if err is not None:
+        msg = err.message() if hasattr(err, "message") else str(err)
+        return {"outputs": {}, "error": msg, "final": True, "time": seconds}
+    r = result.get_response()
+    final = bool(r.parameters["triton_final_response"].bool_param) if "triton_final_response" in r.parameters \
+        else False
+    return {"outputs": {o.name: result.as_numpy(o.name) for o in r.outputs}, "error": None, "final": final,
+            "time": seconds}
+
+
+def cut_stream(grpc_url: str, inputs: dict[str, Any], after_responses: int | None = None,
+               after_seconds: float = 60.0, model: str = "llm") -> list[dict]:
+    """Send one request and cancel it the way a client that goes away does (stop_stream(cancel_requests=True),
+    then close the connection) once `after_responses` responses have arrived (None: no such limit; 0: at once)
+    or `after_seconds` have passed, whichever comes first. Returns the responses that arrived before the cut; a
+    request that ends sooner returns complete (its last response final)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url.split("://", 1)[-1])
+    q: queue.Queue = queue.Queue()
+    responses: list[dict] = []
+    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    t0 = time.perf_counter()
+    try:
+        client.async_stream_infer(model, build_inputs(inputs), enable_empty_final_response=True)
+        while after_responses is None or len(responses) < after_responses:
+            try:
+                t, result, err = q.get(timeout=max(0.0, t0 + after_seconds - time.perf_counter()))
+            except queue.Empty:
+                break
+            responses.append(_response(result, err, t - t0))
+            if responses[-1]["final"]:
+                break
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+        finally:
+            client.close()
+    return responses
 
 
 def _decode(x):

@@ -37,14 +37,20 @@ SCALAR_OUTPUTS = tuple(f.name for f in contract.OUTPUTS if f.scalar)
 
 
 def build_inputs(values: dict[str, Any]):
-    """name -> python value (str/bool/int/float, list for `stop`, dict/list for JSON inputs), or a numpy
-    array sent as is (its own dtype for names outside the contract: useful to test wrong types)."""
+    """name -> python value (str/bool/int/float, list for `stop`, dict/list for JSON inputs), a numpy array
+    (its shape kept, cast to the contract's dtype; names outside the contract keep their own dtype), or an
+    InferInput sent exactly as built (any dtype and shape: how tests send a wrong dtype under a known name)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
     inputs = []
     for name, value in values.items():
         if value is None:
+            continue
+        if isinstance(value, grpcclient.InferInput):
+            if value.name() != name:
+                raise ValueError(f"InferInput {value.name()!r} given under the name {name!r}")
+            inputs.append(value)
             continue
         if isinstance(value, np.ndarray):
             arr, dtype = value, INPUT_DTYPES.get(name) or np_to_triton_dtype(value.dtype)

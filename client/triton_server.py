@@ -3,6 +3,8 @@
 `TritonServer` starts the server on free local ports with a model repository, waits until the server
 and a model are ready, and stops it (SIGTERM, then SIGKILL of its process group). Talking to it over a
 gRPC stream: collect.py. Needs `scripts/setup.sh` to have been run (venv, build/triton/backends).
+Watching a running server (any server, not only one started here): `stub_pids` (the Python-backend processes
+that run the model), `rss_bytes`, `metric_total` (a metric from the metrics port), `model_parameters`.
 
 Environment knobs (read by tests/e2e/conftest.py):
     E2E_MODEL_REPOSITORY   model repository to serve (default: <repo>/model_repository)
@@ -13,6 +15,7 @@ Environment knobs (read by tests/e2e/conftest.py):
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +28,72 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+STUB = "triton_python_backend_stub"
+
+
+# --------------------------------------------------------------------------- watching a server
+def stub_pids(server_pid: int) -> list[int]:
+    """The Python-backend stub processes (one per model instance; the model runs in them) that a tritonserver
+    started: its children named triton_python_backend_stub."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:          # the process ended while we looked
+            continue
+        if fields.get("Name", "").strip() == STUB[:15] and int(fields.get("PPid", "0")) == server_pid:
+            pids.append(int(status.parent.name))
+    return sorted(pids)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def metric_total(metrics_text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of metric `name` (Prometheus text format) whose labels include `labels`."""
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", metrics_text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def model_repository_with(settings: dict[str, str], target: Path, source: Path = REPO / "model_repository",
+                          model: str = "llm") -> Path:
+    """A model repository at `target` serving `model` of `source` with some engine settings changed or added.
+    The version folder is a link to the source's, so the model runs this checkout's engine (model.py resolves
+    its own path); a relative checkpoint is made absolute (it is resolved against the model's folder)."""
+    src, dst = Path(source) / model, Path(target) / model
+    dst.mkdir(parents=True)
+    for version in src.iterdir():
+        if version.is_dir() and version.name.isdigit():
+            (dst / version.name).symlink_to(version.resolve(), target_is_directory=True)
+    text = (src / "config.pbtxt").read_text()
+    current = model_parameters(source, model)
+    for key in ("checkpoint", "draft_checkpoint"):
+        if current.get(key) and key not in settings and not Path(current[key]).is_absolute():
+            settings = {**settings, key: str((src / current[key]).resolve())}
+    for key, value in settings.items():
+        line = f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+        text, n = re.subn(rf'parameters {{ key: "{re.escape(key)}", value: {{ string_value: "[^"]*" }} }}',
+                          lambda _, line=line: line, text)
+        if n == 0:
+            text += line + "\n"
+    (dst / "config.pbtxt").write_text(text)
+    return Path(target)
+
+
+def model_parameters(model_repository: Path, model: str = "llm") -> dict[str, str]:
+    """The `parameters` of a model's config.pbtxt (key -> string_value): the engine settings it is served with
+    (a setting that is absent takes its default in backend/specgram/config.py)."""
+    text = (Path(model_repository) / model / "config.pbtxt").read_text()
+    return dict(re.findall(r'key:\s*"([^"]+)",\s*value:\s*{\s*string_value:\s*"([^"]*)"', text))
 
 
 # --------------------------------------------------------------------------- server
@@ -184,6 +253,9 @@ class TritonServer:
         except subprocess.TimeoutExpired:
             pass
         self.process = None
+
+    def stub_pids(self) -> list[int]:
+        return stub_pids(self.process.pid) if self.process is not None else []
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -1,0 +1,320 @@
+"""The robustness suite's table of bad requests (test_robustness.py sends them all next to a good stream).
+
+Each entry says who refuses the request and what the one error it gets must name:
+  MODEL   the model refuses it (protocol.py, request.py, prompt.py, grammar.py): INVALID_ARG. Triton's gRPC
+          stream carries only an error's message, not its code; HTTP generate answers INVALID_ARG with 400 and
+          INTERNAL with 500, so a request that has a JSON form is sent there too and must get 400.
+  TRITON  tritonserver refuses it before the model runs (a data type or shape that config.pbtxt does not
+          declare, an input it does not know); its message names the input and "model 'llm'".
+`xfail` marks a request the server answers wrongly today (the test is a strict xfail with that reason).
+ACCEPTED lists requests that look odd but are valid by the contract: they must succeed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+MODEL = "INVALID_ARG"
+TRITON = "TRITON_INVALID_ARG"
+
+# Every request starts from this; an entry's inputs replace (None removes) these.
+BASE = {"text_input": "Hi", "max_tokens": 2}
+
+UTF8_XFAIL = "a string input that is not UTF-8 gets 'string inputs must be UTF-8', which does not name the input"
+CONFLICT_XFAIL = "a key of sampling_parameters that a tensor also sets is ignored silently"
+DEEP_JSON_XFAIL = ("JSON nested deeper than Python's recursion limit raises RecursionError out of execute(): "
+                   "the client gets a Python traceback, not INVALID_ARG naming the input")
+JSON_GUIDE_XFAIL = "guide type json (any JSON) ignores a guide text silently: a schema sent with it is not applied"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    inputs: dict[str, Any]
+    field: str                      # the error message must contain this
+    refused_by: str = MODEL
+    parameters: dict | None = None  # gRPC request parameters
+    xfail: str | None = None
+
+    def request(self) -> dict[str, Any]:
+        return {**BASE, **self.inputs}
+
+    def http_body(self) -> dict | None:
+        """The same request as an HTTP generate JSON body, or None where it has no JSON form (raw tensors, bytes,
+        non-finite numbers, request parameters)."""
+        if self.parameters:
+            return None
+        body = {}
+        for name, value in self.request().items():
+            if value is None:
+                continue
+            if name in ("sampling_parameters", "messages") and isinstance(value, (dict, list)):
+                value = json.dumps(value)
+            if not _json_safe(value):
+                return None
+            body[name] = value
+        return body
+
+
+@dataclass(frozen=True)
+class Accepted:
+    id: str
+    inputs: dict[str, Any]
+    parameters: dict | None = None
+    finish_reasons: tuple[str, ...] = ("length", "stop")
+
+    def request(self) -> dict[str, Any]:
+        return {**BASE, **self.inputs}
+
+
+def _json_safe(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_json_safe(v) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (str, bool, int))
+
+
+def tensor(name: str, values: list, dtype: str) -> grpcclient.InferInput:
+    """A raw input tensor with any Triton dtype and shape (values: a nested list)."""
+    numpy_dtype = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64,
+                   "UINT64": np.uint64, "FP32": np.float32, "FP64": np.float64}[dtype]
+    arr = np.array(values, dtype=numpy_dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), dtype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def sp(**options: Any) -> dict:
+    """sampling_parameters carrying `options`."""
+    return {"sampling_parameters": options}
+
+
+def guide(kind: str, text: str | None) -> dict:
+    return {"guided_decoding_guide_type": kind, "guided_decoding_guide": text}
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _deep_schema(depth: int) -> str:
+    return '{"type": "object", "properties": {"a": ' * depth + '{"type": "integer"}' + '}}' * depth
+
+
+# ---- tritonserver refuses: a data type config.pbtxt does not declare ------------------------------------------
+WRONG_DTYPE = [
+    Case("dtype-text_input-int32", {"text_input": tensor("text_input", [1], "INT32")}, "text_input", TRITON),
+    Case("dtype-stream-int32", {"stream": tensor("stream", [1], "INT32")}, "stream", TRITON),
+    Case("dtype-max_tokens-fp32", {"max_tokens": tensor("max_tokens", [2.0], "FP32")}, "max_tokens", TRITON),
+    Case("dtype-max_tokens-string", {"max_tokens": tensor("max_tokens", [b"2"], "BYTES")}, "max_tokens", TRITON),
+    Case("dtype-max_tokens-int64", {"max_tokens": tensor("max_tokens", [2], "INT64")}, "max_tokens", TRITON),
+    Case("dtype-temperature-fp64", {"temperature": tensor("temperature", [0.0], "FP64")}, "temperature", TRITON),
+    Case("dtype-temperature-string", {"temperature": tensor("temperature", [b"0.5"], "BYTES")}, "temperature",
+         TRITON),
+    Case("dtype-top_p-int32", {"top_p": tensor("top_p", [1], "INT32")}, "top_p", TRITON),
+    Case("dtype-top_k-fp32", {"top_k": tensor("top_k", [5.0], "FP32")}, "top_k", TRITON),
+    Case("dtype-seed-int64", {"seed": tensor("seed", [-1], "INT64")}, "seed", TRITON),
+    Case("dtype-stop-int32", {"stop": tensor("stop", [1, 2], "INT32")}, "stop", TRITON),
+    Case("dtype-ignore_eos-string", {"ignore_eos": tensor("ignore_eos", [b"yes"], "BYTES")}, "ignore_eos", TRITON),
+    Case("dtype-num_draft_tokens-fp32", {"num_draft_tokens": tensor("num_draft_tokens", [2.0], "FP32")},
+         "num_draft_tokens", TRITON),
+    Case("dtype-drafter-int32", {"drafter": tensor("drafter", [1], "INT32")}, "drafter", TRITON),
+    Case("dtype-guide_type-bool", {"guided_decoding_guide_type": tensor("guided_decoding_guide_type", [True], "BOOL")},
+         "guided_decoding_guide_type", TRITON),
+    Case("dtype-guide-int32", {"guided_decoding_guide": tensor("guided_decoding_guide", [7], "INT32")},
+         "guided_decoding_guide", TRITON),
+    Case("dtype-exclude_input_in_output-fp32",
+         {"exclude_input_in_output": tensor("exclude_input_in_output", [1.0], "FP32")}, "exclude_input_in_output",
+         TRITON),
+    Case("dtype-sampling_parameters-int32", {"sampling_parameters": tensor("sampling_parameters", [1], "INT32")},
+         "sampling_parameters", TRITON),
+    Case("dtype-apply_chat_template-int32", {"apply_chat_template": tensor("apply_chat_template", [1], "INT32")},
+         "apply_chat_template", TRITON),
+    Case("dtype-messages-fp32", {"messages": tensor("messages", [1.0], "FP32")}, "messages", TRITON),
+]
+
+# ---- tritonserver refuses: a shape config.pbtxt does not declare (two elements where one is expected, ...) ----
+_TWO = {"text_input": ([b"Hi", b"there"], "BYTES"), "stream": ([True, False], "BOOL"),
+        "max_tokens": ([2, 3], "INT32"), "temperature": ([0.0, 0.5], "FP32"), "top_p": ([1.0, 0.5], "FP32"),
+        "top_k": ([0, 5], "INT32"), "seed": ([1, 2], "UINT64"), "ignore_eos": ([True, False], "BOOL"),
+        "num_draft_tokens": ([0, 1], "INT32"), "drafter": ([b"ngram", b"grammar"], "BYTES"),
+        "guided_decoding_guide_type": ([b"regex", b"json"], "BYTES"),
+        "guided_decoding_guide": ([b"a", b"b"], "BYTES"), "exclude_input_in_output": ([True, False], "BOOL"),
+        "sampling_parameters": ([b"{}", b"{}"], "BYTES"), "apply_chat_template": ([True, False], "BOOL"),
+        "messages": ([b"[]", b"[]"], "BYTES")}
+WRONG_SHAPE = [Case(f"shape-{name}-two-elements", {name: tensor(name, values, dtype)}, name, TRITON)
+               for name, (values, dtype) in _TWO.items()] + [
+    Case("shape-max_tokens-1x1", {"max_tokens": tensor("max_tokens", [[2]], "INT32")}, "max_tokens", TRITON),
+    Case("shape-max_tokens-empty", {"max_tokens": tensor("max_tokens", [], "INT32")}, "max_tokens", TRITON),
+    Case("shape-text_input-empty", {"text_input": tensor("text_input", [], "BYTES")}, "text_input", TRITON),
+    Case("shape-stop-2d", {"stop": tensor("stop", [[b"a", b"b"]], "BYTES")}, "stop", TRITON),
+    Case("unknown-input", {"bogus": tensor("bogus", [1], "INT32")}, "bogus", TRITON),
+]
+
+# ---- the model refuses: values out of range or of the wrong kind -------------------------------------------
+VALUES = [
+    Case("max_tokens-0", {"max_tokens": 0}, "max_tokens"),
+    Case("max_tokens-negative", {"max_tokens": -1}, "max_tokens"),
+    Case("max_tokens-0-in-sampling_parameters", {"max_tokens": None, **sp(max_tokens=0)}, "max_tokens"),
+    Case("max_tokens-not-a-number", {"max_tokens": None, **sp(max_tokens="abc")}, "max_tokens"),
+    Case("max_tokens-fraction", {"max_tokens": None, **sp(max_tokens=1.5)}, "max_tokens"),
+    Case("max_tokens-boolean", {"max_tokens": None, **sp(max_tokens=True)}, "max_tokens"),
+    Case("max_tokens-list", {"max_tokens": None, **sp(max_tokens=[4])}, "max_tokens"),
+    Case("temperature-negative", {"temperature": -1.0}, "temperature"),
+    Case("temperature-nan", {"temperature": float("nan")}, "temperature"),
+    Case("temperature-inf", {"temperature": float("inf")}, "temperature"),
+    Case("temperature--inf", {"temperature": float("-inf")}, "temperature"),
+    Case("temperature-word", sp(temperature="hot"), "temperature"),
+    Case("temperature-overflows", sp(temperature="1e400"), "temperature"),
+    Case("top_p-0", {"top_p": 0.0}, "top_p"),
+    Case("top_p-1.5", {"top_p": 1.5}, "top_p"),
+    Case("top_p-negative", {"top_p": -0.5}, "top_p"),
+    Case("top_p-nan", {"top_p": float("nan")}, "top_p"),
+    Case("top_k--5", {"top_k": -5}, "top_k"),
+    Case("top_k--2", {"top_k": -2}, "top_k"),
+    Case("top_k-fraction", sp(top_k="1.5"), "top_k"),
+    Case("seed-negative", sp(seed=-1), "seed"),
+    Case("seed-2^64", sp(seed=2**64), "seed"),
+    Case("seed-word", sp(seed="abc"), "seed"),
+    Case("seed-fraction", sp(seed=1.5), "seed"),
+    Case("num_draft_tokens--1", {"num_draft_tokens": -1}, "num_draft_tokens"),
+    Case("num_draft_tokens-99", {"num_draft_tokens": 99}, "num_draft_tokens"),
+    Case("num_draft_tokens-above-max_draft_len", {"num_draft_tokens": 9}, "num_draft_tokens"),
+    Case("num_draft_tokens-word", sp(num_draft_tokens="abc"), "num_draft_tokens"),
+    Case("stop-too-many", {"stop": [f"s{i}" for i in range(17)]}, "stop"),
+    Case("stop-empty-string", {"stop": [""]}, "stop"),
+    Case("stop-one-empty-of-two", {"stop": ["ok", ""]}, "stop"),
+    Case("stop-numbers", sp(stop=[1, 2]), "stop"),
+    Case("stop-empty-in-sampling_parameters", sp(stop=""), "stop"),
+    Case("ignore_eos-2", sp(ignore_eos=2), "ignore_eos"),
+    Case("stream-word", sp(stream="maybe"), "stream"),
+    Case("exclude_input_in_output-word", sp(exclude_input_in_output="no"), "exclude_input_in_output"),
+    Case("apply_chat_template-word", sp(apply_chat_template="yes"), "apply_chat_template"),
+    Case("drafter-unknown", {"drafter": "magic"}, "drafter"),
+    Case("drafter-unconfigured-draft_model", {"drafter": "draft_model"}, "drafter"),
+    Case("drafter-empty", {"drafter": ""}, "drafter"),
+    Case("drafter-number", sp(drafter=5), "drafter"),
+]
+
+# ---- the model refuses: guides ------------------------------------------------------------------------------
+GUIDES = [
+    Case("guide_type-unknown", guide("yaml", "a: b"), "guided_decoding_guide_type"),
+    Case("guide_type-empty", guide("", "a"), "guided_decoding_guide_type"),
+    Case("guide_type-list", sp(guided_decoding_guide_type=["regex"]), "guided_decoding_guide_type"),
+    Case("guide-missing-json_schema", guide("json_schema", None), "guided_decoding_guide"),
+    Case("guide-missing-regex", guide("regex", None), "guided_decoding_guide"),
+    Case("guide-missing-ebnf", guide("ebnf", None), "guided_decoding_guide"),
+    Case("guide-missing-structural_tag", guide("structural_tag", None), "guided_decoding_guide"),
+    Case("guide-without-type", {"guided_decoding_guide": "[a-z]+"}, "guided_decoding_guide_type"),
+    Case("guide-object", sp(guided_decoding_guide_type="regex", guided_decoding_guide={"a": 1}),
+         "guided_decoding_guide"),
+    Case("guide-too-large", guide("regex", "x" * 300_000), "guided_decoding_guide"),
+    Case("schema-not-json", guide("json_schema", "{not json"), "guided_decoding_guide"),
+    Case("schema-type-5", guide("json_schema", '{"type": 5}'), "json_schema guide"),
+    Case("schema-array", guide("json_schema", "[1, 2]"), "json_schema guide"),
+    Case("schema-string", guide("json_schema", '"string"'), "json_schema guide"),
+    Case("schema-ref-missing", guide("json_schema", '{"$ref": "#/definitions/missing"}'), "json_schema guide"),
+    Case("schema-ref-cycle", guide("json_schema", json.dumps(
+        {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}})),
+        "json_schema guide"),
+    Case("schema-properties-not-object", guide("json_schema", '{"type": "object", "properties": 3}'),
+         "json_schema guide"),
+    Case("schema-minLength-above-maxLength", guide("json_schema", '{"type": "string", "minLength": 5, "maxLength": 2}'),
+         "json_schema guide"),
+    Case("schema-integer-beyond-int64", guide("json_schema", '{"type": "integer", "minimum": -1e30}'),
+         "json_schema guide"),
+    Case("regex-unclosed", guide("regex", "("), "regex guide"),
+    Case("regex-bad-range", guide("regex", "[z-a]"), "regex guide"),
+    Case("regex-bad-repeat", guide("regex", "a{3,1}"), "regex guide"),
+    Case("regex-nothing-to-repeat", guide("regex", "*a"), "regex guide"),
+    Case("ebnf-empty-rule", guide("ebnf", "root ::= "), "ebnf guide"),
+    Case("ebnf-no-root", guide("ebnf", 'foo ::= "a"'), "ebnf guide"),
+    Case("ebnf-undefined-rule", guide("ebnf", "root ::= bar"), "ebnf guide"),
+    Case("ebnf-dangling-alternative", guide("ebnf", 'root ::= "a" |'), "ebnf guide"),
+    Case("ebnf-nested-too-deep", guide("ebnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000), "ebnf guide"),
+    Case("structural_tag-not-json", guide("structural_tag", "junk"), "guided_decoding_guide"),
+    Case("structural_tag-no-format", guide("structural_tag", '{"foo": 1}'), "structural_tag guide"),
+    Case("structural_tag-unknown-format",
+         guide("structural_tag", '{"type": "structural_tag", "format": {"type": "x"}}'), "structural_tag guide"),
+    Case("structural_tag-array", guide("structural_tag", "[]"), "structural_tag guide"),
+    Case("json-guide-text-ignored", guide("json", '{"type": "integer"}'), "guided_decoding_guide",
+         xfail=JSON_GUIDE_XFAIL),
+    Case("json_object-guide-text-ignored", guide("json_object", '{"type": "string"}'), "guided_decoding_guide",
+         xfail=JSON_GUIDE_XFAIL),
+    Case("schema-nested-too-deep", guide("json_schema", _deep_schema(2000)), "guided_decoding_guide",
+         xfail=DEEP_JSON_XFAIL),
+    Case("structural_tag-nested-too-deep", guide("structural_tag", _deep(5000)), "guided_decoding_guide",
+         xfail=DEEP_JSON_XFAIL),
+]
+
+# ---- the model refuses: sampling_parameters, messages, the prompt, request parameters ------------------------
+REQUEST = [
+    Case("sampling_parameters-not-json", {"sampling_parameters": "{oops"}, "sampling_parameters"),
+    Case("sampling_parameters-array", {"sampling_parameters": "[1, 2]"}, "sampling_parameters"),
+    Case("sampling_parameters-null", {"sampling_parameters": "null"}, "sampling_parameters"),
+    Case("sampling_parameters-number", {"sampling_parameters": "42"}, "sampling_parameters"),
+    Case("sampling_parameters-true", {"sampling_parameters": "true"}, "sampling_parameters"),
+    Case("sampling_parameters-unknown-key", sp(bogus=1), "bogus"),
+    Case("sampling_parameters-text_input-key", sp(text_input="x"), "text_input"),
+    Case("sampling_parameters-nested", sp(sampling_parameters="{}"), "sampling_parameters"),
+    Case("sampling_parameters-nested-too-deep", {"sampling_parameters": _deep(5000)}, "sampling_parameters",
+         xfail=DEEP_JSON_XFAIL),
+    Case("conflict-temperature", {"temperature": 0.0, **sp(temperature=0.7)}, "temperature", xfail=CONFLICT_XFAIL),
+    Case("conflict-max_tokens", {"max_tokens": 2, **sp(max_tokens=0)}, "max_tokens", xfail=CONFLICT_XFAIL),
+    Case("conflict-stop", {"stop": ["a"], **sp(stop=["b"])}, "stop", xfail=CONFLICT_XFAIL),
+    Case("messages-not-json", {"messages": "not json"}, "messages"),
+    Case("messages-object", {"messages": '{"role": "user", "content": "hi"}'}, "messages"),
+    Case("messages-empty-list", {"messages": "[]"}, "messages"),
+    Case("messages-no-content", {"messages": '[{"role": "user"}]'}, "messages"),
+    Case("messages-content-number", {"messages": '[{"role": "user", "content": 5}]'}, "messages"),
+    Case("messages-role-number", {"messages": '[{"role": 1, "content": "x"}]'}, "messages"),
+    Case("messages-strings", {"messages": '["hi"]'}, "messages"),
+    Case("messages-in-sampling_parameters-not-json", sp(messages="nope"), "messages"),
+    Case("messages-nested-too-deep", {"messages": _deep(5000)}, "messages", xfail=DEEP_JSON_XFAIL),
+    Case("prompt-empty", {"text_input": ""}, "text_input"),
+    Case("prompt-empty-chat", {"text_input": "", "apply_chat_template": True}, "text_input"),
+    Case("prompt-missing", {"text_input": None}, "text_input"),
+    # 10000 tokens: more than any max_seq_len the default model allows (8192 positions)
+    Case("prompt-longer-than-max_seq_len", {"text_input": "word " * 10_000}, "prompt"),
+    Case("messages-longer-than-max_seq_len", {"messages": [{"role": "user", "content": "word " * 10_000}]}, "prompt"),
+    Case("parameter-max_tokens-0", {"max_tokens": None}, "max_tokens", parameters={"max_tokens": 0}),
+    Case("parameter-temperature-word", {}, "temperature", parameters={"temperature": "hot"}),
+    Case("parameter-top_p-2", {}, "top_p", parameters={"top_p": 2.0}),
+    Case("parameter-sampling_parameters-not-json", {}, "sampling_parameters",
+         parameters={"sampling_parameters": "{oops"}),
+]
+
+# ---- the model refuses: strings that are not UTF-8 ------------------------------------------------------------
+NOT_UTF8 = [
+    Case("utf8-text_input", {"text_input": b"\xff\xfe"}, "text_input", xfail=UTF8_XFAIL),
+    Case("utf8-text_input-truncated-sequence", {"text_input": b"Hi \xc3("}, "text_input", xfail=UTF8_XFAIL),
+    Case("utf8-guide", {**guide("regex", None), "guided_decoding_guide": b"\xff"}, "guided_decoding_guide",
+         xfail=UTF8_XFAIL),
+    Case("utf8-guide_type", {"guided_decoding_guide_type": b"\xff"}, "guided_decoding_guide_type", xfail=UTF8_XFAIL),
+    Case("utf8-stop", {"stop": [b"\xff"]}, "stop", xfail=UTF8_XFAIL),
+    Case("utf8-drafter", {"drafter": b"\xff"}, "drafter", xfail=UTF8_XFAIL),
+    Case("utf8-sampling_parameters", {"sampling_parameters": b"\xff"}, "sampling_parameters", xfail=UTF8_XFAIL),
+    Case("utf8-messages", {"messages": b"\xff"}, "messages", xfail=UTF8_XFAIL),
+]
+
+BAD: list[Case] = WRONG_DTYPE + WRONG_SHAPE + VALUES + GUIDES + REQUEST + NOT_UTF8
+
+# Odd but valid: each must succeed (max_tokens larger than the context is cut by max_seq_len, not refused).
+ACCEPTED = [
+    Accepted("max_tokens-int32-max", {"max_tokens": 2**31 - 1, **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
+    Accepted("max_tokens-1e12-in-sampling_parameters", {"max_tokens": None, **sp(max_tokens=10**12),
+                                                         **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
+    Accepted("max_tokens-as-string", {"max_tokens": None, **sp(max_tokens="2")}, finish_reasons=("length",)),
+    Accepted("top_k--1-is-off", {"top_k": -1}),
+    Accepted("stop-empty-list", {"stop": tensor("stop", [], "BYTES")}),
+    Accepted("guide_type-upper-case", guide("REGEX", "(yes|no)")),
+    Accepted("request-parameter-unknown-key-ignored", {}, parameters={"bogus": 1}),
+]
+
+assert len({c.id for c in BAD} | {a.id for a in ACCEPTED}) == len(BAD) + len(ACCEPTED), "duplicate case ids"
