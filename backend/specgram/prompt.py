@@ -12,6 +12,8 @@ def parse_messages(raw: str) -> list[dict]:
         messages = json.loads(raw)
     except json.JSONDecodeError as e:
         raise InvalidRequest(f"messages must be a JSON list of {{role, content}} objects: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("messages is nested too deeply to parse") from None
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):

@@ -58,6 +58,8 @@ def _sampling_parameters(raw: Any) -> dict[str, Any]:
         sp = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as e:
         raise InvalidRequest(f"sampling_parameters is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("sampling_parameters is nested too deeply to parse") from None
     if not isinstance(sp, dict):
         raise InvalidRequest("sampling_parameters must be a JSON object")
     unknown = sorted(set(sp) - set(OPTIONS))

@@ -25,8 +25,6 @@ TRITON = "TRITON_INVALID_ARG"
 # Every request starts from this; an entry's inputs replace (None removes) these.
 BASE = {"text_input": "Hi", "max_tokens": 2}
 
-UTF8_XFAIL = "a string input that is not UTF-8 gets 'string inputs must be UTF-8', which does not name the input"
-CONFLICT_XFAIL = "a key of sampling_parameters that a tensor also sets is ignored silently"
 DEEP_JSON_XFAIL = ("JSON nested deeper than Python's recursion limit raises RecursionError out of execute(): "
                    "the client gets a Python traceback, not INVALID_ARG naming the input")
 JSON_GUIDE_XFAIL = "guide type json (any JSON) ignores a guide text silently: a schema sent with it is not applied"
@@ -263,11 +261,10 @@ REQUEST = [
     Case("sampling_parameters-unknown-key", sp(bogus=1), "bogus"),
     Case("sampling_parameters-text_input-key", sp(text_input="x"), "text_input"),
     Case("sampling_parameters-nested", sp(sampling_parameters="{}"), "sampling_parameters"),
-    Case("sampling_parameters-nested-too-deep", {"sampling_parameters": _deep(5000)}, "sampling_parameters",
-         xfail=DEEP_JSON_XFAIL),
-    Case("conflict-temperature", {"temperature": 0.0, **sp(temperature=0.7)}, "temperature", xfail=CONFLICT_XFAIL),
-    Case("conflict-max_tokens", {"max_tokens": 2, **sp(max_tokens=0)}, "max_tokens", xfail=CONFLICT_XFAIL),
-    Case("conflict-stop", {"stop": ["a"], **sp(stop=["b"])}, "stop", xfail=CONFLICT_XFAIL),
+    Case("sampling_parameters-nested-too-deep", {"sampling_parameters": _deep(5000)}, "sampling_parameters"),
+    Case("conflict-temperature", {"temperature": 0.0, **sp(temperature=0.7)}, "temperature"),
+    Case("conflict-max_tokens", {"max_tokens": 2, **sp(max_tokens=0)}, "max_tokens"),
+    Case("conflict-stop", {"stop": ["a"], **sp(stop=["b"])}, "stop"),
     Case("messages-not-json", {"messages": "not json"}, "messages"),
     Case("messages-object", {"messages": '{"role": "user", "content": "hi"}'}, "messages"),
     Case("messages-empty-list", {"messages": "[]"}, "messages"),
@@ -276,7 +273,7 @@ REQUEST = [
     Case("messages-role-number", {"messages": '[{"role": 1, "content": "x"}]'}, "messages"),
     Case("messages-strings", {"messages": '["hi"]'}, "messages"),
     Case("messages-in-sampling_parameters-not-json", sp(messages="nope"), "messages"),
-    Case("messages-nested-too-deep", {"messages": _deep(5000)}, "messages", xfail=DEEP_JSON_XFAIL),
+    Case("messages-nested-too-deep", {"messages": _deep(5000)}, "messages"),
     Case("prompt-empty", {"text_input": ""}, "text_input"),
     Case("prompt-empty-chat", {"text_input": "", "apply_chat_template": True}, "text_input"),
     Case("prompt-missing", {"text_input": None}, "text_input"),
@@ -292,15 +289,14 @@ REQUEST = [
 
 # ---- the model refuses: strings that are not UTF-8 ------------------------------------------------------------
 NOT_UTF8 = [
-    Case("utf8-text_input", {"text_input": b"\xff\xfe"}, "text_input", xfail=UTF8_XFAIL),
-    Case("utf8-text_input-truncated-sequence", {"text_input": b"Hi \xc3("}, "text_input", xfail=UTF8_XFAIL),
-    Case("utf8-guide", {**guide("regex", None), "guided_decoding_guide": b"\xff"}, "guided_decoding_guide",
-         xfail=UTF8_XFAIL),
-    Case("utf8-guide_type", {"guided_decoding_guide_type": b"\xff"}, "guided_decoding_guide_type", xfail=UTF8_XFAIL),
-    Case("utf8-stop", {"stop": [b"\xff"]}, "stop", xfail=UTF8_XFAIL),
-    Case("utf8-drafter", {"drafter": b"\xff"}, "drafter", xfail=UTF8_XFAIL),
-    Case("utf8-sampling_parameters", {"sampling_parameters": b"\xff"}, "sampling_parameters", xfail=UTF8_XFAIL),
-    Case("utf8-messages", {"messages": b"\xff"}, "messages", xfail=UTF8_XFAIL),
+    Case("utf8-text_input", {"text_input": b"\xff\xfe"}, "text_input"),
+    Case("utf8-text_input-truncated-sequence", {"text_input": b"Hi \xc3("}, "text_input"),
+    Case("utf8-guide", {**guide("regex", None), "guided_decoding_guide": b"\xff"}, "guided_decoding_guide"),
+    Case("utf8-guide_type", {"guided_decoding_guide_type": b"\xff"}, "guided_decoding_guide_type"),
+    Case("utf8-stop", {"stop": [b"\xff"]}, "stop"),
+    Case("utf8-drafter", {"drafter": b"\xff"}, "drafter"),
+    Case("utf8-sampling_parameters", {"sampling_parameters": b"\xff"}, "sampling_parameters"),
+    Case("utf8-messages", {"messages": b"\xff"}, "messages"),
 ]
 
 BAD: list[Case] = WRONG_DTYPE + WRONG_SHAPE + VALUES + GUIDES + REQUEST + NOT_UTF8
