@@ -63,6 +63,8 @@ class EngineLoop:
         self._stop.set()
         self._inbox.put(("wake", None, None))
         self._thread.join(timeout)
+        if self.engine is not None:
+            self.engine.close()
 
     def submit(self, req: Request, sink: Sink) -> int:
         self._inbox.put(("add", req, sink))
