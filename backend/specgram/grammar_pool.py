@@ -91,7 +91,10 @@ class CompilePool:
         self.size, self.timeout_s, self.queue_limit, self.trial_s = workers, timeout_s, queue_limit, trial_s
         self._args = (tokenizer_info_json, options)
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["xgrammar", "specgram.grammar"])
+        # xgrammar (and torch, which it imports) once in the forkserver; not specgram: Python 3.11's forkserver
+        # imports its preloads before it has the server's sys.path, which may find another specgram. A worker
+        # gets the server's sys.path before it imports this module.
+        self._ctx.set_forkserver_preload(["xgrammar"])
         self._lock = threading.Lock()
         self._new: deque[Job] = deque()
         self._long: deque[Job] = deque()
