@@ -135,7 +135,7 @@ class CompilePool:
             if self._closed or self._broken:
                 why = self._broken or "the grammar compiler is shut down"
                 raise Overloaded(f"guided decoding is unavailable: {why}")
-            if len(self._new) + len(self._long) >= self.queue_limit:
+            if len(self._new) + len(self._long) >= self.queue_limit:     # = waiting(), under the same lock
                 raise Overloaded(f"too many guides are waiting to compile (grammar_compile_queue "
                                  f"{self.queue_limit}); retry later")
             self._new.append(job)
@@ -153,6 +153,11 @@ class CompilePool:
                     return
             self._cancelled.append(job)
         self._wake()
+
+    def waiting(self) -> int:
+        """Jobs waiting for a worker (what queue_limit bounds)."""
+        with self._lock:
+            return len(self._new) + len(self._long)
 
     def worker_pids(self) -> list[int]:
         """The live workers' process ids (for tests and diagnostics)."""
@@ -258,20 +263,28 @@ class CompilePool:
 
     def _dispatch(self, now: float) -> None:
         idle = [w for w in self._workers if w.ready and w.job is None]
+        while idle and (job := self._pop(self._new)):
+            self._start_job(idle.pop(), job, now)
         with self._lock:
-            while self._new and idle:
-                self._start_job(idle.pop(), self._new.popleft(), now)
-            starting = sum(not w.ready for w in self._workers)
-            waiting = len(self._new) - starting
+            waiting = len(self._new) - sum(not w.ready for w in self._workers)   # starting workers will serve some
         for w in self._overdue_trials(now)[:max(waiting, 0)]:
             self._requeue(w)                # a new guide needs its worker
+        while idle and self._long_running() < self.size - 1 and (job := self._pop(self._long)):
+            self._start_job(idle.pop(), job, now)
+
+    def _pop(self, queue: deque) -> Job | None:
         with self._lock:
-            while self._long and idle and self._long_running() < self.size - 1:
-                self._start_job(idle.pop(), self._long.popleft(), now)
+            return queue.popleft() if queue else None
 
     def _start_job(self, w: _Worker, job: Job, now: float) -> None:
         w.job, w.started = job, now
-        w.conn.send((job.kind, job.guide))
+        try:
+            w.conn.send((job.kind, job.guide))
+        except OSError:                     # the worker died just now: the job goes back to the head of its queue
+            w.job = None
+            with self._lock:
+                (self._long if job.long else self._new).appendleft(job)
+            self._replace(w, None)
 
     def _long_running(self) -> int:
         return sum(w.job is not None and w.job.long for w in self._workers)

@@ -60,12 +60,21 @@ def gone(pid: int, timeout_s: float = 5.0) -> bool:
     return True
 
 
+def started(compiler, schema: str):
+    """Submit and wait until a worker has taken it (the queue is empty again)."""
+    pending = compiler.submit(GuideType.JSON_SCHEMA, schema)
+    deadline = time.monotonic() + 10
+    while compiler.pool.waiting() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return pending
+
+
 def test_a_cheap_guide_does_not_wait_for_two_slow_ones(compiler):
     """Both workers are busy with slow schemas when the cheap guide arrives: after its trial one slow compile
     keeps a long lane, the other is stopped and queued, and the cheap guide gets a fresh worker. Bound: trial
     (0.5 s) + a worker start + a compile of milliseconds = ~1 s here; 5 s leaves room for a loaded machine,
     and the slow ones have not finished by then (each takes several seconds)."""
-    slow = [compiler.submit(GuideType.JSON_SCHEMA, slow_schema(salt)) for salt in "ab"]
+    slow = [started(compiler, slow_schema(salt)) for salt in "ab"]
     t0 = time.monotonic()
     wait(compiler.submit(*CHEAP))
     assert time.monotonic() - t0 < 5.0
@@ -87,8 +96,9 @@ def test_a_compile_past_its_budget_fails_and_its_worker_is_killed(compiler):
 
 @pytest.mark.parametrize("compiler", [dict(queue_limit=1, trial_s=60)], indirect=True)
 def test_the_queue_is_bounded_and_identical_guides_share_one_compile(compiler):
-    running = [compiler.submit(GuideType.JSON_SCHEMA, slow_schema(salt)) for salt in "ab"]  # both workers
+    running = [started(compiler, slow_schema(salt)) for salt in "ab"]                        # both workers
     queued = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))                        # the queue's one
+    assert compiler.pool.waiting() == 1
     again = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))      # joins that compile, takes no place
     assert again.future is queued.future
     with pytest.raises(Overloaded, match="grammar_compile_queue 1"):
@@ -99,9 +109,8 @@ def test_the_queue_is_bounded_and_identical_guides_share_one_compile(compiler):
 @pytest.mark.parametrize("compiler", [dict(trial_s=60)], indirect=True)
 def test_cancelling_the_last_waiter_stops_the_compile(compiler):
     before = set(compiler.pool.worker_pids())
-    first = compiler.submit(GuideType.JSON_SCHEMA, slow_schema())
+    first = started(compiler, slow_schema())
     second = compiler.submit(GuideType.JSON_SCHEMA, slow_schema())
-    time.sleep(0.2)                                   # the compile has started in a worker
     first.cancel()
     time.sleep(0.5)
     assert set(compiler.pool.worker_pids()) == before, "stopped although a request still waits for it"
@@ -160,7 +169,8 @@ def test_aborting_a_request_stops_its_compile(make_engine):
                                text="hi")
         eng.add(req)
         eng.step()
-        time.sleep(0.2)
+        while eng.grammar.pool.waiting():       # until a worker has taken it
+            time.sleep(0.005)
         assert eng.abort(req.request_id).finish_reason == "cancelled"
         deadline = time.monotonic() + 10
         while set(eng.grammar.pool.worker_pids()) >= before and time.monotonic() < deadline:
