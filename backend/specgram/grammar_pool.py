@@ -8,7 +8,7 @@ Lanes: a job that has run `trial_s` is *long*. At most workers - 1 workers run l
 left for new guides, which are mostly cheap: a cheap guide waits for at most one trial (trial_s) and a worker
 start, however many slow guides arrive before it. A job that passes trial_s while the long lanes are full
 keeps running until a new job needs its worker; it is then stopped and queued again, to restart with a full
-budget when a long lane is free. New jobs go first, long ones in arrival order; `queue_limit` bounds both
+budget when a long lane is free. New jobs go first, stopped ones in the order they stopped; `queue_limit` bounds both
 queues together (Overloaded beyond it).
 
 What a job yields is a verdict, not the compiled grammar: shipping a CompiledGrammar back (serialize_json /
