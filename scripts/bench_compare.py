@@ -53,7 +53,7 @@ def tps(run: dict) -> float:
 def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     engine = ours.make_engine(args.model, max_seq_len, args.max_tokens, max(args.concurrency))
     for c in cases:                                  # grammars compiled before timing (cache hits later)
-        engine.grammar.compile("json_schema", c["guide"])
+        benchlib.compile_guide(engine, c["guide"])
     results = []
     for guided in (False, True):
         for config in ours.configs_for(guided):

@@ -91,6 +91,12 @@ def make_requests(engine, prompt_ids: list[list[int]], max_tokens: int, drafter:
     return reqs
 
 
+def compile_guide(engine, guide: str):
+    """What a request pays for a json_schema guide: checked, compiled (in a worker, then in the engine process)
+    or found in the engine's cache, which it then fills. Raises InvalidRequest."""
+    return engine.grammar.submit(engine.grammar.check("json_schema", guide), guide).future.result()
+
+
 def run_batches(engine, reqs: list, batch: int) -> list:
     """Groups of `batch` requests, each group submitted together and run to its end before the next
     (batch 1 = one after another). -> the specgram.generate Runs; raises on a request's error."""

@@ -38,7 +38,12 @@ class EngineConfig:
     ngram_min: int = 2              # n-gram prompt lookup: shortest suffix to match
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
-    grammar_compile_timeout_s: int = 30  # a guide that takes longer to compile fails its request
+    grammar_compile_timeout_s: int = 30  # a guide whose compile runs longer fails its request (time spent
+                                         # compiling in a worker process, not waiting for one)
+    grammar_compile_workers: int = 2  # worker processes that compile guides (>= 2: one is kept for new guides)
+    grammar_compile_queue: int = 64   # guides waiting for a worker; a request beyond that is refused (UNAVAILABLE)
+    json_unsupported_keywords: str = "error"  # a JSON-schema keyword xgrammar would not enforce: "error" fails
+                                              # the request naming it; "ignore" compiles without it (best effort)
     json_strict: bool = True        # json_schema: no properties beyond the schema's unless it allows them
     json_any_whitespace: bool = True  # json_schema: free whitespace; False = fixed compact layout
     forced_strings: bool = False    # guided drafts also start with the string the grammar forces (key names,
@@ -94,6 +99,14 @@ class EngineConfig:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
         if self.linear not in LINEAR_KINDS:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
+        if self.grammar_compile_workers < 2:
+            raise ModelLoadError(f"grammar_compile_workers must be >= 2, got {self.grammar_compile_workers}")
+        for name in ("grammar_compile_timeout_s", "grammar_compile_queue"):
+            if getattr(self, name) < 1:
+                raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
+        if self.json_unsupported_keywords not in ("error", "ignore"):
+            raise ModelLoadError(f"json_unsupported_keywords must be error or ignore, "
+                                 f"got {self.json_unsupported_keywords!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self.torch_device()  # validates the device string

@@ -58,7 +58,10 @@ class Engine:
                                        cache_bytes=config.grammar_cache_mb << 20,
                                        timeout_s=config.grammar_compile_timeout_s,
                                        json_strict=bool(config.json_strict),
-                                       json_any_whitespace=bool(config.json_any_whitespace))
+                                       json_any_whitespace=bool(config.json_any_whitespace),
+                                       workers=config.grammar_compile_workers,
+                                       queue_limit=config.grammar_compile_queue,
+                                       unsupported_keywords=config.json_unsupported_keywords)
         self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
@@ -76,7 +79,8 @@ class Engine:
 
     def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
-        """Validate and tokenize; raises InvalidRequest with a user-facing message. Thread-safe (no state)."""
+        """Validate and tokenize; raises InvalidRequest with a user-facing message (Overloaded when too many
+        guides wait to compile). Thread-safe."""
         if params.num_draft_tokens is None:
             params.num_draft_tokens = self.config.default_num_draft_tokens_guided if params.guide_type is not None \
                 else self.config.default_num_draft_tokens
@@ -115,8 +119,14 @@ class Engine:
         req = self.scheduler.find(request_id)
         if req is None:
             return None
+        if req.pending_grammar is not None:
+            req.pending_grammar.cancel()            # no request waiting: its compile stops
         req.finish_reason = reason
         return self._finish(req, self.output.final(req, [], self.output.unsent(req), error, error_kind))
+
+    def close(self) -> None:
+        """Stop what runs beside the engine (the grammar compile workers)."""
+        self.grammar.close()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

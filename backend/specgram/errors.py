@@ -11,3 +11,8 @@ class InvalidRequest(EngineError):
 
 class ModelLoadError(EngineError):
     """The checkpoint or the engine settings cannot be used; raised at load time with an actionable message."""
+
+
+class Overloaded(EngineError):
+    """The server is at a limit right now (e.g. too many guides waiting to compile); retrying later may
+    succeed. Maps to UNAVAILABLE."""

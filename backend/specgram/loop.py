@@ -118,6 +118,8 @@ class EngineLoop:
                 self._admission.closed = _SHUTTING_DOWN
             self._inbox.put(("stop", grace, None))
         self._thread.join(grace + 30)   # + one step, however slow
+        if self.engine is not None:
+            self.engine.close()         # the grammar compile workers
 
     # ---- engine thread ----------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Guided decoding through the real tritonserver with the default model: JSON-schema outputs on JME schemas
-parse and validate (jsonschema), regex, EBNF and json outputs match, bad guides fail alone."""
+parse and validate (jsonschema), regex, EBNF and json outputs match, bad guides (a keyword the grammar engine would
+not enforce among them) fail alone. Every guide here compiles in the server's worker processes."""
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -65,7 +66,8 @@ def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
     good_inputs = {"text_input": "Name a fruit.", "apply_chat_template": True, "stream": True, "max_tokens": 16}
     solo = ids_of(stream_infer(triton_server.grpc_url, good_inputs))
     bad = [("json_schema", '{"type": "nonsense"}', "nonsense"), ("regex", "([a-z", "regex"),
-           ("yaml", "a: b", "yaml"), ("json_schema", "{not json", "JSON")]
+           ("yaml", "a: b", "yaml"), ("json_schema", "{not json", "JSON"),
+           ("json_schema", '{"type": "array", "items": {}, "uniqueItems": true}', "uniqueItems")]
     with ThreadPoolExecutor(len(bad) + 1) as pool:
         good = pool.submit(stream_infer, triton_server.grpc_url, good_inputs)
         futures = [pool.submit(guided, triton_server, "hi", kind, guide, 10) for kind, guide, _ in bad]

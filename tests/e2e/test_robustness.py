@@ -158,8 +158,6 @@ def test_good_stream_is_untouched_by_the_bad_requests(table, reference):
     assert table.good_final_at > last_answer, "the good stream ended before the table did: make it longer"
 
 
-@known_fault("compile errors quote xgrammar's log line: a time stamp and the C++ source file and line before the "
-             "reason")
 def test_compile_errors_quote_only_the_reason(table):
     messages = [a.responses[0]["error"] for a in table.answers.values()
                 if a.responses and (a.responses[0]["error"] or "").startswith("cannot compile")]

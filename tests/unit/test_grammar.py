@@ -1,10 +1,8 @@
 """Grammar masking through the speculative step (tiny random models, byte-level tokenizer): outputs obey the
 grammar, speculation stays exact under a grammar, forced tokens are drafted for free, sampling keeps the
-masked distribution, and bad or slow guides fail only their own request."""
+masked distribution, and bad guides fail only their own request (slow ones: test_grammar_pool.py)."""
 import json
 import re
-import threading
-import time
 
 import pytest
 
@@ -116,38 +114,6 @@ def test_bad_guide_fails_only_its_request(engine, kind, guide, needle):
     assert tokens_of(outs[good.request_id]) == tokens_of(alone)
 
 
-def test_slow_compile_does_not_hold_up_other_requests_and_times_out(engine, monkeypatch):
-    """A request whose grammar is still compiling waits without holding up the one behind it; once its compile
-    outlives compile_timeout_s, it fails alone. The compile is held on an event, not on the clock."""
-    gate = threading.Event()
-    real = engine.grammar.compile
-
-    def held(kind, guide):
-        if guide == "(slow)":
-            gate.wait(60)
-        return real(kind, guide)
-
-    monkeypatch.setattr(engine.grammar, "compile", held)
-    slow = engine.make_request(SamplingParams(max_tokens=5, guide_type="regex", guide="(slow)"), text="hi")
-    fast = engine.make_request(SamplingParams(max_tokens=5, ignore_eos=True), text="hi")
-    outs = {slow.request_id: [], fast.request_id: []}
-    try:
-        engine.add(slow)
-        engine.add(fast)
-        for _ in range(5):                       # prefill + 4 decode steps: the fast request's 5 tokens
-            for o in engine.step():
-                outs[o.request_id].append(o)
-        assert outs[fast.request_id] and outs[fast.request_id][-1].finish_reason == "length"
-        assert not outs[slow.request_id] and not slow.pending_grammar.future.done()
-        slow.pending_grammar.deadline = time.monotonic() - 1.0     # the compile has outlived compile_timeout_s
-        [err] = engine.step()
-    finally:
-        gate.set()
-    assert err.request_id == slow.request_id and err.error_kind == "invalid"
-    assert "grammar_compile_timeout_s" in err.error
-    assert not engine.has_work()
-
-
 def test_oversized_guide_is_refused_at_once(engine):
     with pytest.raises(InvalidRequest, match="larger than"):
         engine.make_request(SamplingParams(guide_type="regex", guide="a" * (engine.grammar.max_guide_bytes + 1)),
@@ -211,3 +177,9 @@ def test_forced_strings_are_drafted_in_multi_character_tokens():
     text = tok.decode(drafted[True])
     assert text.startswith('{"customer_identifier"') and len(drafted[True]) > len(drafted[False])
     assert len(drafted[True]) < len(text)                    # multi-character tokens, not bytes
+
+
+def test_json_guide_type_takes_no_guide_text_and_errors_quote_only_the_reason(engine):
+    with pytest.raises(InvalidRequest, match="must be empty for guide type 'json_object'"):
+        engine.grammar.check("json_object", '{"type": "integer"}')
+    assert grammar_mod.xgrammar_reason(RuntimeError("[17:32:59] /project/cpp/x.cc:50: bad schema")) == "bad schema"

@@ -96,6 +96,9 @@ def test_sampling_parameters_json_and_request_parameters(model):
     (dict(guided_decoding_guide_type="json_schema", guided_decoding_guide='{"type": "nonsense"}'),
      pb.TritonError.INVALID_ARG, "nonsense"),
     (dict(guided_decoding_guide_type="xml", guided_decoding_guide="<a/>"), pb.TritonError.INVALID_ARG, "xml"),
+    (dict(guided_decoding_guide_type="json_schema",
+          guided_decoding_guide='{"type": "array", "items": {}, "uniqueItems": true}'),
+     pb.TritonError.INVALID_ARG, "uniqueItems"),
 ])
 def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, inputs, code, needle):
     [[alone]] = finish(model, request(max_tokens=8))
@@ -103,6 +106,13 @@ def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, input
     bad_resps, good_resps = finish(model, bad, good)
     assert len(bad_resps) == 1 and bad_resps[0].error.code() == code and needle in bad_resps[0].error.message()
     assert list(good_resps[0].output_tensors["output_ids"]) == list(alone.output_tensors["output_ids"])
+
+
+def test_a_full_compile_queue_refuses_with_unavailable(model, monkeypatch):
+    monkeypatch.setattr(model.engine.grammar.pool, "queue_limit", 0)      # every new guide finds it full
+    [resps] = finish(model, request(max_tokens=8, guided_decoding_guide_type="regex",
+                                    guided_decoding_guide="[xyz]{2}"))
+    assert resps[0].error.code() == pb.TritonError.UNAVAILABLE and "grammar_compile_queue" in resps[0].error.message()
 
 
 def test_cancelled_stream_gets_final_and_frees_its_slot(model):

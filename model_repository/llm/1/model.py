@@ -29,7 +29,7 @@ from specgram.adaptive import SOURCES
 from specgram.config import EngineConfig
 from specgram.contract import INPUTS, OUTPUTS
 from specgram.engine import Engine
-from specgram.errors import EngineError, InvalidRequest
+from specgram.errors import EngineError, InvalidRequest, Overloaded
 from specgram.loop import EngineLoop, Load
 from specgram.placement import resolve_device
 from specgram.protocol import ClientRequest, parse
@@ -226,6 +226,9 @@ class TritonPythonModel:
                 req = self.engine.make_request(creq.params, text=creq.text, messages=creq.messages, chat=creq.chat)
             except InvalidRequest as e:
                 self._send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+                continue
+            except Overloaded as e:
+                self._send_error(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
                 continue
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
