@@ -23,7 +23,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from benchlib import REPO, machine, make_requests, select_cases, set_threads, versions
+from benchlib import BENCH_ENGINE, REPO, machine, make_requests, select_cases, set_threads, versions
 
 from specgram.generate import generate
 from specgram.request import AUTO_DRAFT
@@ -91,7 +91,7 @@ def main() -> None:
     engine = Engine.from_config(EngineConfig(checkpoint=args.model, device="cpu", dtype="float32",
                                              max_slots=max(args.concurrency), max_seq_len=max_seq_len,
                                              max_draft_len=8, drafter="ngram",
-                                             json_any_whitespace=not args.compact_json))
+                                             json_any_whitespace=not args.compact_json, **BENCH_ENGINE))
     guided_modes = {"both": [False, True], "yes": [True], "no": [False]}[args.guided]
     lines = [f"Machine: {machine()}", f"Versions: {versions()}",
              f"Workload: {len(cases)} JME prompts, {args.max_tokens} tokens, greedy, n-gram lookup; repeat "

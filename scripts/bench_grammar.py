@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from benchlib import (
+    BENCH_ENGINE,
     INSTRUCTION,
     REPO,
     common_args,
@@ -266,7 +267,7 @@ def main() -> None:
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
     config = EngineConfig(checkpoint=args.model, device="cpu", dtype="float32", max_slots=max_slots,
                           max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=args.max_tokens,
-                          draft_quantization="int8" if need_int8 else "none")
+                          draft_quantization="int8" if need_int8 else "none", **BENCH_ENGINE)
     engine = Engine.from_config(config)
     timer = MaskTimer()
     timer.install()

@@ -2,7 +2,8 @@
 
 A verify step over request i's first c_i drafts commits 1 + sum_{j < c_i} P_ij tokens on average, where
 P_ij = prod_{l <= j} p_il is the probability that drafts 0..j are all accepted and p_il the acceptance estimate
-of draft l's source (grammar-forced token, prompt / output / guide lookup, draft model) for that request. The
+of draft l's source (grammar-forced token, prompt / output / guide lookup, draft model) for that request, for a
+step's first draft or for one after an accepted draft (acceptance comes in runs). The
 step costs cost(N) seconds, N = sum_i (1 + c_i) verify rows, plus d seconds per draft-model depth. The cuts
 maximise the whole batch's expected tokens per second (goodput); c_i = 0 when drafting does not pay.
 
@@ -27,6 +28,7 @@ PRIOR_WEIGHT = 1.0
 PROBE_AFTER = 16
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
 SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
+FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
 
 
 @dataclass
@@ -51,16 +53,19 @@ class RequestAcceptance:
     sources: dict[str, Acceptance] = field(default_factory=dict)
     idle_steps: int = 0
 
-    def get(self, source: str) -> Acceptance:
-        if source not in self.sources:
-            self.sources[source] = Acceptance(PRIORS.get(source, 0.5))
-        return self.sources[source]
+    def get(self, source: str, follows: bool = False) -> Acceptance:
+        """The estimate for a draft from `source`: the first of a step's drafts, or (follows) one after an
+        accepted draft — kept apart because acceptance runs: a lookup that copies a span is right on and on."""
+        key = f"{source}+" if follows else source
+        if key not in self.sources:
+            self.sources[key] = Acceptance(PRIORS.get(source, 0.5) if not follows else FOLLOW_PRIOR)
+        return self.sources[key]
 
     def chances(self, sources: list[str]) -> list[float]:
         """Per draft position, the probability that it and every draft before it are accepted (P_ij)."""
         out, p = [], 1.0
-        for s in sources:
-            p *= self.get(s).rate
+        for j, s in enumerate(sources):
+            p *= self.get(s, j > 0).rate
             out.append(p)
         return out
 
@@ -71,13 +76,13 @@ class RequestAcceptance:
         judged = verified if accepted == verified else accepted + 1
         if next_matches is not None:
             judged = verified + 1
-        counts: dict[str, list[int]] = {}
+        counts: dict[tuple[str, bool], list[int]] = {}
         for j in range(judged):
-            c = counts.setdefault(sources[j], [0, 0])
+            c = counts.setdefault((sources[j], j > 0), [0, 0])
             c[0] += j < accepted or (j == verified and bool(next_matches))
             c[1] += 1
-        for source, (ok, n) in counts.items():      # one decayed observation per source per step
-            self.get(source).observe(ok, n)
+        for (source, follows), (ok, n) in counts.items():      # one decayed observation per estimate per step
+            self.get(source, follows).observe(ok, n)
 
 
 class StepCosts:

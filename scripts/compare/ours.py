@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import REPO
+from benchlib import BENCH_ENGINE, REPO
 
 # config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only; every drafter also drafts
 # forced tokens first under a guide. int8 = an int8 dynamic-quantized copy of the target as the draft model.
@@ -40,7 +40,7 @@ def make_engine(model: str, max_seq_len: int, max_tokens: int, slots: int):
 
     return Engine.from_config(EngineConfig(checkpoint=model, device="cpu", dtype="float32", max_slots=slots,
                                            max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=max_tokens,
-                                           drafter="ngram", draft_quantization="int8"))
+                                           drafter="ngram", draft_quantization="int8", **BENCH_ENGINE))
 
 
 def run_inprocess(engine, tok, cases, config, guided, concurrency, max_tokens) -> dict:
@@ -73,7 +73,7 @@ def bench_repository(model: str, max_seq_len: int, max_tokens: int, slots: int) 
     text = cfg.read_text()
     for key, value in dict(checkpoint=str(Path(model).resolve()), dtype="float32", max_slots=str(slots),
                            max_seq_len=str(max_seq_len), default_max_tokens=str(max_tokens), drafter="ngram",
-                           draft_quantization="int8", device="cpu").items():
+                           draft_quantization="int8", device="cpu", **BENCH_ENGINE).items():
         text, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
         if n != 1:
             raise RuntimeError(f"config.pbtxt has no single parameter {key!r}")

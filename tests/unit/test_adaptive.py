@@ -79,14 +79,17 @@ def test_allocate_before_any_timing_verifies_everything():
 
 def test_acceptance_observations_and_the_free_one():
     est = RequestAcceptance()
-    est.observe(["prompt"] * 4, verified=4, accepted=1, next_matches=None)   # 1 success, 1 failure
-    s = est.get("prompt")
-    assert (s.successes, s.trials) == (1, 2)
+    est.observe(["prompt"] * 4, verified=4, accepted=1, next_matches=None)   # first: hit; the one after: miss
+    first, follow = est.get("prompt"), est.get("prompt", follows=True)
+    assert (first.successes, first.trials, follow.successes, follow.trials) == (1, 1, 0, 1)
     est.observe(["prompt"] * 2, verified=1, accepted=1, next_matches=True)   # verified one, the cut one hit too
-    assert s.successes == pytest.approx(adaptive.DECAY + 2) and s.trials == pytest.approx(2 * adaptive.DECAY + 2)
+    assert first.successes == pytest.approx(adaptive.DECAY + 1) and first.trials == pytest.approx(adaptive.DECAY + 1)
+    assert follow.successes == pytest.approx(1) and follow.trials == pytest.approx(adaptive.DECAY + 1)
     est.observe(["output"], verified=0, accepted=0, next_matches=False)      # k = 0: the shadow draft missed
     assert est.get("output").trials == 1 and est.get("output").successes == 0
-    assert est.chances(["forced", "prompt"])[1] == pytest.approx(est.get("forced").rate * s.rate)
+    chances = est.chances(["forced", "prompt", "prompt"])
+    assert chances[1] == pytest.approx(est.get("forced").rate * follow.rate)
+    assert chances[2] == pytest.approx(chances[1] * follow.rate)
 
 
 def test_acceptance_rate_follows_recent_steps():
