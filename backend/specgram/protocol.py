@@ -1,8 +1,9 @@
 """Turn a request's inputs (the client contract, declared in contract.py) into engine terms; no Triton here.
 
 Sources, highest precedence first: input tensors, the `sampling_parameters` JSON object (as vllm_backend and
-genai-perf `--backend vllm` send it), then request parameters (how HTTP generate passes extra JSON keys).
-Every type or value problem raises InvalidRequest naming the field.
+genai-perf `--backend vllm` send it), then request parameters (how HTTP generate passes extra JSON keys). A key
+given both as an input and in sampling_parameters must have one value. Every type or value problem raises
+InvalidRequest naming the field.
 """
 from __future__ import annotations
 
@@ -37,8 +38,18 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
                ("sampling_parameters.", _sampling_parameters(raw_sp) if raw_sp else {}),
                ("", {k: v for k, v in inputs.items() if k in OPTIONS})]
     values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     for prefix, given in sources:       # lowest precedence first; every value is checked, even one overridden
-        values.update({k: OPTIONS[k].convert(prefix + k, v) for k, v in given.items() if v is not None})
+        for k, v in given.items():
+            if v is None:
+                continue
+            value = OPTIONS[k].convert(prefix + k, v)
+            # an input tensor and sampling_parameters disagreeing is a malformed request, not a precedence
+            # question (request parameters, HTTP generate's spare keys, do yield to both)
+            if origin.get(k) == "sampling_parameters." and prefix == "" and values[k] != value:
+                raise InvalidRequest(f"{k} is given as an input ({value!r}) and in sampling_parameters "
+                                     f"({values[k]!r}) with different values; give it once")
+            values[k], origin[k] = value, prefix
 
     text = inputs.get("text_input")
     if text is not None and not isinstance(text, str):

@@ -54,10 +54,11 @@ def test_build_inputs_sends_a_raw_tensor_as_built():
 
 def test_model_repository_with_changes_and_adds_settings(tmp_path):
     served = model_parameters(REPO / "model_repository")
-    repo = model_repository_with({"max_slots": "3", "grammar_compile_timeout_s": "2"}, tmp_path / "repo")
+    assert "ngram_min" not in served              # an engine setting the served config leaves at its default
+    repo = model_repository_with({"max_slots": "3", "ngram_min": "1"}, tmp_path / "repo")
     params = model_parameters(repo)
-    assert params["max_slots"] == "3" and params["grammar_compile_timeout_s"] == "2"
-    assert {k: v for k, v in params.items() if k not in ("max_slots", "grammar_compile_timeout_s", "checkpoint")} \
+    assert params["max_slots"] == "3" and params["ngram_min"] == "1"
+    assert {k: v for k, v in params.items() if k not in ("max_slots", "ngram_min", "checkpoint")} \
         == {k: v for k, v in served.items() if k not in ("max_slots", "checkpoint")}
     # the checkpoint is the same folder, now absolute; model.py is this checkout's (it runs this engine)
     assert Path(params["checkpoint"]).is_absolute()

@@ -7,10 +7,15 @@ from specgram.errors import InvalidRequest, ModelLoadError
 from specgram.protocol import parse
 
 
-def test_precedence_tensor_over_sampling_parameters_over_request_parameters():
-    c = parse({"text_input": "x", "top_k": 5, "sampling_parameters": json.dumps({"top_k": 7, "temperature": 0.5})},
-              {"temperature": 0.9, "seed": 11, "top_p": 0.3})
+def test_precedence_tensor_and_sampling_parameters_over_request_parameters():
+    c = parse({"text_input": "x", "top_k": 5, "sampling_parameters": json.dumps({"top_k": 5, "temperature": 0.5})},
+              {"temperature": 0.9, "seed": 11, "top_p": 0.3, "top_k": 2})
     assert (c.params.top_k, c.params.temperature, c.params.seed, c.params.top_p) == (5, 0.5, 11, 0.3)
+
+
+def test_an_input_and_sampling_parameters_that_disagree_are_refused():
+    with pytest.raises(InvalidRequest, match="top_k is given as an input .* different values"):
+        parse({"text_input": "x", "top_k": 5, "sampling_parameters": json.dumps({"top_k": 7})})
 
 
 @pytest.mark.parametrize("inputs, request_parameters, needle", [
