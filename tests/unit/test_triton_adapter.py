@@ -79,14 +79,15 @@ def test_non_streaming_equals_stream_and_includes_prompt(model):
 def test_sampling_parameters_json_and_request_parameters(model):
     [[a]] = finish(model, request(sampling_parameters=json.dumps({"max_tokens": 5, "ignore_eos": True})))
     assert a.output_tensors["num_output_tokens"][0] == 5
-    [[b]] = finish(model, request(max_tokens=3, sampling_parameters=json.dumps({"max_tokens": 5, "ignore_eos": True})))
-    assert b.output_tensors["num_output_tokens"][0] == 3, "explicit tensors win over sampling_parameters"
+    [[b]] = finish(model, request(max_tokens=5, sampling_parameters=json.dumps({"max_tokens": 5, "ignore_eos": True})))
+    assert b.output_tensors["num_output_tokens"][0] == 5, "the same value in both places is fine"
     [[c]] = finish(model, request(parameters={"max_tokens": 4, "ignore_eos": True, "unrelated": 1}))
     assert c.output_tensors["num_output_tokens"][0] == 4
 
 
 @pytest.mark.parametrize("inputs, code, needle", [
     (dict(max_tokens=0), pb.TritonError.INVALID_ARG, "max_tokens"),
+    (dict(max_tokens=3, sampling_parameters='{"max_tokens": 5}'), pb.TritonError.INVALID_ARG, "different values"),
     (dict(text=""), pb.TritonError.INVALID_ARG, "text_input"),
     (dict(sampling_parameters="{not json"), pb.TritonError.INVALID_ARG, "sampling_parameters"),
     (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
