@@ -61,6 +61,16 @@ def pinned_eos(engine, eos: int):
         engine.output.eos_ids = saved
 
 
+# prompts of the speculation tests: the second and third repeat themselves, so n-gram lookup has matches
+PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
+
+
+def wrong_and_right(root: Path) -> dict[str, Engine]:
+    """Two tiny engines (96 positions): "wrong" drafts with other random weights (mostly rejected), "right"
+    drafts with the target's own weights (every draft accepted)."""
+    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
+
+
 def target_and_draft(root: Path, max_seq_len: int, max_slots: int = 4, target_seed: int = 0, draft_seed: int = 11,
                      **ckpt) -> Engine:
     """A tiny target with a draft model of other random weights (mostly wrong drafts); draft_seed == target_seed

@@ -6,8 +6,18 @@ from specgram import adaptive
 from specgram.adaptive import Acceptance, RequestAcceptance, StepCosts, allocate
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import chi2_critical, chi2_stat, exact_joint, run, run_to_end, target_and_draft, tokens_of
-from .test_speculative import PROMPT, PROMPTS, SAMPLE_PARAMS, VOCAB, with_oracle
+from .helpers import (
+    PROMPTS,
+    chi2_critical,
+    chi2_stat,
+    exact_joint,
+    run,
+    run_to_end,
+    target_and_draft,
+    tokens_of,
+    wrong_and_right,
+)
+from .test_speculative import PROMPT, SAMPLE_PARAMS, VOCAB, with_oracle
 
 
 def costs_of(a: float, b: float, rows=(1, 2, 4, 8, 16)) -> StepCosts:
@@ -106,8 +116,7 @@ def test_acceptance_rate_follows_recent_steps():
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    root = tmp_path_factory.mktemp("adaptive")
-    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
+    return wrong_and_right(tmp_path_factory.mktemp("adaptive"))
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "right"])

@@ -10,14 +10,23 @@ from specgram import grammar as grammar_mod
 from specgram.errors import InvalidRequest
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import chi2_critical, chi2_stat, exact_joint, run, run_to_end, target_and_draft, text_of, tokens_of
+from .helpers import (
+    PROMPTS,
+    chi2_critical,
+    chi2_stat,
+    exact_joint,
+    run,
+    run_to_end,
+    target_and_draft,
+    text_of,
+    tokens_of,
+)
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog|bird)", "age": [1-9][0-9]?\}'
 SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},
                      "required": ["ok", "tag"], "additionalProperties": False})
 EBNF = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'
 GUIDES = [("regex", REGEX), ("json_schema", SCHEMA), ("ebnf", EBNF)]
-PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from specgram.protocol import parse
 from specgram.request import SamplingParams
 
 from .helpers import (
+    PROMPTS,
     chi2_critical,
     chi2_stat,
     exact_joint,
@@ -26,18 +27,16 @@ from .helpers import (
     target_and_draft,
     text_of,
     tokens_of,
+    wrong_and_right,
 )
 
-PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 MAX = 30
 N = 20                      # min_tokens where one value is enough
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """Target plus a draft model with other random weights (mostly wrong); `right` drafts with the target."""
-    root = tmp_path_factory.mktemp("min-tokens")
-    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
+    return wrong_and_right(tmp_path_factory.mktemp("min-tokens"))
 
 
 def prompt_ids(engine, text):

@@ -7,6 +7,7 @@ from specgram.drafters import Drafter, Proposal
 from specgram.request import SamplingParams
 
 from .helpers import (
+    PROMPTS,
     chi2_critical,
     chi2_stat,
     exact_joint,
@@ -16,9 +17,8 @@ from .helpers import (
     target_and_draft,
     text_of,
     tokens_of,
+    wrong_and_right,
 )
-
-PROMPTS = ["Hello there", "abcabc abcabc abc", "The quick brown fox jumps", "x"]
 
 
 class OracleDrafter(Drafter):
@@ -38,9 +38,7 @@ class OracleDrafter(Drafter):
 
 @pytest.fixture(scope="module")
 def spec_engine(tmp_path_factory):
-    """Target plus a draft model with other random weights (mostly wrong); `right` drafts with the target."""
-    root = tmp_path_factory.mktemp("spec")
-    return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
+    return wrong_and_right(tmp_path_factory.mktemp("spec"))
 
 
 def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
