@@ -53,6 +53,11 @@ class RequestAcceptance:
     sources: dict[str, Acceptance] = field(default_factory=dict)
     idle_steps: int = 0
 
+    @property
+    def probe_due(self) -> bool:
+        """Drafted nothing for PROBE_AFTER steps: a draft-model request then verifies one draft."""
+        return self.idle_steps >= PROBE_AFTER
+
     def get(self, source: str, follows: bool = False) -> Acceptance:
         """The estimate for a draft from `source`: the first of a step's drafts, or (follows) one after an
         accepted draft — kept apart because acceptance runs: a lookup that copies a span is right on and on."""

@@ -253,17 +253,14 @@ class Engine:
     def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]]) -> list[int]:
         """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
         draft forward), from their acceptance estimates; the other requests count as one verify row each."""
-        auto = [i for i, r in enumerate(reqs) if r.params.auto_draft and r.params.drafter == "draft_model"]
-        if not auto:
+        auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
+        if not any(auto):
             return ks
-        chances = [r.acceptance.chances(["forced"] * len(prefixes[i]) + ["draft_model"] * (ks[i] - len(prefixes[i])))
-                   if r.params.auto_draft and r.params.drafter == "draft_model" else [] for i, r in enumerate(reqs)]
-        cuts = adaptive.allocate(chances, [bool(c) for c in chances], self.costs)
-        ks = list(ks)
-        for i in auto:
-            probe = reqs[i].acceptance.idle_steps >= adaptive.PROBE_AFTER
-            ks[i] = max(cuts[i], len(prefixes[i]), min(1, ks[i]) if probe else 0)
-        return ks
+        chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if a else []
+                   for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
+        cuts = adaptive.allocate(chances, auto, self.costs)
+        return [max(c, len(pre), min(1, k) if r.acceptance.probe_due else 0) if a else k
+                for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
 
     def _choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
@@ -277,7 +274,7 @@ class Engine:
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
-                probe = r.params.drafter == "draft_model" and r.acceptance.idle_steps >= adaptive.PROBE_AFTER
+                probe = r.params.drafter == "draft_model" and r.acceptance.probe_due
                 p = _cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
             out.append(p)
@@ -313,10 +310,10 @@ class Engine:
         out = []
         for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-            k = len(p.tokens)
-            r.spec.record(p.sources[:k], a)
+            k = len(p.tokens)             # every proposal carries its sources from _draft() on
+            r.spec.record(p.sources, a)
             beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
-            r.acceptance.observe((full.sources or [])[:k + 1], k, a, beyond)
+            r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
             self.drafters[r.params.drafter].committed(r, a)
             out.append(p.tokens[:a] + [t])
         return out

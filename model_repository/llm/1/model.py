@@ -128,11 +128,14 @@ class Metrics:
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
         self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
                          for reason in FinishReason}
-        by_source = {name: family(name, doc, F.COUNTER) for name, doc in (
-            ("specgram_draft_tokens_by_source_total", "Draft tokens proposed to the target, by source"),
-            ("specgram_accepted_draft_tokens_by_source_total", "Draft tokens the target accepted, by source"))}
-        self.by_source = {name: {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
-                          for name, fam in by_source.items()}
+        def by_source(name, doc):       # source -> counter
+            fam = family(name, doc, F.COUNTER)
+            return {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
+
+        self.drafted_by = by_source("specgram_draft_tokens_by_source_total",
+                                    "Draft tokens proposed to the target, by source")
+        self.accepted_by = by_source("specgram_accepted_draft_tokens_by_source_total",
+                                     "Draft tokens the target accepted, by source")
         self.draft_len = family("specgram_draft_tokens_per_step",
                                 "Draft tokens verified per decode step (0 included: the chosen k)", F.HISTOGRAM).Metric(
             labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
@@ -181,8 +184,8 @@ class Metrics:
                     for _ in range(steps):
                         self.accepted_len.observe(float(accepted))
                 for source, (drafted, accepted) in spec.by_source.items():
-                    self.by_source["specgram_draft_tokens_by_source_total"][source].increment(drafted)
-                    self.by_source["specgram_accepted_draft_tokens_by_source_total"][source].increment(accepted)
+                    self.drafted_by[source].increment(drafted)
+                    self.accepted_by[source].increment(accepted)
             if spec is not None:
                 for k, steps in enumerate(spec.k_hist):
                     for _ in range(steps):
