@@ -3,6 +3,7 @@
     python scripts/bench_draft_length.py                          # 8 JME prompts, 128 tokens, c = 1 and 8
     python scripts/bench_draft_length.py --concurrency 1 2 4 8 16 --prompts 16
     python scripts/bench_draft_length.py --guided yes --compact-json  # schemas with a fixed JSON layout
+    python scripts/bench_draft_length.py --ngram-min 2 1          # also compare n-gram suffix lengths (interleaved)
     python scripts/bench_draft_length.py --quick                  # 2 prompts, 32 tokens: a smoke run
 
 Workload: JME extraction prompts (chat template, greedy), guided by each case's JSON schema and unguided;
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     ap.add_argument("--guided", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--ngram-min", type=int, nargs="+", default=[2],
+                    help="shortest n-gram suffix; several values: every config runs with each (rows 'auto n>=1')")
     ap.add_argument("--compact-json", action="store_true",
                     help="json_any_whitespace off: the schema fixes the layout (more grammar-forced tokens)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -77,9 +80,12 @@ def main() -> None:
     if args.quick:
         args.prompts, args.max_tokens, args.concurrency = 2, 32, [1, 2]
     set_threads(args.threads)
-    configs = [c.strip() for c in args.configs.split(",")]
-    if "k=0" not in configs:
-        configs.insert(0, "k=0")
+    names = [c.strip() for c in args.configs.split(",")]
+    if "k=0" not in names:
+        names.insert(0, "k=0")
+    # (row label, k, ngram_min): k = 0 does not draft, so it runs once
+    configs = [(n if n == "k=0" or len(args.ngram_min) == 1 else f"{n} n>={m}", CONFIGS[n], m)
+               for n in names for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)]
 
     from specgram.config import EngineConfig
     from specgram.engine import Engine
@@ -90,7 +96,7 @@ def main() -> None:
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16
     engine = Engine.from_config(EngineConfig(checkpoint=args.model, device="cpu", dtype="float32",
                                              max_slots=max(args.concurrency), max_seq_len=max_seq_len,
-                                             max_draft_len=8, drafter="ngram",
+                                             max_draft_len=8, drafter="ngram", ngram_min=min(args.ngram_min),
                                              json_any_whitespace=not args.compact_json, **BENCH_ENGINE))
     guided_modes = {"both": [False, True], "yes": [True], "no": [False]}[args.guided]
     lines = [f"Machine: {machine()}", f"Versions: {versions()}",
@@ -102,13 +108,14 @@ def main() -> None:
     for guided in guided_modes:
         run_cell(engine, cases[:2], AUTO_DRAFT, guided, 2, 16)          # warm-up (and the grammars' compiles)
         for c in args.concurrency:
-            results: dict[str, list[dict]] = {name: [] for name in configs}
+            results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
             for _ in range(args.repeat):
-                for name in configs:
-                    results[name].append(run_cell(engine, cases, CONFIGS[name], guided, c, args.max_tokens))
+                for name, k, n_min in configs:
+                    engine.drafters["ngram"].n_min = n_min
+                    results[name].append(run_cell(engine, cases, k, guided, c, args.max_tokens))
             tps = {name: statistics.median(r["tok_s"] for r in rs) for name, rs in results.items()}
-            best_fixed = max(v for n, v in tps.items() if n != "auto")
-            for name in configs:
+            best_fixed = max(v for n, v in tps.items() if not n.startswith("auto"))
+            for name, _, _ in configs:
                 r = results[name][-1]
                 exact = all(x["ids"] == results["k=0"][0]["ids"] for x in results[name])
                 line = (f"| {'yes' if guided else 'no'} | {c} | {name} | {tps[name]:.1f} "

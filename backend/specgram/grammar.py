@@ -306,6 +306,18 @@ class Guide:
             return True
         return False
 
+    def legal_prefix(self, tokens: list[int]) -> int:
+        """-> how many of tokens, in order, the grammar accepts after the current (tentative) state; the
+        matcher is left as it was."""
+        n = 0
+        for t in tokens:
+            if not self.matcher.accept_token(t):
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
     def rollback(self) -> None:
         if self.tentative:
             self.matcher.rollback(self.tentative)
