@@ -107,9 +107,24 @@ def test_acceptance_rate_follows_recent_steps():
     for _ in range(20):
         s.observe(1, 1)
     high = s.rate
-    for _ in range(10):
+    for _ in range(15):
         s.observe(0, 1)
-    assert high > 0.9 and s.rate < 0.2
+    assert high > 0.75 and s.rate < 0.25          # the prior (weight PRIOR_WEIGHT) keeps it off 0 and 1
+
+
+def test_a_new_request_starts_from_the_engine_wide_rate_of_each_source():
+    population = adaptive.Population()
+    old = RequestAcceptance(population)
+    for _ in range(50):
+        old.observe(["prompt", "prompt"], verified=2, accepted=2, next_matches=None)   # lookup always right
+        old.observe(["output"], verified=1, accepted=0, next_matches=None)            # own output never
+    new, fixed = RequestAcceptance(population), RequestAcceptance()
+    assert new.get("prompt").rate > 0.9 and new.get("prompt", follows=True).rate > 0.9
+    assert new.get("output").rate < 0.1
+    assert fixed.get("prompt").rate == adaptive.PRIORS["prompt"]
+    for _ in range(5):                             # the request's own evidence moves it off the population's
+        new.observe(["prompt"], verified=1, accepted=0, next_matches=None)
+    assert new.get("prompt").rate < 0.6 < old.get("prompt").rate
 
 
 # ---- the engine: exact whatever k it picks ------------------------------------------------------------------
@@ -141,11 +156,15 @@ def test_auto_mixed_with_fixed_k_and_no_speculation(engines):
 
 
 def test_auto_follows_the_cost_model(engines, monkeypatch):
-    """Always-right drafts: with free rows auto verifies the longest drafts it may; with dear rows none."""
+    """Always-right drafts: with free rows auto verifies the longest drafts it may; where a step costs only its
+    rows (a = 0), a draft pays only if sure, and an estimate never is: none."""
     engine = engines["wrong"]
     base = with_oracle(engine, PROMPTS, 30)
-    for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (costs_of(0.001, 0.05), False)):
+    only_rows = costs_of(0.0, 0.05)
+    monkeypatch.setattr(only_rows, "line", lambda: (0.0, 0.05))      # the fit's intercept is not exactly 0
+    for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
         monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs))
+        monkeypatch.setattr(engine, "acceptance", adaptive.Population())    # no history from other tests
         spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
         assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
         hists = [o[-1].spec.k_hist for o in spec]
