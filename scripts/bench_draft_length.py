@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benchlib import BENCH_ENGINE, REPO, machine, make_requests, select_cases, set_threads, versions
 
+from specgram.config import EngineConfig
 from specgram.generate import generate
 from specgram.request import AUTO_DRAFT
 
@@ -69,7 +70,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     ap.add_argument("--guided", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--ngram-min", type=int, nargs="+", default=[2],
+    ap.add_argument("--ngram-min", type=int, nargs="+", default=[EngineConfig.ngram_min],
                     help="shortest n-gram suffix; several values: every config runs with each (rows 'auto n>=1')")
     ap.add_argument("--compact-json", action="store_true",
                     help="json_any_whitespace off: the schema fixes the layout (more grammar-forced tokens)")
@@ -87,7 +88,6 @@ def main() -> None:
     configs = [(n if n == "k=0" or len(args.ngram_min) == 1 else f"{n} n>={m}", CONFIGS[n], m)
                for n in names for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)]
 
-    from specgram.config import EngineConfig
     from specgram.engine import Engine
     from specgram.loading import load_tokenizer
 
