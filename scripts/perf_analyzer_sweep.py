@@ -300,8 +300,10 @@ def main() -> None:
                 pa_version = json.loads(Path("/tmp/pa_warmup.json").read_text()).get("version", "?")
             except (OSError, ValueError):
                 pass
-        for v in variants:
-            for c in concs:
+        # concurrency-major: the variants compared at one concurrency run back to back, so a slow spell on a
+        # shared machine hits them alike
+        for c in concs:
+            for v in variants:
                 n = max(args.requests, args.requests_per_c * c)
                 export = export_dir / f"{v}_c{c}.json"
                 if export.exists():

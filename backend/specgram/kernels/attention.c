@@ -60,6 +60,10 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
 }
 
 #define GMAX 6   /* query heads per register pass: 6 score vectors, or 6 x 2 output vectors */
+#ifndef KPF
+#define KPF 32   /* K prefetch distance in positions: K is read as D strided streams (one per dimension), more
+                    than the hardware prefetcher follows */
+#endif
 
 /* The per-head accumulators are named variables, not arrays: GCC keeps arrays of vectors on the stack and
  * stores them every iteration. Unused ones (g >= GN, a compile-time constant) are optimized away. */
@@ -79,6 +83,7 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
             __mmask16 k = len - j0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j0)) - 1);          \
             FOR_HEADS(S_DECL)                                                                                \
             for (int64_t d = 0; d < D; ++d) {                                                                \
+                _mm_prefetch((const char *)(Kt + d * P + lo + j0 + KPF), _MM_HINT_T0);                       \
                 __m512 kv = _mm512_maskz_loadu_ps(k, Kt + d * P + lo + j0);                                  \
                 FOR_HEADS(S_FMA)                                                                             \
             }                                                                                                \
@@ -157,21 +162,43 @@ static void softmax_rows(float *p, int64_t G, int64_t len) {
     }
 }
 
-/* One task = one token and one KV head: its G = H / Hkv query heads share every K and V vector loaded. */
+/* One token and one KV head: its G = H / Hkv query heads share every K and V vector loaded. */
+static void attend(const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *positions,
+                   int64_t n, int64_t hk, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale,
+                   float *out) {
+    int64_t G = H / Hkv, head = slots[n] * Hkv + hk;
+    int64_t pos = positions[n];
+    int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    int64_t len = pos + 1 - lo;
+    float *p = malloc(sizeof(float) * G * len);          /* scores, then probabilities: [G, len] */
+    scores(q + (n * H + hk * G) * D, G, kc + head * D * P, P, lo, len, D, scale, p);
+    softmax_rows(p, G, len);
+    weighted_values(p, G, len, vc + (head * P + lo) * D, D, out + (n * H + hk * G) * D);
+    free(p);
+}
+
+/* Tasks: with enough of them, one task = one KV head of one row (the consecutive tokens of a slot: a verify
+ * row's k + 1 tokens), its tokens in order on one core, so the first reads that head's K and V from memory
+ * and the others from cache; otherwise (a single short row) one task per token and KV head, to keep both
+ * cores busy. Either way each token is computed by attend(), the same instruction sequence. */
+#define MAX_ROWS 4096
 void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
                         const int64_t *positions, int64_t N, int64_t H, int64_t Hkv, int64_t D, int64_t P,
                         int64_t window, float scale, float *out, int nthreads) {
-    int64_t G = H / Hkv;
-    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
-    for (int64_t task = 0; task < N * Hkv; ++task) {
-        int64_t n = task / Hkv, hk = task % Hkv, head = slots[n] * Hkv + hk;
-        int64_t pos = positions[n];
-        int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        int64_t len = pos + 1 - lo;
-        float *p = malloc(sizeof(float) * G * len);          /* scores, then probabilities: [G, len] */
-        scores(q + (n * H + hk * G) * D, G, kc + head * D * P, P, lo, len, D, scale, p);
-        softmax_rows(p, G, len);
-        weighted_values(p, G, len, vc + (head * P + lo) * D, D, out + (n * H + hk * G) * D);
-        free(p);
+    int64_t starts[MAX_ROWS + 1], rows = 0;
+    for (int64_t n = 0; n < N && rows < MAX_ROWS; ++n)
+        if (n == 0 || slots[n] != slots[n - 1]) starts[rows++] = n;
+    if (rows < MAX_ROWS && rows * Hkv >= 2 * nthreads && rows < N) {
+        starts[rows] = N;
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
+        for (int64_t task = 0; task < rows * Hkv; ++task) {
+            int64_t r = task / Hkv, hk = task % Hkv;
+            for (int64_t n = starts[r]; n < starts[r + 1]; ++n)
+                attend(q, kc, vc, slots, positions, n, hk, H, Hkv, D, P, window, scale, out);
+        }
+        return;
     }
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
+    for (int64_t task = 0; task < N * Hkv; ++task)
+        attend(q, kc, vc, slots, positions, task / Hkv, task % Hkv, H, Hkv, D, P, window, scale, out);
 }
