@@ -11,8 +11,8 @@ Both inputs are learned online: acceptance per request and source from verify ou
 were cut: whether the token the target chose equals the first unverified draft is a free observation, so a
 request at k = 0 keeps its estimate current and resumes drafting when lookup starts to hit again), shrunk
 toward the engine-wide acceptance of the same source (a short answer never collects enough evidence of its
-own; the workload's rate is the best prior), and the step cost from the engine's own timings. Output is exact whatever the cuts: they only choose which drafts
-the target verifies.
+own; the workload's rate is the best prior), and the step cost from the engine's own timings. Output is exact
+whatever the cuts: they only choose which drafts the target verifies.
 """
 from __future__ import annotations
 
