@@ -311,8 +311,8 @@ class Guide:
         matcher is left as it was."""
         n = 0
         for t in tokens:
-            if not self.matcher.accept_token(t):
-                break
+            if self.matcher.is_terminated() or not self.matcher.accept_token(t):
+                break                   # (nothing follows the stop token: do not even ask the matcher)
             n += 1
         if n:
             self.matcher.rollback(n)

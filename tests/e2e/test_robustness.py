@@ -310,7 +310,9 @@ def test_cancellation_storm_leaves_no_trace(triton_server, reference):
     with ThreadPoolExecutor(STORM_WORKERS) as pool:
         cut = list(pool.map(lambda i: storm_stream(triton_server, i), range(n)))
     storm_s = time.perf_counter() - t0
-    assert not any(r["final"] for rs in cut for r in rs), "a storm stream ended by itself or with an error"
+    ended = [(i, rs[-1]["error"] or last_value(rs, "finish_reason"), len(rs)) for i, rs in enumerate(cut)
+             if any(r["final"] for r in rs)]
+    assert not ended, f"storm streams that ended by themselves or with an error (stream, why, responses): {ended[:5]}"
     reached = sum(1 for rs in cut if rs)       # these surely reached the model (others may have been cut earlier)
 
     delta = settle(triton_server, before, reached)
