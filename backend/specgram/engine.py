@@ -66,7 +66,7 @@ class Engine:
         self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
         self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
-        self.acceptance = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
+        self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -111,7 +111,7 @@ class Engine:
         return req
 
     def add(self, req: Request) -> None:
-        req.acceptance = adaptive.RequestAcceptance(self.acceptance)
+        req.acceptance = adaptive.RequestAcceptance(self.population)
         self.scheduler.add(req)
 
     def abort(self, request_id: int, reason: str = "cancelled", error: str | None = None,

@@ -164,7 +164,7 @@ def test_auto_follows_the_cost_model(engines, monkeypatch):
     monkeypatch.setattr(only_rows, "line", lambda: (0.0, 0.05))      # the fit's intercept is not exactly 0
     for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
         monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs))
-        monkeypatch.setattr(engine, "acceptance", adaptive.Population())    # no history from other tests
+        monkeypatch.setattr(engine, "population", adaptive.Population())    # no history from other tests
         spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
         assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
         hists = [o[-1].spec.k_hist for o in spec]

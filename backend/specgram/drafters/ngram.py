@@ -72,7 +72,7 @@ def lookup(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | 
 
 
 class NgramDrafter(Drafter):
-    def __init__(self, n_min: int = 1, n_max: int = 4):
+    def __init__(self, n_min: int, n_max: int):       # EngineConfig.ngram_min / ngram_max
         self.n_min, self.n_max = n_min, n_max
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
