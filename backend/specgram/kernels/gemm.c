@@ -20,9 +20,6 @@
 #include <string.h>
 
 #define NB 32
-#ifndef SCHED
-#define SCHED dynamic, 2   /* 2 blocks per grab: a preempted thread (2 cores shared with a server) does not hold up the call */
-#endif
 #define MT_MAX 8
 #ifndef PF
 #define PF 16   /* prefetch distance in k steps of 128 bytes: keeps 2 KB of the stream in flight (measured best of 6-64) */
@@ -33,13 +30,16 @@ static inline __m512 load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* One register tile: MT rows (x rows m0 .. m0+MT-1) x one packed block. */
+/* One register tile: MT rows (x rows m0 .. m0+MT-1) x one packed block. If `pf` is set, the tile also pulls
+ * a slice of the next block into L2 (one line every 2^32 / pf_inc k steps, spread over the whole k loop). */
 #define TILE_BODY(MT, LOADW)                                                                          \
     {                                                                                                 \
         __m512 acc0[MT], acc1[MT];                                                                    \
+        uint64_t pf_at = 0;                                                                           \
         for (int r = 0; r < MT; ++r) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); } \
         for (int64_t k = 0; k < K; ++k) {                                                             \
             __m512 w0, w1;                                                                            \
+            if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }       \
             _mm_prefetch((const char *)(wb + (k + PF) * NB), _MM_HINT_T0);                            \
             _mm_prefetch((const char *)(wb + (k + PF) * NB + 16), _MM_HINT_T0);                       \
             LOADW                                                                                     \
@@ -62,7 +62,8 @@ static inline void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m
 
 #define DEFINE_TILES(SUFFIX, WT, LOADW)                                                               \
     static void tile_##SUFFIX(int MT, const float *x, int64_t ldx, int64_t m0, const WT *wb, int64_t K, \
-                              float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias) {      \
+                              float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,        \
+                              const char *pf, uint64_t pf_inc) {                                      \
         switch (MT) {                                                                                 \
         case 1: TILE_BODY(1, LOADW) break;                                                            \
         case 2: TILE_BODY(2, LOADW) break;                                                            \
@@ -78,18 +79,36 @@ static inline void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m
 DEFINE_TILES(f32, float, { w0 = _mm512_loadu_ps(wb + k * NB); w1 = _mm512_loadu_ps(wb + k * NB + 16); })
 DEFINE_TILES(bf16, uint16_t, { w0 = load_bf16(wb + k * NB); w1 = load_bf16(wb + k * NB + 16); })
 
-/* Blocks are split into `nthreads` contiguous ranges (one sequential stream per thread); within a block
- * the rows go in tiles of MT_MAX, so a block is read from memory once and from cache for later tiles. */
+/* Blocks go to threads in chunks of consecutive blocks (dynamic: a preempted thread - 2 cores shared with a
+ * server - does not hold up the call); within a block the rows go in tiles of MT_MAX, so a block is read from
+ * memory once and from cache for later tiles. With more than one tile, the first tile would wait on memory
+ * while the FMA units idle, and the later tiles compute while the memory bus idles: so the tiles of a block
+ * also prefetch the chunk's next block into L2, one slice each, and memory and arithmetic overlap
+ * (measured on 30 layers' weights from DRAM: M = 40 rows 45 -> 35 ms, 16 rows 26 -> 21 ms; M <= 8 unchanged).
+ * Prefetching changes no arithmetic: the results are bitwise those without it. */
+static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles) {
+    if (ntiles < 2) return 2;                          /* one tile: memory-bound, nothing to overlap */
+    int64_t c = nblocks / (2 * (int64_t)nthreads);     /* at least two chunks per thread, at most 8 blocks */
+    return c < 2 ? 2 : c > 8 ? 8 : c;
+}
+
 #define DEFINE_GEMM(SUFFIX, WT)                                                                       \
     void specgram_gemm_##SUFFIX(const float *x, int64_t M, int64_t K, int64_t ldx, const WT *w, int64_t N, \
                                 const float *bias, float *y, int64_t ldy, int nthreads) {             \
-        int64_t nblocks = (N + NB - 1) / NB;                                                          \
-        _Pragma("omp parallel for schedule(SCHED) num_threads(nthreads)")                            \
+        int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;                      \
+        int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);                                      \
+        int64_t lines = K * NB * (int64_t)sizeof(WT) / 64, per_tile = (lines + ntiles - 1) / ntiles;  \
+        _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(nthreads)")                   \
         for (int64_t b = 0; b < nblocks; ++b) {                                                       \
             const WT *wb = w + b * K * NB;                                                            \
-            for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {                                              \
+            int next = ntiles > 1 && (b + 1) % chunk != 0 && b + 1 < nblocks;  /* same chunk: this thread's */ \
+            for (int64_t t = 0; t < ntiles; ++t) {                                                    \
+                int64_t m0 = t * MT_MAX, first = t * per_tile;                                        \
                 int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);                                   \
-                tile_##SUFFIX(mt, x, ldx, m0, wb, K, y, ldy, b * NB, N, bias);                        \
+                int64_t count = lines - first < per_tile ? lines - first : per_tile;                  \
+                const char *pf = next && count > 0 ? (const char *)(wb + K * NB) + first * 64 : NULL; \
+                uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K : 0;                        \
+                tile_##SUFFIX(mt, x, ldx, m0, wb, K, y, ldy, b * NB, N, bias, pf, inc);               \
             }                                                                                         \
         }                                                                                             \
     }
