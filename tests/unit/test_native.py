@@ -102,3 +102,36 @@ def test_kind_selection_and_fallbacks(monkeypatch):
     assert ModelRunner(model, 2, 32).linear_kind == "torch"
     with pytest.raises(ModelLoadError, match="not available"):
         ModelRunner(model, 2, 32, linear="native")
+
+
+@pytest.mark.parametrize("H,Hkv,window", [(9, 3, 0), (9, 3, 6), (4, 4, 0), (10, 2, 0), (24, 1, 5)])
+def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
+    """Tokens of one row attended together (sharing K/V loads, in groups) give bitwise what each gives alone."""
+    lib, D, P, S = kernels.load(), 64, 64, 6
+    g = torch.Generator().manual_seed(H * 100 + window)
+    kc, vc = torch.randn(S, Hkv, D, P, generator=g), torch.randn(S, Hkv, P, D, generator=g)
+    widths, starts = [9, 1, 5, 3, 13, 2], [20, 0, 7, 40, 30, 11]      # verify rows, a decode row, prefill chunks
+    slots = torch.tensor([s for s, w in enumerate(widths) for _ in range(w)])
+    positions = torch.tensor([p + t for p, w in zip(starts, widths) for t in range(w)])
+    N = slots.numel()
+    q = torch.randn(N, H * D, generator=g)
+
+    def attend(qs, sl, pos):
+        out = torch.empty(qs.shape[0], H * D)
+        lib.specgram_attention(qs.data_ptr(), kc.data_ptr(), vc.data_ptr(), sl.data_ptr(), pos.data_ptr(), qs.shape[0],
+                               H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
+        return out
+
+    together = attend(q, slots, positions)
+    for n in range(N):
+        alone = attend(q[n:n + 1].contiguous(), slots[n:n + 1].contiguous(), positions[n:n + 1].contiguous())
+        assert torch.equal(together[n], alone[0]), n
+    # and against the definition (softmax over the token's own window of its slot)
+    for n in range(N):
+        pos, s = int(positions[n]), int(slots[n])
+        lo = max(0, pos - window + 1) if window else 0
+        for h in range(H):
+            k = kc[s, h // (H // Hkv), :, lo:pos + 1]                               # [D, len]
+            v = vc[s, h // (H // Hkv), lo:pos + 1]                                  # [len, D]
+            ref = torch.softmax(q[n, h * D:(h + 1) * D] @ k * 0.125, -1) @ v
+            assert torch.allclose(together[n, h * D:(h + 1) * D], ref, atol=1e-5)

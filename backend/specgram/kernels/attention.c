@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "vexp.h"
 
@@ -59,7 +60,8 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
     }
 }
 
-#define GMAX 6   /* query heads per register pass: 6 score vectors, or 6 x 2 output vectors */
+#define GMAX 12  /* query vectors per register pass: 12 score vectors, or 12 x 2 output vectors (+ 2 loads: 26 of
+                    the 32 vector registers) */
 #ifndef KPF
 #define KPF 32   /* K prefetch distance in positions: K is read as D strided streams (one per dimension), more
                     than the hardware prefetcher follows */
@@ -67,7 +69,7 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
 
 /* The per-head accumulators are named variables, not arrays: GCC keeps arrays of vectors on the stack and
  * stores them every iteration. Unused ones (g >= GN, a compile-time constant) are optimized away. */
-#define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
 /* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: 16 positions per vector, summed over d
  * in order. */
@@ -113,17 +115,21 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
         FOR_HEADS(V_STORE)                                                                                   \
     }
 
-DEFINE_SCORES(1) DEFINE_SCORES(2) DEFINE_SCORES(3) DEFINE_SCORES(4)
-DEFINE_SCORES(5) DEFINE_SCORES(6)
-DEFINE_VALUES(1) DEFINE_VALUES(2) DEFINE_VALUES(3) DEFINE_VALUES(4)
-DEFINE_VALUES(5) DEFINE_VALUES(6)
+DEFINE_SCORES(1) DEFINE_SCORES(2) DEFINE_SCORES(3) DEFINE_SCORES(4) DEFINE_SCORES(5) DEFINE_SCORES(6)
+DEFINE_SCORES(7) DEFINE_SCORES(8) DEFINE_SCORES(9) DEFINE_SCORES(10) DEFINE_SCORES(11) DEFINE_SCORES(12)
+DEFINE_VALUES(1) DEFINE_VALUES(2) DEFINE_VALUES(3) DEFINE_VALUES(4) DEFINE_VALUES(5) DEFINE_VALUES(6)
+DEFINE_VALUES(7) DEFINE_VALUES(8) DEFINE_VALUES(9) DEFINE_VALUES(10) DEFINE_VALUES(11) DEFINE_VALUES(12)
 
 typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *);
 typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *);
-static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6};
-static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, values_4, values_5, values_6};
+static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6,
+                                           scores_7, scores_8, scores_9, scores_10, scores_11, scores_12};
+static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, values_4, values_5, values_6,
+                                           values_7, values_8, values_9, values_10, values_11, values_12};
 
-/* Heads in passes of at most GMAX; every head's result is computed by the same instruction sequence. */
+/* Query vectors in passes of at most GMAX; every vector's result is computed by the same instruction sequence
+ * (each score and each output element is its own chain of fmas in a fixed order), whichever vectors share
+ * the pass. */
 static void scores(const float *qg, int64_t G, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,
                    float scale, float *p) {
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
@@ -162,30 +168,51 @@ static void softmax_rows(float *p, int64_t G, int64_t len) {
     }
 }
 
-/* One token and one KV head: its G = H / Hkv query heads share every K and V vector loaded. */
+/* Consecutive tokens n0 .. n0+T-1 of one row (one slot, consecutive positions) and one KV head: their
+ * T * G query vectors (G = H / Hkv heads each) share every K and V vector loaded, so a verify row's k + 1
+ * tokens cost little more than one. Each token still gets exactly what it would alone: its scores are the
+ * same dot products, its softmax runs over its own range [lo_t, pos_t] (a row of p starting there, so the
+ * vector lanes line up as they would alone), and the weighted sum runs over the shared range with p = 0
+ * outside its own - fma(0, v, acc) leaves acc unchanged (v is finite: positions the row has written). */
 static void attend(const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *positions,
-                   int64_t n, int64_t hk, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale,
-                   float *out) {
-    int64_t G = H / Hkv, head = slots[n] * Hkv + hk;
-    int64_t pos = positions[n];
-    int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    int64_t len = pos + 1 - lo;
-    float *p = malloc(sizeof(float) * G * len);          /* scores, then probabilities: [G, len] */
-    scores(q + (n * H + hk * G) * D, G, kc + head * D * P, P, lo, len, D, scale, p);
-    softmax_rows(p, G, len);
-    weighted_values(p, G, len, vc + (head * P + lo) * D, D, out + (n * H + hk * G) * D);
-    free(p);
+                   int64_t n0, int64_t T, int64_t hk, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t window,
+                   float scale, float *out) {
+    int64_t G = H / Hkv, head = slots[n0] * Hkv + hk, Q = T * G;
+    int64_t first = positions[n0], last = positions[n0 + T - 1];
+    int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+    int64_t len = last + 1 - lo;                                  /* the shared range [lo, last] */
+    float *qb = malloc(sizeof(float) * Q * D * 2 + sizeof(float) * Q * len);
+    float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
+    for (int64_t t = 0; t < T; ++t)
+        memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
+    scores(qb, Q, kc + head * D * P, P, lo, len, D, scale, p);
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t pos = positions[n0 + t];
+        int64_t own_lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t off = own_lo - lo, own = pos + 1 - own_lo;        /* this token's range within the shared one */
+        for (int64_t g = 0; g < G; ++g) {
+            float *pg = p + (t * G + g) * len;
+            softmax_rows(pg + off, 1, own);
+            memset(pg, 0, sizeof(float) * off);
+            memset(pg + off + own, 0, sizeof(float) * (len - off - own));
+        }
+    }
+    weighted_values(p, Q, len, vc + (head * P + lo) * D, D, ob);
+    for (int64_t t = 0; t < T; ++t)
+        memcpy(out + ((n0 + t) * H + hk * G) * D, ob + t * G * D, sizeof(float) * G * D);
+    free(qb);
 }
 
 /* Tasks: with enough of them, one task = one KV head of one row (the consecutive tokens of a slot: a verify
- * row's k + 1 tokens), its tokens in order on one core, so the first reads that head's K and V from memory
- * and the others from cache; otherwise (a single short row) one task per token and KV head, to keep both
- * cores busy. Either way each token is computed by attend(), the same instruction sequence. */
+ * row's k + 1 tokens), its tokens attended together in groups of up to GMAX / G (sharing K and V loads);
+ * otherwise (a single short row) one task per token and KV head, to keep both cores busy. Either way each
+ * token's result is bitwise the same (see attend()). */
 #define MAX_ROWS 4096
 void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
                         const int64_t *positions, int64_t N, int64_t H, int64_t Hkv, int64_t D, int64_t P,
                         int64_t window, float scale, float *out, int nthreads) {
     int64_t starts[MAX_ROWS + 1], rows = 0;
+    int64_t group = H / Hkv <= GMAX ? GMAX / (H / Hkv) : 1;       /* tokens per shared pass */
     for (int64_t n = 0; n < N && rows < MAX_ROWS; ++n)
         if (n == 0 || slots[n] != slots[n - 1]) starts[rows++] = n;
     if (rows < MAX_ROWS && rows * Hkv >= 2 * nthreads && rows < N) {
@@ -193,12 +220,14 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
         for (int64_t task = 0; task < rows * Hkv; ++task) {
             int64_t r = task / Hkv, hk = task % Hkv;
-            for (int64_t n = starts[r]; n < starts[r + 1]; ++n)
-                attend(q, kc, vc, slots, positions, n, hk, H, Hkv, D, P, window, scale, out);
+            for (int64_t n = starts[r]; n < starts[r + 1]; n += group) {
+                int64_t T = starts[r + 1] - n < group ? starts[r + 1] - n : group;
+                attend(q, kc, vc, slots, positions, n, T, hk, H, Hkv, D, P, window, scale, out);
+            }
         }
         return;
     }
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")
     for (int64_t task = 0; task < N * Hkv; ++task)
-        attend(q, kc, vc, slots, positions, task / Hkv, task % Hkv, H, Hkv, D, P, window, scale, out);
+        attend(q, kc, vc, slots, positions, task / Hkv, 1, task % Hkv, H, Hkv, D, P, window, scale, out);
 }
