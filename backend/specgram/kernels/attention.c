@@ -72,13 +72,14 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
 #define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
 /* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: 16 positions per vector, summed over d
- * in order. */
+ * in order. Meanwhile the V rows of the same 16 positions (16 * D floats = D cache lines) are pulled into L2,
+ * one line per d step, so that the weighted sum that follows reads them from cache. */
 #define S_DECL(g) __m512 s##g = _mm512_setzero_ps();
 #define S_FMA(g) if (gn > g) s##g = _mm512_fmadd_ps(_mm512_set1_ps(qg[g * D + d]), kv, s##g);
 #define S_STORE(g) if (gn > g) _mm512_mask_storeu_ps(p + g * len + j0, k, _mm512_mul_ps(s##g, vscale));
 #define DEFINE_SCORES(GN)                                                                                    \
     static void scores_##GN(const float *qg, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,   \
-                            float scale, float *p) {                                                         \
+                            float scale, float *p, const float *V) {                                         \
         enum { gn = GN };                                                                                    \
         __m512 vscale = _mm512_set1_ps(scale);                                                               \
         for (int64_t j0 = 0; j0 < len; j0 += 16) {                                                           \
@@ -86,6 +87,7 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
             FOR_HEADS(S_DECL)                                                                                \
             for (int64_t d = 0; d < D; ++d) {                                                                \
                 _mm_prefetch((const char *)(Kt + d * P + lo + j0 + KPF), _MM_HINT_T0);                       \
+                if (V) _mm_prefetch((const char *)(V + j0 * D + d * 16), _MM_HINT_T1);                       \
                 __m512 kv = _mm512_maskz_loadu_ps(k, Kt + d * P + lo + j0);                                  \
                 FOR_HEADS(S_FMA)                                                                             \
             }                                                                                                \
@@ -120,7 +122,8 @@ DEFINE_SCORES(7) DEFINE_SCORES(8) DEFINE_SCORES(9) DEFINE_SCORES(10) DEFINE_SCOR
 DEFINE_VALUES(1) DEFINE_VALUES(2) DEFINE_VALUES(3) DEFINE_VALUES(4) DEFINE_VALUES(5) DEFINE_VALUES(6)
 DEFINE_VALUES(7) DEFINE_VALUES(8) DEFINE_VALUES(9) DEFINE_VALUES(10) DEFINE_VALUES(11) DEFINE_VALUES(12)
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *);
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *,
+                          const float *);
 typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *);
 static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6,
                                            scores_7, scores_8, scores_9, scores_10, scores_11, scores_12};
@@ -131,10 +134,10 @@ static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, valu
  * (each score and each output element is its own chain of fmas in a fixed order), whichever vectors share
  * the pass. */
 static void scores(const float *qg, int64_t G, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,
-                   float scale, float *p) {
+                   float scale, float *p, const float *V) {
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
         int64_t gn = G - g0 < GMAX ? G - g0 : GMAX;
-        SCORES[gn](qg + g0 * D, Kt, P, lo, len, D, scale, p + g0 * len);
+        SCORES[gn](qg + g0 * D, Kt, P, lo, len, D, scale, p + g0 * len, g0 == 0 ? V : NULL);
     }
 }
 
@@ -185,7 +188,8 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
     for (int64_t t = 0; t < T; ++t)
         memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
-    scores(qb, Q, kc + head * D * P, P, lo, len, D, scale, p);
+    const float *V = vc + (head * P + lo) * D;                    /* [len, D] */
+    scores(qb, Q, kc + head * D * P, P, lo, len, D, scale, p, V);
     for (int64_t t = 0; t < T; ++t) {
         int64_t pos = positions[n0 + t];
         int64_t own_lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
@@ -197,7 +201,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
             memset(pg + off + own, 0, sizeof(float) * (len - off - own));
         }
     }
-    weighted_values(p, Q, len, vc + (head * P + lo) * D, D, ob);
+    weighted_values(p, Q, len, V, D, ob);
     for (int64_t t = 0; t < T; ++t)
         memcpy(out + ((n0 + t) * H + hk * G) * D, ob + t * G * D, sizeof(float) * G * D);
     free(qb);
