@@ -35,8 +35,10 @@ INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} 
 
 # Engine settings every benchmark shares: a few JME schemas use keywords the grammar engine would not enforce
 # (e.g. properties next to oneOf), which the server refuses by default; benchmarks measure speed on the whole
-# workload, so they compile those schemas best effort.
-BENCH_ENGINE = {"json_unsupported_keywords": "ignore"}
+# workload, so they compile those schemas best effort. Benchmarks send the same prompts run after run: with
+# prompt-prefix reuse on, a later run would skip prefills an earlier one paid for, so configurations compare
+# with it off (scripts/bench_prefix_cache.py measures the reuse itself).
+BENCH_ENGINE = {"json_unsupported_keywords": "ignore", "prefix_cache": "off"}
 
 
 def prompt_text(item: dict) -> str:

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REPO, machine, pct
+from benchlib import BENCH_ENGINE, REPO, machine, pct
 from make_perf_inputs import VARIANTS, write_inputs
 
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "perf_analyzer"
@@ -276,14 +276,14 @@ def main() -> None:
 
         from triton_server import TritonServer, model_repository_with
         print("[sweep] starting tritonserver ...", file=sys.stderr, flush=True)
-        # the JME schemas that use keywords xgrammar does not enforce are compiled best effort (benchlib's
-        # BENCH_ENGINE), not refused: every variant sends the same workload
-        repo = model_repository_with({"json_unsupported_keywords": "ignore"}, Path(tempfile.mkdtemp(prefix="pa-repo-")))
+        # benchlib's BENCH_ENGINE: the JME schemas that use keywords xgrammar does not enforce are compiled
+        # best effort, not refused (every variant sends the same workload), and every prompt is prefilled
+        repo = model_repository_with(BENCH_ENGINE, Path(tempfile.mkdtemp(prefix="pa-repo-")))
         server = TritonServer(model_repository=repo, log_path=out_dir / "logs" / "tritonserver.log").start()
         url = server.grpc_url
         print(f"[sweep] tritonserver ready at grpc {url}", file=sys.stderr, flush=True)
     server_desc = ("own tritonserver 2.51 (client/triton_server.py, model_repository/llm, "
-                   "json_unsupported_keywords ignore)" if server
+                   "json_unsupported_keywords ignore, prefix_cache off)" if server
                    else f"running server at {url}")
     rows: list[dict] = []
     meta = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),

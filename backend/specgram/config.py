@@ -8,6 +8,7 @@ import torch
 
 from .errors import ModelLoadError
 from .linear import LINEAR_KINDS
+from .prefix_cache import MODES as PREFIX_MODES
 
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")
@@ -27,6 +28,8 @@ class EngineConfig:
     default_max_tokens: int = 128   # used when a request gives no max_tokens
     max_prefill_tokens: int = 512   # prompt tokens prefilled per step; longer prompts are prefilled in chunks
                                     # over several steps, while the running requests keep decoding
+    prefix_cache: str = "auto"      # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
+                                    # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
     drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
     draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"       # dtype of the draft model
@@ -97,6 +100,9 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not -1 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
+        if self.prefix_cache not in PREFIX_MODES:
+            raise ModelLoadError(f"engine setting prefix_cache must be one of {', '.join(PREFIX_MODES)}, "
+                                 f"got {self.prefix_cache!r}")
         if self.linear not in LINEAR_KINDS:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if self.grammar_compile_workers < 2:

@@ -20,6 +20,7 @@ from .errors import InvalidRequest
 from .grammar import GrammarCompiler
 from .masks import StepMasks
 from .output import Outputs
+from .prefix_cache import PrefixCache
 from .prompt import prompt_ids as build_prompt_ids
 from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
@@ -63,7 +64,10 @@ class Engine:
                                        queue_limit=config.grammar_compile_queue,
                                        unsupported_keywords=config.json_unsupported_keywords)
         self.masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
-        self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens)
+        # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
+        reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
+        self.prefix = PrefixCache(target.cache) if reuse else None
+        self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens, self.prefix)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
         self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
@@ -185,6 +189,8 @@ class Engine:
                                           last_only=True)                                              # [B, V]
         for r, n in chunks:
             r.cache_len += n
+            if self.prefix:
+                self.prefix.prefilled(r.slot, r.prompt_ids, r.cache_len)
         done = [b for b, (r, _) in enumerate(chunks) if not r.prefilling]
         if not done:
             return []

@@ -40,9 +40,18 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
+        self.k_positions_last = k_positions_last
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Positions 0 .. n-1 of slot src -> slot dst, every layer (a reused prompt prefix)."""
+        if self.k_positions_last:
+            self.k[:, dst, :, :, :n] = self.k[:, src, :, :, :n]
+        else:
+            self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, idx: WriteIndex) -> None:
         """k_new, v_new: [B, H_kv, T, D]; only the valid (row, step) pairs of idx are stored."""

@@ -173,6 +173,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
     cache_len: int = 0
+    cached_prompt_tokens: int = 0   # prompt tokens whose KV was reused from the cache, not prefilled
     generator: torch.Generator | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     finish_reason: FinishReason | None = None

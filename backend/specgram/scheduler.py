@@ -16,12 +16,14 @@ import torch
 
 from .errors import InvalidRequest
 from .grammar import Guide
+from .prefix_cache import PrefixCache
 from .request import Request
 
 
 class Scheduler:
-    def __init__(self, max_slots: int, max_prefill_tokens: int):
+    def __init__(self, max_slots: int, max_prefill_tokens: int, prefix: PrefixCache | None = None):
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefix = prefix            # picks the free slot already holding the longest prompt prefix
         self.free_slots: list[int] = list(range(max_slots))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -59,7 +61,11 @@ class Scheduler:
             if not self.free_slots:
                 continue
             self.waiting.remove(req)
-            req.slot = self.free_slots.pop()
+            slot = self.prefix.choose_free_slot(req.prompt_ids, self.free_slots) if self.prefix else self.free_slots[-1]
+            self.free_slots.remove(slot)
+            req.slot = slot
+            if self.prefix:
+                req.cache_len = req.cached_prompt_tokens = self.prefix.attach(slot, req.prompt_ids)
             seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
             req.generator = torch.Generator().manual_seed(seed)
             self.running[req.request_id] = req

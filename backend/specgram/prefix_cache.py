@@ -1,0 +1,83 @@
+"""Prompt-prefix reuse: a new request whose prompt starts like one already in the KV cache (a shared system
+prompt, the same instructions, a resent prompt) takes those positions' keys and values instead of prefilling
+them again.
+
+What the cache holds is tracked per slot: `held[slot]` = the prompt tokens whose KV sits at positions
+0 .. len - 1 of that slot. A slot's prompt positions are never overwritten while its request runs (decode
+and draft tokens go after the prompt), and after the request finishes they stay valid until the slot's next
+request writes over them - so a finished request's prompt is reusable until its slot is taken again.
+
+On admission the new request gets a free slot: one whose whole held prompt is a prefix of the new prompt if
+there is one (reused in place: nothing is lost), else the least recently used, so that a finished prompt
+stays reusable as long as possible. A longer match held by any other slot, running or free, is copied over
+(all layers, one strided copy per tensor). The last prompt token is always prefilled: its logits give the
+first output token.
+
+Exactness: reused KV equals recomputed KV bitwise only where the forward computes each token independently
+of its batch and chunking (the native CPU kernels); elsewhere the reuse is off unless asked for ("on"),
+because greedy output could then depend on which prompts came before.
+"""
+from __future__ import annotations
+
+from .kv_cache import KVCache
+
+MODES = ("auto", "on", "off")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        self.held: dict[int, list[int]] = {}
+        self.used: dict[int, int] = {}  # slot -> when it last got a request (a counter)
+        self.clock = 0
+        self.reused_tokens = 0          # prompt tokens not prefilled thanks to a match, since load
+
+    def best(self, prompt: list[int], slots) -> tuple[int | None, int]:
+        """-> (slot, n): among `slots`, the one holding the longest prefix of `prompt` usable for it (at most
+        len(prompt) - 1 tokens), or (None, 0)."""
+        best_slot, best_n = None, 0
+        limit = len(prompt) - 1
+        for s in slots:
+            n = min(common_prefix(self.held.get(s, []), prompt), limit)
+            if n > best_n:
+                best_slot, best_n = s, n
+        return best_slot, best_n
+
+    def choose_free_slot(self, prompt: list[int], free: list[int]) -> int:
+        """The free slot to give a new request: the longest one whose whole held prompt `prompt` extends (in
+        place, nothing lost), else the least recently used (a never used one first)."""
+        keep = [s for s in free if self.held.get(s) and common_prefix(self.held[s], prompt) == len(self.held[s])]
+        if keep:
+            return max(keep, key=lambda s: len(self.held[s]))
+        return min(reversed(free), key=lambda s: self.used.get(s, -1))
+
+    def attach(self, slot: int, prompt: list[int]) -> int:
+        """A request with `prompt` now owns `slot`: fill its first positions from the best match anywhere
+        (in place or copied). -> how many prompt tokens need no prefill (the request's starting cache_len)."""
+        _, here = self.best(prompt, [slot])
+        src, n = self.best(prompt, [s for s in self.held if s != slot])
+        if n > here:
+            self.cache.copy_prefix(src, slot, n)
+        else:
+            n = here
+        self.held[slot] = prompt[:n]
+        self.used[slot] = self.clock
+        self.clock += 1
+        self.reused_tokens += n
+        return n
+
+    def clear(self) -> None:
+        """Forget every held prompt (benchmarks: each run starts cold)."""
+        self.held.clear()
+
+    def prefilled(self, slot: int, prompt: list[int], upto: int) -> None:
+        """The slot now holds the KV of prompt[:upto]."""
+        self.held[slot] = prompt[:upto]
