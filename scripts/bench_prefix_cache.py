@@ -4,12 +4,14 @@
     python scripts/bench_prefix_cache.py --quick        # 2 prompts, 16 tokens: a smoke run
 
 Workload: JME extraction prompts (chat template, greedy, unguided, target only). They share their first
-tokens (the chat template's system prompt and the instruction) and then differ. Two scenarios per setting,
-both with all prompts sent at once (c = number of prompts):
-  fresh    the cache holds nothing reusable: only the shared opening is reused (from the first prompt that
-           prefilled it)
-  resent   the same prompts again right after (a retried or repeated request): each reuses all but its last
-           prompt token
+tokens (the chat template's system prompt and the instruction) and then differ. Three scenarios per
+setting, each starting from a cache that holds nothing reusable:
+  one at a time   the prompts one after another (c = 1): each reuses the shared opening that the one
+                  before it prefilled
+  at once         all prompts sent together (c = number of prompts): admitted in the same step, none finds
+                  anything prefilled yet
+  resent          the same prompts again right after "at once" (retried or repeated requests): each reuses
+                  all but its last prompt token
 Off and on run interleaved, --repeat times (medians). Greedy output ids must be the same with and without
 reuse (the `exact` column).
 """
@@ -26,9 +28,9 @@ from specgram.generate import generate
 from specgram.loading import load_tokenizer
 
 
-def run_once(engine, cases, max_tokens) -> dict:
+def run_once(engine, cases, max_tokens, concurrency=0) -> dict:
     reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens)
-    run = generate(engine, reqs, len(reqs))
+    run = generate(engine, reqs, concurrency or len(reqs))
     ttft = [g.first_token_s for g in run.generations]
     return dict(ttft_p50=statistics.median(ttft), ttft_mean=statistics.mean(ttft),
                 tok_s=sum(len(g.token_ids) for g in run.generations) / run.wall_s,
@@ -59,24 +61,26 @@ def main() -> None:
                                                         default_max_tokens=args.max_tokens, **settings))
     for engine in engines.values():                                   # warm-up
         run_once(engine, cases[:2], 4)
-    results = {(mode, scen): [] for mode in engines for scen in ("fresh", "resent")}
+    scenarios = ("one at a time", "at once", "resent")
+    results = {(mode, scen): [] for mode in engines for scen in scenarios}
     for _ in range(args.repeat):
         for mode, engine in engines.items():
-            if engine.prefix:
-                engine.prefix.clear()
-            results[(mode, "fresh")].append(run_once(engine, cases, args.max_tokens))
-            results[(mode, "resent")].append(run_once(engine, cases, args.max_tokens))
-    reference = results[("off", "fresh")][0]["ids"]
+            for scen in scenarios:
+                if engine.prefix and scen != "resent":
+                    engine.prefix.clear()
+                c = 1 if scen == "one at a time" else 0
+                results[(mode, scen)].append(run_once(engine, cases, args.max_tokens, c))
+    reference = results[("off", "at once")][0]["ids"]
     prompt_tokens = sum(len(c["prompt_ids"]) for c in cases)
     lines = ["# Prompt-prefix reuse", "",
              f"Command: `python scripts/bench_prefix_cache.py{' --quick' if args.quick else ''}`  ",
              f"Machine: {machine()}  ", f"Versions: {versions()}  ",
-             f"Workload: {len(cases)} JME extraction prompts ({prompt_tokens} prompt tokens in all), sent at once, "
+             f"Workload: {len(cases)} JME extraction prompts ({prompt_tokens} prompt tokens in all), "
              f"max_tokens {args.max_tokens}, greedy, unguided, target only; median of {args.repeat} interleaved runs",
              "",
              "| scenario | prefix_cache | TTFT p50 ms | TTFT mean ms | output tok/s | prompt tokens reused | exact |",
              "|---|---|---|---|---|---|---|"]
-    for scen in ("fresh", "resent"):
+    for scen in scenarios:
         for mode in engines:
             rs = results[(mode, scen)]
             def med(key, rs=rs):
