@@ -93,4 +93,4 @@ class Outputs:
     @staticmethod
     def _output(req: Request, tokens: list[int], text: str) -> RequestOutput:
         return RequestOutput(req.request_id, tokens, text, num_input_tokens=len(req.prompt_ids),
-                             num_output_tokens=len(req.output_ids))
+                             num_output_tokens=len(req.output_ids), num_cached_tokens=req.cached_prompt_tokens)

@@ -159,6 +159,7 @@ class RequestOutput:
     error_kind: ErrorKind | None = None
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0              # prompt tokens whose KV was reused (prefix_cache), not prefilled
     spec: SpecStats | None = None          # set on the final output
 
 

@@ -157,6 +157,8 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     length_before = metric("specgram_requests_total", finish_reason="length")[0].value()
     forced_before = metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value()
     k_steps_before = len(metric("specgram_draft_tokens_per_step")[0].observations)
+    reused_before = metric("specgram_prompt_tokens_reused_total")[0].value()
+    prompt_before = metric("specgram_prompt_tokens_total")[0].value()
     guide = dict(guided_decoding_guide_type="regex", guided_decoding_guide="(abc ){10}")
     [spec] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, num_draft_tokens=4,
                                    drafter="grammar", **guide))
@@ -172,6 +174,15 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2
+    n_prompt = int(last["num_input_tokens"][0])
+    assert metric("specgram_prompt_tokens_total")[0].value() - prompt_before == 2 * n_prompt
+    # the second request resends the first one's prompt: with prefix reuse on, all but its last token are reused
+    # (the first may reuse as much, from an earlier test's request)
+    reused = metric("specgram_prompt_tokens_reused_total")[0].value() - reused_before
+    if model.engine.prefix is not None:
+        assert n_prompt - 1 <= reused <= 2 * (n_prompt - 1)
+    else:
+        assert reused == 0
     detail = json.loads(last["spec_detail"][0])
     assert detail["sources"] == {"forced": {"drafted": drafted, "accepted": accepted}}
     assert metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value() - forced_before \

@@ -125,6 +125,9 @@ class Metrics:
         self.drafted = counter("specgram_draft_tokens_total", "Draft tokens proposed to the target")
         self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
         self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
+        self.prompt = counter("specgram_prompt_tokens_total", "Prompt tokens of finished requests")
+        self.reused = counter("specgram_prompt_tokens_reused_total",
+                              "Prompt tokens of finished requests whose KV was reused from the cache (prefix_cache)")
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
         self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
                          for reason in FinishReason}
@@ -176,6 +179,8 @@ class Metrics:
                 self.ttft.observe(st.first_token_at - st.arrived)
         if out.finished:
             self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
+            self.prompt.increment(out.num_input_tokens)
+            self.reused.increment(out.num_cached_tokens)
             spec = out.spec
             if spec is not None and spec.drafted:
                 self.drafted.increment(spec.drafted)
