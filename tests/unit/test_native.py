@@ -26,13 +26,13 @@ def test_linear_matches_torch_and_is_batch_invariant(n, k, bias, weight_dtype):
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n) if bias else None
     lin = NativeLinear(w, b, weight_dtype, kernels.load())
-    x = torch.randn(41, k)
+    x = torch.randn(130, k)                            # 17 row tiles: the prefill-sized schedule
     full = lin(x)
     ref = F.linear(x, w.to(weight_dtype).float(), b)
     assert (full - ref).abs().max().item() < 1e-4
-    for i in range(x.shape[0]):                        # one row alone == the same row among 41
+    for i in range(41):                                # one row alone == the same row among 130
         assert torch.equal(lin(x[i:i + 1])[0], full[i])
-    for m in (2, 5, 8, 9, 16, 17, 40):                 # every tile height and remainder
+    for m in (2, 5, 8, 9, 16, 17, 40, 41, 64):         # every tile height and remainder, each schedule
         assert torch.equal(lin(x[:m]), full[:m])
 
 
