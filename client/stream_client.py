@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             "output_ids": output_ids,
             "finish_reason": scalars.get("finish_reason"),
             "num_input_tokens": scalars.get("num_input_tokens"),
+            "num_cached_tokens": scalars.get("num_cached_tokens"),
             "num_output_tokens": n_out,
             "spec_drafted_tokens": scalars.get("spec_drafted_tokens"),
             "spec_accepted_tokens": scalars.get("spec_accepted_tokens"),
@@ -251,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
                 f"finish_reason {scalars.get('finish_reason', 'n/a')}")
         if "num_input_tokens" in scalars:
             line += f" | input tokens {scalars['num_input_tokens']}"
+            if scalars.get("num_cached_tokens"):
+                line += f" ({scalars['num_cached_tokens']} from the prefix cache)"
         if scalars.get("spec_drafted_tokens"):
             line += (f" | spec drafted {scalars['spec_drafted_tokens']} accepted "
                      f"{scalars.get('spec_accepted_tokens', 'n/a')} "

@@ -154,6 +154,8 @@ OUTPUTS: tuple[Field, ...] = (
           optional=False),
     Field("num_input_tokens", "INT32", (1,), "prompt tokens", optional=False),
     Field("num_output_tokens", "INT32", (1,), "output tokens so far", optional=False),
+    Field("num_cached_tokens", "INT32", (1,), "prompt tokens whose keys and values were reused from the cache "
+          "(config `prefix_cache`) instead of prefilled", optional=False),
     Field("spec_drafted_tokens", "INT32", (1,), "draft tokens proposed to the target", optional=False),
     Field("spec_accepted_tokens", "INT32", (1,), "draft tokens the target accepted", optional=False),
     Field("spec_acceptance_rate", "FP32", (1,), "accepted ÷ drafted", optional=False),

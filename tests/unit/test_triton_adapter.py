@@ -175,6 +175,7 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2
     n_prompt = int(last["num_input_tokens"][0])
+    assert int(plain[-1].output_tensors["num_cached_tokens"][0]) == (n_prompt - 1 if model.engine.prefix else 0)
     assert metric("specgram_prompt_tokens_total")[0].value() - prompt_before == 2 * n_prompt
     # the second request resends the first one's prompt: with prefix reuse on, all but its last token are reused
     # (the first may reuse as much, from an earlier test's request)

@@ -316,6 +316,7 @@ class TritonPythonModel:
             "finish_reason": [(out.finish_reason or "").encode()],
             "num_input_tokens": [out.num_input_tokens],
             "num_output_tokens": [out.num_output_tokens],
+            "num_cached_tokens": [out.num_cached_tokens],
             "spec_drafted_tokens": [spec.drafted if spec else 0],
             "spec_accepted_tokens": [spec.accepted if spec else 0],
             "spec_acceptance_rate": [spec.acceptance_rate if spec else 0.0],
