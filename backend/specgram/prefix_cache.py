@@ -38,7 +38,6 @@ class PrefixCache:
         self.held: dict[int, list[int]] = {}
         self.used: dict[int, int] = {}  # slot -> when it last got a request (a counter)
         self.clock = 0
-        self.reused_tokens = 0          # prompt tokens not prefilled thanks to a match, since load
 
     def best(self, prompt: list[int], slots) -> tuple[int | None, int]:
         """-> (slot, n): among `slots`, the one holding the longest prefix of `prompt` usable for it (at most
@@ -71,7 +70,6 @@ class PrefixCache:
         self.held[slot] = prompt[:n]
         self.used[slot] = self.clock
         self.clock += 1
-        self.reused_tokens += n
         return n
 
     def clear(self) -> None:

@@ -61,11 +61,12 @@ class Scheduler:
             if not self.free_slots:
                 continue
             self.waiting.remove(req)
-            slot = self.prefix.choose_free_slot(req.prompt_ids, self.free_slots) if self.prefix else self.free_slots[-1]
-            self.free_slots.remove(slot)
-            req.slot = slot
             if self.prefix:
-                req.cache_len = req.cached_prompt_tokens = self.prefix.attach(slot, req.prompt_ids)
+                req.slot = self.prefix.choose_free_slot(req.prompt_ids, self.free_slots)
+                self.free_slots.remove(req.slot)
+                req.cache_len = req.cached_prompt_tokens = self.prefix.attach(req.slot, req.prompt_ids)
+            else:
+                req.slot = self.free_slots.pop()
             seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
             req.generator = torch.Generator().manual_seed(seed)
             self.running[req.request_id] = req

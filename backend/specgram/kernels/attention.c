@@ -171,6 +171,11 @@ static void softmax_rows(float *p, int64_t G, int64_t len) {
     }
 }
 
+/* The first position a token at `pos` attends to (window > 0: a sliding window of that many positions). */
+static inline int64_t window_lo(int64_t pos, int64_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 /* Consecutive tokens n0 .. n0+T-1 of one row (one slot, consecutive positions) and one KV head: their
  * T * G query vectors (G = H / Hkv heads each) share every K and V vector loaded, so a verify row's k + 1
  * tokens cost little more than one. Each token still gets exactly what it would alone: its scores are the
@@ -182,8 +187,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
                    float scale, float *out) {
     int64_t G = H / Hkv, head = slots[n0] * Hkv + hk, Q = T * G;
     int64_t first = positions[n0], last = positions[n0 + T - 1];
-    int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
-    int64_t len = last + 1 - lo;                                  /* the shared range [lo, last] */
+    int64_t lo = window_lo(first, window), len = last + 1 - lo;  /* the shared range [lo, last] */
     float *qb = malloc(sizeof(float) * Q * D * 2 + sizeof(float) * Q * len);
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
     for (int64_t t = 0; t < T; ++t)
@@ -192,7 +196,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     scores(qb, Q, kc + head * D * P, P, lo, len, D, scale, p, V);
     for (int64_t t = 0; t < T; ++t) {
         int64_t pos = positions[n0 + t];
-        int64_t own_lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t own_lo = window_lo(pos, window);
         int64_t off = own_lo - lo, own = pos + 1 - own_lo;        /* this token's range within the shared one */
         for (int64_t g = 0; g < G; ++g) {
             float *pg = p + (t * G + g) * len;
