@@ -3,6 +3,7 @@
 Each step:  admit (scheduler.py) -> prefill this step's prompt chunks (a request whose prompt is complete gets
             its first token) -> decode the others:
             draft -> seal -> verify (one batched target forward) -> mask -> accept -> commit (output.py).
+            With the native CPU forward, a step's prompt chunks and verify rows share one target forward.
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
 carry a Guide (grammar.py); masks.py holds the bitmask rows, keyed by (slot, position); min_tokens.py bans EOS
 below a request's min_tokens, after the grammar mask, wherever a token is chosen; choose.py decides tokens.
@@ -25,6 +26,21 @@ from .prompt import prompt_ids as build_prompt_ids
 from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
 from .scheduler import Scheduler
+
+# a native CPU forward is compute-bound from ~30 rows (2 cores: ~0.9 ms a row vs ~21 ms to stream the weights)
+PREFILL_PACK_TOKENS_CPU = 64
+
+
+def _chunk_rows(chunks: list[tuple[Request, int]]) -> tuple[list[list[int]], list[int], list[int]]:
+    """Prompt chunks -> forward rows (tokens, slot, start position): the next n prompt tokens of each."""
+    return ([r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in chunks], [r.slot for r, _ in chunks],
+            [r.cache_len for r, _ in chunks])
+
+
+def _verify_rows(reqs: list[Request], proposals: list[Proposal]) -> tuple[list[list[int]], list[int], list[int]]:
+    """Verify rows: [last committed token, d_0 .. d_{k-1}] at the end of each request's cache."""
+    return ([[r.output_ids[-1], *p.tokens] for r, p in zip(reqs, proposals)], [r.slot for r in reqs],
+            [r.cache_len for r in reqs])
 
 
 def _cut(p: Proposal, n: int) -> Proposal:
@@ -67,7 +83,10 @@ class Engine:
         # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
         reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
         self.prefix = PrefixCache(target.cache) if reuse else None
-        self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens, self.prefix)
+        # CPU: a prefill forward costs in proportion to its tokens, so a step ends at a prompt's end once it has
+        # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
+        pack = PREFILL_PACK_TOKENS_CPU if self.device.type == "cpu" else None
+        self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens, self.prefix, pack)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
         self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
@@ -162,6 +181,11 @@ class Engine:
         for req in admitted:
             self.output.start(req)
         chunks = self.scheduler.prefill_chunks()
+        if chunks and decoding and self.target.fuses_rows:
+            # one forward for both: the decode rows ride along a compute-bound prefill for ~1 ms a row
+            # instead of a forward of their own that streams every weight again
+            return outputs + self._guarded([r for r, _ in chunks] + decoding,
+                                           lambda _: self._prefill_and_decode(chunks, decoding))
         if chunks:
             outputs += self._guarded([r for r, _ in chunks], lambda reqs: self._prefill(chunks))
         if decoding:
@@ -184,9 +208,27 @@ class Engine:
     def _prefill(self, chunks: list[tuple[Request, int]]) -> list[RequestOutput]:
         """One forward over this step's prompt chunks; a request whose prompt is now complete gets its first
         token (from its last prompt position) and its drafters see it."""
-        logits = self.target.forward_rows([r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in chunks],
-                                          [r.slot for r, _ in chunks], [r.cache_len for r, _ in chunks],
-                                          last_only=True)                                              # [B, V]
+        rows, slots, starts = _chunk_rows(chunks)
+        return self._prefilled(chunks, self.target.forward_rows(rows, slots, starts, last_only=True))   # [B, V]
+
+    def _prefill_and_decode(self, chunks: list[tuple[Request, int]], decoding: list[Request]) -> list[RequestOutput]:
+        """_prefill and _decode with one target forward (the prompt chunks' rows first, then the verify rows).
+        The decode requests draft and seal before the forward exactly as in _decode; each row's logits are
+        what its own forward would give, so outputs equal those of the two forwards."""
+        reqs = [r for r in decoding if not r.finished]      # aborted between admission and now
+        if not reqs:
+            return self._prefill(chunks)
+        available, proposals = self._seal_and_cut(reqs, self._draft(reqs))
+        rows, slots, starts = _chunk_rows(chunks)
+        verify_rows, verify_slots, verify_starts = _verify_rows(reqs, proposals)
+        first, logits = self.target.forward_split(rows + verify_rows, slots + verify_slots, starts + verify_starts,
+                                                  n_last=len(chunks))            # [P, V], [B, 1 + max k, V]
+        outputs = self._prefilled(chunks, first)
+        return outputs + self._verified(reqs, proposals, available, logits, None)
+
+    def _prefilled(self, chunks: list[tuple[Request, int]], logits: torch.Tensor) -> list[RequestOutput]:
+        """After the chunks' forward (logits [P, V] at each chunk's last token): advance the prompts, and give
+        each completed prompt its first token."""
         for r, n in chunks:
             r.cache_len += n
             if self.prefix:
@@ -217,14 +259,26 @@ class Engine:
             logits = self._verify_forward(reqs, proposals)  # [B, 1 + max k, V], not yet masked
             proposals = self._seal(reqs, proposals)
         else:
-            # On CPU a forward blocks, so there is nothing to overlap, and verifying a draft that the grammar
-            # cuts would cost real work: cut first, then verify only what is left.
-            available = self._seal(reqs, proposals)
-            proposals = self._choose_cuts(reqs, available)
+            available, proposals = self._seal_and_cut(reqs, proposals)
             logits = self._verify_forward(reqs, proposals)
+        return self._verified(reqs, proposals, available, logits, start)
+
+    def _seal_and_cut(self, reqs: list[Request], proposals: list[Proposal]) -> tuple[list[Proposal], list[Proposal]]:
+        """Where the forward blocks (CPU) there is nothing to overlap, and verifying a draft that the grammar
+        cuts would cost real work: seal first, then cut to what this step verifies -> (drafts before the cuts,
+        proposals to verify)."""
+        available = self._seal(reqs, proposals)
+        return available, self._choose_cuts(reqs, available)
+
+    def _verified(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
+                  logits: torch.Tensor, start: float | None) -> list[RequestOutput]:
+        """After the verify forward (logits [B, 1 + max k, V]): mask, accept, commit. start: when the forward
+        began, for the step-cost model (None: the forward also served prompt chunks, so its time is not a
+        decode step's)."""
         self._mask_verify(reqs, proposals, logits)
         accepted = self._accept(reqs, proposals, available, logits)
-        self.costs.record(sum(1 + len(p.tokens) for p in proposals), time.perf_counter() - start)
+        if start is not None:
+            self.costs.record(sum(1 + len(p.tokens) for p in proposals), time.perf_counter() - start)
         return [self._commit(r, toks) for r, toks in zip(reqs, accepted)]
 
     def draft_len(self, req: Request) -> int:
@@ -297,8 +351,7 @@ class Engine:
 
     def _verify_forward(self, reqs: list[Request], proposals: list[Proposal]) -> torch.Tensor:
         """One batched target forward over [last committed token, d_0 .. d_{k-1}] for every request."""
-        return self.target.forward_rows([[r.output_ids[-1], *p.tokens] for r, p in zip(reqs, proposals)],
-                                        [r.slot for r in reqs], [r.cache_len for r in reqs], last_only=False)
+        return self.target.forward_rows(*_verify_rows(reqs, proposals), last_only=False)
 
     def _mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
         """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did,

@@ -92,14 +92,30 @@ class NativeForward:
                      window: int | None) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
         rows[b] to slot slots[b] from position starts[b]."""
+        x = self._rows_hidden(cache, rows, slots, starts, window)
+        return self._logits(x, torch.tensor([len(r) for r in rows]), last_only)
+
+    @torch.inference_mode()
+    def forward_split(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int,
+                      window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
+        rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
+        what a forward of that row alone gives (the kernels never mix rows)."""
+        x = self._rows_hidden(cache, rows, slots, starts, window)
+        lengths = torch.tensor([len(r) for r in rows])
+        n = int(lengths[:n_last].sum())
+        return self._logits(x[:n], lengths[:n_last], True), self._logits(x[n:], lengths[n_last:], False)
+
+    def _rows_hidden(self, cache, rows: list[list[int]], slots: list[int], starts: list[int],
+                     window: int | None) -> torch.Tensor:
+        """-> final-normed hidden states [sum of row lengths, E], the rows one after another."""
         flat_tokens, flat_slots, flat_pos = [], [], []
         for row, slot, start in zip(rows, slots, starts):
             flat_tokens += row
             flat_slots += [slot] * len(row)
             flat_pos += range(start, start + len(row))
         as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-        x = self.layers_forward(cache, as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos), window)
-        return self._logits(x, as_long([len(r) for r in rows]), last_only)
+        return self.layers_forward(cache, as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos), window)
 
     def _logits(self, x: torch.Tensor, lengths: torch.Tensor, last_only: bool) -> torch.Tensor:
         """x [N, E]: the rows' hidden states one row after another, lengths [B] tokens each -> float32 logits

@@ -165,6 +165,18 @@ class ModelRunner:
         return self.forward(h2d(tokens, dev), h2d(s, dev), h2d(st, dev), h2d(n, dev), last_only,
                             length=max(a + b for a, b in zip(starts, num_new)), widx=widx)
 
+    @property
+    def fuses_rows(self) -> bool:
+        """Whether forward_split() can serve prompt chunks and verify rows in one forward: the native CPU
+        forward, whose rows never mix (a row's logits are bitwise those of a forward of that row alone)."""
+        return self.native is not None
+
+    def forward_split(self, rows: list[list[int]], slots: list[int], starts: list[int],
+                      n_last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward: logits [n_last, V] at the last token of rows[:n_last] (prompt chunks) and [B - n_last, T,
+        V] at every token of the other rows (verify rows). Only where fuses_rows."""
+        return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window)
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
                 last_only: bool, length: int | None = None, widx: WriteIndex | None = None) -> torch.Tensor:

@@ -6,6 +6,10 @@ once finished. A slot's KV rows are never cleared: the next request simply overw
 Chunked prefill: an admitted request's prompt enters the cache over as many steps as the budget needs
 (max_prefill_tokens prompt tokens per step, first come first served), so a long prompt never stalls the
 running streams for more than one chunk, and the earliest request gets its first token first.
+Where a prefill forward costs in proportion to its tokens (compute-bound, as on a CPU), a step also ends at a
+prompt's end once it holds `pack_tokens`: a prompt then gets its first token as soon as its own prefill is done
+instead of when the whole budget's worth is (8 prompts arriving at once: the median first token ~20% sooner).
+Where a forward costs about the same for few or many tokens (a GPU), pack_tokens = the budget packs steps full.
 """
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ from .request import Request
 
 
 class Scheduler:
-    def __init__(self, max_slots: int, max_prefill_tokens: int, prefix: PrefixCache | None = None):
+    def __init__(self, max_slots: int, max_prefill_tokens: int, prefix: PrefixCache | None = None,
+                 pack_tokens: int | None = None):
         self.max_prefill_tokens = max_prefill_tokens
+        self.pack_tokens = max_prefill_tokens if pack_tokens is None else min(pack_tokens, max_prefill_tokens)
         self.prefix = prefix            # picks the free slot already holding the longest prompt prefix
         self.free_slots: list[int] = list(range(max_slots))[::-1]
         self.waiting: deque[Request] = deque()
@@ -75,10 +81,11 @@ class Scheduler:
 
     def prefill_chunks(self) -> list[tuple[Request, int]]:
         """This step's prompt chunks: (request, tokens) for running requests still prefilling, in admission order,
-        max_prefill_tokens in all; a chunk ends a prompt or uses the rest of the budget."""
+        max_prefill_tokens in all; a chunk ends a prompt or uses the rest of the budget. The step ends early at
+        a prompt's end once it holds pack_tokens."""
         budget, chunks = self.max_prefill_tokens, []
         for req in self.running.values():               # insertion order = admission order
-            if budget == 0:
+            if budget == 0 or self.max_prefill_tokens - budget >= self.pack_tokens:
                 break
             if req.prefilling and not req.finished:
                 n = min(len(req.prompt_ids) - req.cache_len, budget)

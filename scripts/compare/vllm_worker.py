@@ -90,8 +90,11 @@ def main() -> None:
         spec = None if not k else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
                                    "prompt_lookup_max": 4}
         t0 = time.perf_counter()
+        # Prefix caching off, as in our runs (benchlib.BENCH_ENGINE): every run repeats the same prompts, and
+        # vLLM's default (on, 128-token blocks on CPU) would let a later run skip prefills an earlier one paid.
         llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=max_len, seed=0,
-                  speculative_config=spec, disable_log_stats=False, max_num_seqs=max(job["concurrency"]))
+                  speculative_config=spec, disable_log_stats=False, max_num_seqs=max(job["concurrency"]),
+                  enable_prefix_caching=False)
         print(f"# vLLM {vllm.__version__} {job['dtype']} speculative={k}: engine ready in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         for guided in job["guided"]:

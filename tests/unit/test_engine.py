@@ -235,6 +235,62 @@ def test_chunked_prefill_equals_whole_prompt_prefill(make_engine, linear):
     assert outs[0] == outs[1]
 
 
+def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engine):
+    from specgram.scheduler import Scheduler
+
+    engine = make_engine()
+
+    def chunk_sizes(sched, lengths):
+        reqs = [engine.make_request(SamplingParams(max_tokens=2), prompt_ids=list(range(3, 3 + n))) for n in lengths]
+        for r in reqs:
+            sched.add(r)
+        sched.admit()
+        steps = []
+        while chunks := sched.prefill_chunks():
+            steps.append([(reqs.index(r), n) for r, n in chunks])
+            for r, n in chunks:
+                r.cache_len += n
+        return steps
+
+    assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [8, 15, 40, 30]) == [
+        [(0, 8), (1, 15)], [(2, 40)], [(3, 30)]]          # 8 < 20 takes the next prompt; 23 >= 20 ends the step
+    assert chunk_sizes(Scheduler(4, 50), [8, 15, 40, 30]) == [            # packed to the budget
+        [(0, 8), (1, 15), (2, 27)], [(2, 13), (3, 30)]]
+    assert chunk_sizes(Scheduler(4, 16, pack_tokens=64), [40, 5]) == [    # the budget still caps a step
+        [(0, 16)], [(0, 16)], [(0, 8), (1, 5)]]
+
+
+def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatch):
+    """Native CPU forward: a step with prompt chunks and decoding requests runs one forward for both. Greedy
+    outputs (plain, speculative, guided) equal those with a forward each, and each request's output alone."""
+    from specgram.runner import ModelRunner
+
+    specs = [(LONG, dict(max_tokens=14)), ("hi", dict(max_tokens=24, num_draft_tokens=3)),
+             (PROMPTS[3], dict(max_tokens=18, guide_type="regex", guide=r"(ab|cd|[e-h]x){2,12}")),
+             (LONG[:50], dict(max_tokens=20, num_draft_tokens=2)), (PROMPTS[1], dict(max_tokens=9)),
+             (LONG, dict(max_tokens=16, num_draft_tokens=4))]
+
+    def outputs(engine):
+        reqs = [engine.make_request(SamplingParams(**kw), text=t) for t, kw in specs]
+        got = run_to_end(engine, reqs)
+        return [tokens_of(got[r.request_id]) for r in reqs]
+
+    fused = make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native")
+    calls = []
+    split = fused.target.forward_split
+    monkeypatch.setattr(fused.target, "forward_split", lambda *a, **k: calls.append(1) or split(*a, **k))
+    together = outputs(fused)
+    assert len(calls) >= 10                                   # the long prompts' chunks rode with decode rows
+    alone = []
+    for t, kw in specs:
+        r = fused.make_request(SamplingParams(**kw), text=t)
+        alone.append(tokens_of(run_to_end(fused, [r])[r.request_id]))
+    monkeypatch.setattr(ModelRunner, "fuses_rows", property(lambda self: False))
+    separate = outputs(make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native"))
+    assert together == separate == alone
+    assert all(len(t) >= 2 for t in together)
+
+
 def test_running_requests_decode_while_a_long_prompt_prefills(make_engine):
     engine = make_engine(max_prefill_tokens=8)
     short = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text="hi")
