@@ -126,6 +126,11 @@ def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
     for n in range(N):
         alone = attend(q[n:n + 1].contiguous(), slots[n:n + 1].contiguous(), positions[n:n + 1].contiguous())
         assert torch.equal(together[n], alone[0]), n
+    lo = 0
+    for w in widths:                     # each row by itself (a single short row is split into smaller groups)
+        row = attend(q[lo:lo + w].contiguous(), slots[lo:lo + w].contiguous(), positions[lo:lo + w].contiguous())
+        assert torch.equal(row, together[lo:lo + w])
+        lo += w
     # and against the definition (softmax over the token's own window of its slot)
     for n in range(N):
         pos, s = int(positions[n]), int(slots[n])
