@@ -17,10 +17,18 @@ reuse (the `exact` column).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
-from benchlib import BENCH_ENGINE, REPO, machine, make_requests, select_cases, set_threads, versions
+from benchlib import (
+    BENCH_ENGINE,
+    arrival_args,
+    arrival_cases,
+    arrival_cells,
+    emit_report,
+    machine,
+    make_requests,
+    versions,
+)
 
 from specgram.config import EngineConfig
 from specgram.engine import Engine
@@ -38,20 +46,9 @@ def run_once(engine, cases, max_tokens, concurrency=0) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct"))
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--out", default="", help="also write the markdown report here")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    if args.quick:
-        args.prompts, args.max_tokens, args.repeat = 2, 16, 1
-    set_threads(args.threads)
+    args = arrival_args(__doc__)
     tok = load_tokenizer(args.model)
-    cases = select_cases(tok, args.prompts, args.max_tokens)
+    cases = arrival_cases(tok, args)
     settings = {**BENCH_ENGINE}
     engines = {}
     for mode in ("off", "on"):
@@ -83,15 +80,10 @@ def main() -> None:
     for scen in scenarios:
         for mode in engines:
             rs = results[(mode, scen)]
-            def med(key, rs=rs):
-                return statistics.median(r[key] for r in rs)
-            exact = all(r["ids"] == reference for r in rs)
-            lines.append(f"| {scen} | {mode} | {med('ttft_p50') * 1e3:.0f} | {med('ttft_mean') * 1e3:.0f} | "
-                         f"{med('tok_s'):.1f} | {int(med('reused'))} | {'yes' if exact else 'NO'} |")
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            p50, mean, tok_s, exact = arrival_cells(rs, reference)
+            reused = int(statistics.median(r["reused"] for r in rs))
+            lines.append(f"| {scen} | {mode} | {p50} | {mean} | {tok_s} | {reused} | {exact} |")
+    emit_report(lines, args.out)
 
 
 if __name__ == "__main__":

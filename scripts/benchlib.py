@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,47 @@ def common_args(ap: argparse.ArgumentParser, configs: dict, max_tokens: int, qui
     ap.add_argument("--max-tokens", type=int, default=max_tokens)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--quick", action="store_true", help=quick_help)
+
+
+def arrival_args(doc: str) -> argparse.Namespace:
+    """The options of the benchmarks that send a set of prompts and compare engine settings on it (prefix reuse,
+    prefill scheduling): parsed, with --quick applied (2 prompts, 16 tokens, one repeat) and threads set."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct"))
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--out", default="", help="also write the markdown report here")
+    ap.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, one run: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.max_tokens, args.repeat = 2, 16, 1
+    set_threads(args.threads)
+    return args
+
+
+def arrival_cases(tok, args: argparse.Namespace) -> list[dict]:
+    """The JME cases for arrival_args(); --quick picks them as a 128-token run would (none fits 16 tokens)."""
+    return select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)
+
+
+def arrival_cells(runs: list[dict], reference: list) -> list[str]:
+    """Report cells of one setting's repeated runs (dicts with ttft_p50, ttft_mean, tok_s, ids): the medians
+    (TTFT in ms), and whether every run's output ids equal `reference`."""
+    def med(key):
+        return statistics.median(r[key] for r in runs)
+    exact = all(r["ids"] == reference for r in runs)
+    return [f"{med('ttft_p50') * 1e3:.0f}", f"{med('ttft_mean') * 1e3:.0f}", f"{med('tok_s'):.1f}",
+            "yes" if exact else "NO"]
+
+
+def emit_report(lines: list[str], out: str) -> None:
+    """Print a markdown report, and write it to `out` too when given."""
+    print("\n".join(lines))
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def set_threads(n: int) -> None:

@@ -87,6 +87,7 @@ class Engine:
         # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
         pack = PREFILL_PACK_TOKENS_CPU if self.device.type == "cpu" else None
         self.scheduler = Scheduler(config.max_slots, config.max_prefill_tokens, self.prefix, pack)
+        self.fuse_prefill = target.fuses_rows      # prompt chunks and verify rows in one forward (native CPU)
         self.output = Outputs(tokenizer, eos, config.max_seq_len)
         self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
@@ -181,7 +182,7 @@ class Engine:
         for req in admitted:
             self.output.start(req)
         chunks = self.scheduler.prefill_chunks()
-        if chunks and decoding and self.target.fuses_rows:
+        if chunks and decoding and self.fuse_prefill:
             # one forward for both: the decode rows ride along a compute-bound prefill for ~1 ms a row
             # instead of a forward of their own that streams every weight again
             return outputs + self._guarded([r for r, _ in chunks] + decoding,

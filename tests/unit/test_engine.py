@@ -263,8 +263,6 @@ def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engi
 def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatch):
     """Native CPU forward: a step with prompt chunks and decoding requests runs one forward for both. Greedy
     outputs (plain, speculative, guided) equal those with a forward each, and each request's output alone."""
-    from specgram.runner import ModelRunner
-
     specs = [(LONG, dict(max_tokens=14)), ("hi", dict(max_tokens=24, num_draft_tokens=3)),
              (PROMPTS[3], dict(max_tokens=18, guide_type="regex", guide=r"(ab|cd|[e-h]x){2,12}")),
              (LONG[:50], dict(max_tokens=20, num_draft_tokens=2)), (PROMPTS[1], dict(max_tokens=9)),
@@ -285,8 +283,10 @@ def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatc
     for t, kw in specs:
         r = fused.make_request(SamplingParams(**kw), text=t)
         alone.append(tokens_of(run_to_end(fused, [r])[r.request_id]))
-    monkeypatch.setattr(ModelRunner, "fuses_rows", property(lambda self: False))
-    separate = outputs(make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native"))
+    unfused = make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native")
+    unfused.fuse_prefill = False
+    monkeypatch.setattr(unfused.target, "forward_split", lambda *a, **k: pytest.fail("fused with fuse_prefill off"))
+    separate = outputs(unfused)
     assert together == separate == alone
     assert all(len(t) >= 2 for t in together)
 
