@@ -53,11 +53,15 @@ static inline __m512 load_bf16(const uint16_t *p) {
     }
 
 static inline void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m512 a1, const float *bias) {
-    float tmp[NB];
-    _mm512_storeu_ps(tmp, a0);
-    _mm512_storeu_ps(tmp + 16, a1);
-    int64_t n = N - n0 < NB ? N - n0 : NB;
-    for (int64_t j = 0; j < n; ++j) yrow[n0 + j] = bias ? tmp[j] + bias[n0 + j] : tmp[j];
+    int64_t n = N - n0 < NB ? N - n0 : NB;                 /* outputs of this block that exist */
+    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    if (bias) {
+        a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(k0, bias + n0));
+        a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps(k1, bias + n0 + 16));
+    }
+    _mm512_mask_storeu_ps(yrow + n0, k0, a0);
+    _mm512_mask_storeu_ps(yrow + n0 + 16, k1, a1);
 }
 
 #define DEFINE_TILES(SUFFIX, WT, LOADW)                                                               \
