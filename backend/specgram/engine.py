@@ -185,8 +185,7 @@ class Engine:
         if chunks and decoding and self.fuse_prefill:
             # one forward for both: the decode rows ride along a compute-bound prefill for ~1 ms a row
             # instead of a forward of their own that streams every weight again
-            return outputs + self._guarded([r for r, _ in chunks] + decoding,
-                                           lambda _: self._prefill_and_decode(chunks, decoding))
+            return outputs + self._prefill_and_decode(chunks, decoding)
         if chunks:
             outputs += self._guarded([r for r, _ in chunks], lambda reqs: self._prefill(chunks))
         if decoding:
@@ -198,13 +197,17 @@ class Engine:
         try:
             return phase(reqs)
         except Exception as e:  # noqa: BLE001 - reported to each affected client
-            outs = []
-            for r in reqs:
-                if not r.finished:
-                    r.finish_reason = "error"
-                    error = f"internal error during generation: {e!r}"
-                    outs.append(self._finish(r, self.output.final(r, [], "", error)))
-            return outs
+            return self._fail(reqs, e)
+
+    def _fail(self, reqs: list[Request], e: Exception) -> list[RequestOutput]:
+        """Final error responses for the requests of a failed phase that have not finished yet."""
+        outs = []
+        for r in reqs:
+            if not r.finished:
+                r.finish_reason = "error"
+                error = f"internal error during generation: {e!r}"
+                outs.append(self._finish(r, self.output.final(r, [], "", error)))
+        return outs
 
     def _prefill(self, chunks: list[tuple[Request, int]]) -> list[RequestOutput]:
         """One forward over this step's prompt chunks; a request whose prompt is now complete gets its first
@@ -215,17 +218,28 @@ class Engine:
     def _prefill_and_decode(self, chunks: list[tuple[Request, int]], decoding: list[Request]) -> list[RequestOutput]:
         """_prefill and _decode with one target forward (the prompt chunks' rows first, then the verify rows).
         The decode requests draft and seal before the forward exactly as in _decode; each row's logits are
-        what its own forward would give, so outputs equal those of the two forwards."""
+        what its own forward would give, so outputs equal those of the two forwards. Failures stay on their
+        side: drafting or accepting fails only the decoding requests, committing first tokens only the
+        prompts' requests; the shared forward failing fails both."""
+        prompts = [r for r, _ in chunks]
         reqs = [r for r in decoding if not r.finished]      # aborted between admission and now
+        try:
+            available, proposals = self._seal_and_cut(reqs, self._draft(reqs))
+        except Exception as e:  # noqa: BLE001 - reported to each affected client
+            return self._fail(reqs, e) + self._guarded(prompts, lambda _: self._prefill(chunks))
         if not reqs:
-            return self._prefill(chunks)
-        available, proposals = self._seal_and_cut(reqs, self._draft(reqs))
+            return self._guarded(prompts, lambda _: self._prefill(chunks))
         rows, slots, starts = _chunk_rows(chunks)
         verify_rows, verify_slots, verify_starts = _verify_rows(reqs, proposals)
-        first, logits = self.target.forward_split(rows + verify_rows, slots + verify_slots, starts + verify_starts,
-                                                  n_last=len(chunks))            # [P, V], [B, 1 + max k, V]
-        outputs = self._prefilled(chunks, first)
-        return outputs + self._verified(reqs, proposals, available, logits, None)
+        try:                                                                          # [P, V], [B, 1 + k, V]
+            first, logits = self.target.forward_split(rows + verify_rows, slots + verify_slots,
+                                                      starts + verify_starts, n_last=len(chunks))
+        except Exception as e:  # noqa: BLE001 - reported to each affected client
+            return self._fail(prompts + reqs, e)
+        outputs = self._guarded(prompts, lambda _: self._prefilled(chunks, first))
+        # the step-cost model (auto draft length) learns from decode-only steps: this forward's time is mostly
+        # the prefill's
+        return outputs + self._guarded(reqs, lambda _: self._verified(reqs, proposals, available, logits, None))
 
     def _prefilled(self, chunks: list[tuple[Request, int]], logits: torch.Tensor) -> list[RequestOutput]:
         """After the chunks' forward (logits [P, V] at each chunk's last token): advance the prompts, and give

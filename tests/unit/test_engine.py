@@ -220,6 +220,28 @@ def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch):
     assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
 
 
+@pytest.mark.parametrize("broken", ["_mask_verify", "_draft", "forward_split"])
+def test_a_failure_in_a_shared_prefill_and_verify_step_fails_only_its_side(make_engine, monkeypatch, broken):
+    """A step whose prompt chunk and verify rows share one forward: a failure of the decode side (accepting,
+    drafting) fails only the decoding request, and the prompt that completes in that step still gets its
+    token and its final response; a failure of the shared forward fails both."""
+    engine = make_engine(device="cpu", linear="native")
+    running = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text="hi")
+    engine.add(running)
+    engine.step()                                                        # "hi" is prefilled: it now decodes
+    new = engine.make_request(SamplingParams(max_tokens=1), text=PROMPTS[1])
+    engine.add(new)
+    owner = engine.target if broken == "forward_split" else engine
+    monkeypatch.setattr(owner, broken, lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs[running.request_id].finish_reason == "error" and "boom" in outs[running.request_id].error
+    if broken == "forward_split":
+        assert outs[new.request_id].finish_reason == "error"
+    else:
+        assert outs[new.request_id].finish_reason == "length" and len(outs[new.request_id].token_ids) == 1
+    assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
+
+
 LONG = "A long prompt that is prefilled in several chunks, while other requests keep decoding. " * 2
 
 
@@ -258,6 +280,9 @@ def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engi
         [(0, 8), (1, 15), (2, 27)], [(2, 13), (3, 30)]]
     assert chunk_sizes(Scheduler(4, 16, pack_tokens=64), [40, 5]) == [    # the budget still caps a step
         [(0, 16)], [(0, 16)], [(0, 8), (1, 5)]]
+    assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [20, 5]) == [[(0, 20)], [(1, 5)]]   # 20 >= 20: ends
+    cpu = make_engine(device="cpu", linear="native")
+    assert cpu.scheduler.pack_tokens == 64 and cpu.fuse_prefill              # the CPU engine's defaults
 
 
 def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatch):

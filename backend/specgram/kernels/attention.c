@@ -288,6 +288,11 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
         if (largest == 1 || groups * Hkv >= 2 * nthreads) break;
     }
     group_n0[groups] = N;
+    /* Tasks in order row -> KV head -> group, split into one contiguous range per thread of about equal cost
+     * (query vectors x positions attended: a prompt chunk's later groups cost more). A thread so walks
+     * consecutive groups of one row and head (their K and V already in its cache from the previous group) and
+     * knows its next task, whose K it prefetches. (A static split: a thread preempted by another process holds
+     * up the call, where the GEMM's dynamic chunks would not; attention is a small share of a forward.) */
     int64_t *task_g = malloc(sizeof(int64_t) * 3 * groups * Hkv), *task_h = task_g + groups * Hkv;
     int64_t *task_cost = task_h + groups * Hkv, total = 0;
     for (int64_t g0 = 0, g1; g0 < groups; g0 = g1) {               /* g0 .. g1 - 1: the groups of one row */
