@@ -170,6 +170,17 @@ class Engine:
     def _commit(self, req: Request, tokens: list[int]) -> RequestOutput:
         return self._finish(req, self.output.commit(req, tokens))
 
+    def _commit_each(self, reqs: list[Request], tokens: list[list[int]]) -> list[RequestOutput]:
+        """Commit each request's tokens; a failure while committing one fails that request alone (the others'
+        responses, final ones included, still go out)."""
+        outs = []
+        for r, toks in zip(reqs, tokens):
+            try:
+                outs.append(self._commit(r, toks))
+            except Exception as e:  # noqa: BLE001 - reported to the affected client
+                outs += self._fail([r], e)
+        return outs
+
     # ---- the step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -258,7 +269,7 @@ class Engine:
             if users:
                 drafter.admit(users)
         first = self._pick(logits, reqs, [0] * len(reqs))[0].tolist()
-        return [self._commit(r, [t]) for r, t in zip(reqs, first)]
+        return self._commit_each(reqs, [[t] for t in first])
 
     def _decode(self, reqs: list[Request]) -> list[RequestOutput]:
         reqs = [r for r in reqs if not r.finished]          # aborted between admission and now
@@ -294,7 +305,7 @@ class Engine:
         accepted = self._accept(reqs, proposals, available, logits)
         if start is not None:
             self.costs.record(sum(1 + len(p.tokens) for p in proposals), time.perf_counter() - start)
-        return [self._commit(r, toks) for r, toks in zip(reqs, accepted)]
+        return self._commit_each(reqs, accepted)
 
     def draft_len(self, req: Request) -> int:
         """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the

@@ -242,6 +242,28 @@ def test_a_failure_in_a_shared_prefill_and_verify_step_fails_only_its_side(make_
     assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
 
 
+def test_a_failure_while_committing_one_request_fails_that_request_alone(make_engine, monkeypatch):
+    """Two requests commit in the same step; committing the second raises: the first's final response still
+    goes out (it left the scheduler when it finished), the second gets an error, the slots are free."""
+    engine = make_engine()
+    done = engine.make_request(SamplingParams(max_tokens=1), text="hi")
+    broken = engine.make_request(SamplingParams(max_tokens=5), text=PROMPTS[1])
+    commit = engine.output.commit
+
+    def failing(req, tokens):
+        if req is broken:
+            raise RuntimeError("boom")
+        return commit(req, tokens)
+
+    monkeypatch.setattr(engine.output, "commit", failing)
+    engine.add(done)
+    engine.add(broken)
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs[done.request_id].finish_reason == "length" and len(outs[done.request_id].token_ids) == 1
+    assert outs[broken.request_id].finish_reason == "error" and "boom" in outs[broken.request_id].error
+    assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
+
+
 LONG = "A long prompt that is prefilled in several chunks, while other requests keep decoding. " * 2
 
 
