@@ -13,22 +13,10 @@ not depend on the schedule (the `exact` column compares each row with the first 
 """
 from __future__ import annotations
 
-import statistics
-
-from benchlib import (
-    BENCH_ENGINE,
-    arrival_args,
-    arrival_cases,
-    arrival_cells,
-    emit_report,
-    machine,
-    make_requests,
-    versions,
-)
+from benchlib import BENCH_ENGINE, arrival_args, arrival_cases, arrival_cells, arrival_header, arrival_run, emit_report
 
 from specgram.config import EngineConfig
 from specgram.engine import Engine
-from specgram.generate import generate
 from specgram.loading import load_tokenizer
 from specgram.request import AUTO_DRAFT
 
@@ -42,16 +30,6 @@ WORKLOADS = {"unguided, target only": (False, 0), "unguided, n-gram auto": (Fals
              "guided, n-gram auto": (True, AUTO_DRAFT)}
 
 
-def run_once(engine, cases, max_tokens, guided, k) -> dict:
-    reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens, "ngram", k,
-                         [c["guide"] for c in cases] if guided else None)
-    run = generate(engine, reqs, len(reqs))
-    ttft = [g.first_token_s for g in run.generations]
-    return dict(ttft_p50=statistics.median(ttft), ttft_mean=statistics.mean(ttft),
-                tok_s=sum(len(g.token_ids) for g in run.generations) / run.wall_s,
-                ids=[g.token_ids for g in run.generations])
-
-
 def main() -> None:
     args = arrival_args(__doc__)
     tok = load_tokenizer(args.model)
@@ -60,24 +38,22 @@ def main() -> None:
                                              max_slots=args.prompts, max_seq_len=640, max_draft_len=8,
                                              default_max_tokens=args.max_tokens, **BENCH_ENGINE))
     pack_default, fuse_default = engine.scheduler.pack_tokens, engine.fuse_prefill
-    run_once(engine, cases[:2], 4, False, 0)                                 # warm-up
+    arrival_run(engine, cases[:2], 4)                                 # warm-up
     results = {(w, s): [] for w in WORKLOADS for s in SETTINGS}
     for _ in range(args.repeat):
         for w, (guided, k) in WORKLOADS.items():
             for s, (prompt_end, shared) in SETTINGS.items():
                 engine.scheduler.pack_tokens = pack_default if prompt_end else engine.scheduler.max_prefill_tokens
                 engine.fuse_prefill = fuse_default and shared
-                results[(w, s)].append(run_once(engine, cases, args.max_tokens, guided, k))
+                results[(w, s)].append(arrival_run(engine, cases, args.max_tokens, k=k, guided=guided))
     prompt_tokens = sum(len(c["prompt_ids"]) for c in cases)
-    lines = ["# Prefill scheduling", "",
-             f"Command: `python scripts/bench_prefill_schedule.py{' --quick' if args.quick else ''}`  ",
-             f"Machine: {machine()}  ", f"Versions: {versions()}  ",
-             f"Workload: {len(cases)} JME extraction prompts sent at once ({prompt_tokens} prompt tokens in all), "
-             f"max_tokens {args.max_tokens}, greedy, max_prefill_tokens {engine.scheduler.max_prefill_tokens}; "
-             f"median of {args.repeat} interleaved runs",
-             "",
-             "| workload | schedule | TTFT p50 ms | TTFT mean ms | output tok/s | exact |",
-             "|---|---|---|---|---|---|"]
+    lines = arrival_header("Prefill scheduling", "bench_prefill_schedule.py", args,
+                           f"{len(cases)} JME extraction prompts sent at once ({prompt_tokens} prompt tokens in all), "
+                           f"max_tokens {args.max_tokens}, greedy, max_prefill_tokens "
+                           f"{engine.scheduler.max_prefill_tokens}; median of {args.repeat} interleaved runs")
+    lines += [
+        "| workload | schedule | TTFT p50 ms | TTFT mean ms | output tok/s | exact |",
+        "|---|---|---|---|---|---|"]
     for w in WORKLOADS:
         reference = results[(w, next(iter(SETTINGS)))][0]["ids"]
         for s in SETTINGS:

@@ -19,30 +19,11 @@ from __future__ import annotations
 
 import statistics
 
-from benchlib import (
-    BENCH_ENGINE,
-    arrival_args,
-    arrival_cases,
-    arrival_cells,
-    emit_report,
-    machine,
-    make_requests,
-    versions,
-)
+from benchlib import BENCH_ENGINE, arrival_args, arrival_cases, arrival_cells, arrival_header, arrival_run, emit_report
 
 from specgram.config import EngineConfig
 from specgram.engine import Engine
-from specgram.generate import generate
 from specgram.loading import load_tokenizer
-
-
-def run_once(engine, cases, max_tokens, concurrency=0) -> dict:
-    reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens)
-    run = generate(engine, reqs, concurrency or len(reqs))
-    ttft = [g.first_token_s for g in run.generations]
-    return dict(ttft_p50=statistics.median(ttft), ttft_mean=statistics.mean(ttft),
-                tok_s=sum(len(g.token_ids) for g in run.generations) / run.wall_s,
-                reused=sum(r.cached_prompt_tokens for r in reqs), ids=[g.token_ids for g in run.generations])
 
 
 def main() -> None:
@@ -57,7 +38,7 @@ def main() -> None:
                                                         max_slots=args.prompts, max_seq_len=640,
                                                         default_max_tokens=args.max_tokens, **settings))
     for engine in engines.values():                                   # warm-up
-        run_once(engine, cases[:2], 4)
+        arrival_run(engine, cases[:2], 4)
     scenarios = ("one at a time", "at once", "resent")
     results = {(mode, scen): [] for mode in engines for scen in scenarios}
     for _ in range(args.repeat):
@@ -66,17 +47,16 @@ def main() -> None:
                 if engine.prefix and scen != "resent":
                     engine.prefix.clear()
                 c = 1 if scen == "one at a time" else 0
-                results[(mode, scen)].append(run_once(engine, cases, args.max_tokens, c))
+                results[(mode, scen)].append(arrival_run(engine, cases, args.max_tokens, c))
     reference = results[("off", "at once")][0]["ids"]
     prompt_tokens = sum(len(c["prompt_ids"]) for c in cases)
-    lines = ["# Prompt-prefix reuse", "",
-             f"Command: `python scripts/bench_prefix_cache.py{' --quick' if args.quick else ''}`  ",
-             f"Machine: {machine()}  ", f"Versions: {versions()}  ",
-             f"Workload: {len(cases)} JME extraction prompts ({prompt_tokens} prompt tokens in all), "
-             f"max_tokens {args.max_tokens}, greedy, unguided, target only; median of {args.repeat} interleaved runs",
-             "",
-             "| scenario | prefix_cache | TTFT p50 ms | TTFT mean ms | output tok/s | prompt tokens reused | exact |",
-             "|---|---|---|---|---|---|---|"]
+    lines = arrival_header("Prompt-prefix reuse", "bench_prefix_cache.py", args,
+                           f"{len(cases)} JME extraction prompts ({prompt_tokens} prompt tokens in all), "
+                           f"max_tokens {args.max_tokens}, greedy, unguided, target only; median of {args.repeat} "
+                           "interleaved runs")
+    lines += [
+        "| scenario | prefix_cache | TTFT p50 ms | TTFT mean ms | output tok/s | prompt tokens reused | exact |",
+        "|---|---|---|---|---|---|---|"]
     for scen in scenarios:
         for mode in engines:
             rs = results[(mode, scen)]

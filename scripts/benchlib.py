@@ -228,6 +228,27 @@ def arrival_cases(tok, args: argparse.Namespace) -> list[dict]:
     return select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)
 
 
+def arrival_run(engine, cases: list[dict], max_tokens: int, concurrency: int = 0, k: int = 0,
+                guided: bool = False) -> dict:
+    """One timed run of the cases (greedy, n-gram drafter with num_draft_tokens k; concurrency 0 = all at
+    once) -> its TTFT p50 / mean (s), output tok/s, prompt tokens reused from the prefix cache, output ids."""
+    from specgram.generate import generate
+
+    reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens, "ngram", k,
+                         [c["guide"] for c in cases] if guided else None)
+    run = generate(engine, reqs, concurrency or len(reqs))
+    ttft = [g.first_token_s for g in run.generations]
+    return dict(ttft_p50=statistics.median(ttft), ttft_mean=statistics.mean(ttft),
+                tok_s=sum(len(g.token_ids) for g in run.generations) / run.wall_s,
+                reused=sum(r.cached_prompt_tokens for r in reqs), ids=[g.token_ids for g in run.generations])
+
+
+def arrival_header(title: str, script: str, args: argparse.Namespace, workload: str) -> list[str]:
+    """The first lines of an arrival benchmark's markdown report: title, command, machine, versions, workload."""
+    return [f"# {title}", "", f"Command: `python scripts/{script}{' --quick' if args.quick else ''}`  ",
+            f"Machine: {machine()}  ", f"Versions: {versions()}  ", f"Workload: {workload}", ""]
+
+
 def arrival_cells(runs: list[dict], reference: list) -> list[str]:
     """Report cells of one setting's repeated runs (dicts with ttft_p50, ttft_mean, tok_s, ids): the medians
     (TTFT in ms), and whether every run's output ids equal `reference`."""

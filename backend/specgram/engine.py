@@ -27,7 +27,8 @@ from .request import Request, RequestOutput, SamplingParams
 from .runner import ModelRunner
 from .scheduler import Scheduler
 
-# a native CPU forward is compute-bound from ~30 rows (2 cores: ~0.9 ms a row vs ~21 ms to stream the weights)
+# a CPU forward is compute-bound from a few dozen rows (native, 2 cores: ~0.9 ms a row vs ~21 ms to stream the
+# weights), so a prefill step's cost follows its tokens
 PREFILL_PACK_TOKENS_CPU = 64
 
 
