@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 try:
-    from specgram import contract
+    from specgram.serving import contract
 except ImportError:  # a source tree without the engine installed: the contract module is plain Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend"))
-    from specgram import contract
+    from specgram.serving import contract
 
 # Triton dtypes of the `llm` inputs as tritonclient takes them (STRING is BYTES on the client side)
 INPUT_DTYPES = {f.name: f.client_dtype for f in contract.INPUTS}

@@ -182,7 +182,7 @@ def main() -> None:
 
     import torch
 
-    from specgram.loading import load_tokenizer
+    from specgram.engine.loading import load_tokenizer
 
     torch.manual_seed(0)
     tok = load_tokenizer(args.model)

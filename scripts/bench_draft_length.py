@@ -27,7 +27,7 @@ from pathlib import Path
 from benchlib import BENCH_ENGINE, REPO, machine, make_requests, select_cases, set_threads, versions
 
 from specgram.config import EngineConfig
-from specgram.generate import generate
+from specgram.engine.generate import generate
 from specgram.request import AUTO_DRAFT
 
 CONFIGS = {"k=0": 0, "k=2": 2, "k=4": 4, "k=8": 8, "auto": AUTO_DRAFT}
@@ -88,8 +88,8 @@ def main() -> None:
     configs = [(n if n == "k=0" or len(args.ngram_min) == 1 else f"{n} n>={m}", CONFIGS[n], m)
                for n in names for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)]
 
-    from specgram.engine import Engine
-    from specgram.loading import load_tokenizer
+    from specgram.engine.engine import Engine
+    from specgram.engine.loading import load_tokenizer
 
     tok = load_tokenizer(args.model)
     cases = select_cases(tok, args.prompts, args.max_tokens)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "backend"))
 
 import torch  # noqa: E402
 
-from specgram.runner import ModelRunner  # noqa: E402
+from specgram.model.runner import ModelRunner  # noqa: E402
 
 
 def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5) -> float:

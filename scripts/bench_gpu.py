@@ -71,7 +71,7 @@ def cuda_ms(fn, repeats: int = 20) -> float:
 
 
 def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
-    from specgram.runner import ModelRunner
+    from specgram.model.runner import ModelRunner
 
     rows = []
     dev = torch.device("cuda")
@@ -94,8 +94,8 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
 
 def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
     from specgram.config import EngineConfig
-    from specgram.engine import Engine
-    from specgram.generate import generate
+    from specgram.engine.engine import Engine
+    from specgram.engine.generate import generate
     from specgram.request import SamplingParams
 
     target = str(ckpts["target-1B"])

@@ -52,12 +52,12 @@ from benchlib import (
     versions,
 )
 
-from specgram import grammar as grammar_mod
-from specgram import masks as masks_mod
 from specgram.config import EngineConfig
-from specgram.engine import Engine
+from specgram.engine.engine import Engine
+from specgram.engine.loading import load_tokenizer
 from specgram.errors import InvalidRequest
-from specgram.loading import load_tokenizer
+from specgram.grammar import guide as grammar_mod
+from specgram.grammar import masks as masks_mod
 
 # name -> (guided, drafter, k)
 CONFIGS = {

@@ -16,8 +16,8 @@ from __future__ import annotations
 from benchlib import BENCH_ENGINE, arrival_args, arrival_cases, arrival_cells, arrival_header, arrival_run, emit_report
 
 from specgram.config import EngineConfig
-from specgram.engine import Engine
-from specgram.loading import load_tokenizer
+from specgram.engine.engine import Engine
+from specgram.engine.loading import load_tokenizer
 from specgram.request import AUTO_DRAFT
 
 SETTINGS = {                                      # name -> (prompt-end steps, shared forward)

@@ -32,10 +32,10 @@ import torch
 from benchlib import chat_ids, common_args, machine, make_requests, run_batches, select_configs, set_threads, versions
 
 from specgram.config import EngineConfig
-from specgram.drafters import DraftModelDrafter
-from specgram.engine import Engine
-from specgram.loading import load_tokenizer
-from specgram.runner import ModelRunner
+from specgram.engine.engine import Engine
+from specgram.engine.loading import load_tokenizer
+from specgram.model.runner import ModelRunner
+from specgram.speculation.draft_model import DraftModelDrafter
 
 PROMPTS = [
     "Extract the people in this text as a JSON list of objects with keys name, age and city. Text: Alice Smith is 34 "
@@ -72,7 +72,7 @@ def load_draft(kind: str, target: ModelRunner, path: str, max_slots: int, max_se
     if kind == "bf16":
         return ModelRunner.from_pretrained(path, max_slots, max_seq_len, torch.device("cpu"), torch.bfloat16)
     if kind == "int8":
-        from specgram.quantize import quantize_dynamic_int8
+        from specgram.model.quantize import quantize_dynamic_int8
         return ModelRunner(quantize_dynamic_int8(target.model), max_slots, max_seq_len)
     raise ValueError(kind)
 

@@ -48,7 +48,7 @@ def prompt_text(item: dict) -> str:
 
 def chat_ids(tok, text: str) -> list[int]:
     """The ids the engine builds for a request with apply_chat_template=True (its own prompt builder)."""
-    from specgram.prompt import prompt_ids
+    from specgram.engine.prompt import prompt_ids
 
     return prompt_ids(tok, text, None, chat=True)
 
@@ -67,7 +67,7 @@ def select_cases(tok, n: int, max_tokens: int, items: list[dict] | None = None) 
 
 def eos_ids(model: str, tok) -> set[int]:
     """The EOS ids the engine stops on for this checkpoint (specgram.loading)."""
-    from specgram.loading import checkpoint_eos_ids
+    from specgram.engine.loading import checkpoint_eos_ids
 
     return checkpoint_eos_ids(model, tok)
 
@@ -109,7 +109,7 @@ def compile_guide(engine, guide: str):
 def run_batches(engine, reqs: list, batch: int) -> list:
     """Groups of `batch` requests, each group submitted together and run to its end before the next
     (batch 1 = one after another). -> the specgram.generate Runs; raises on a request's error."""
-    from specgram.generate import generate
+    from specgram.engine.generate import generate
 
     runs = [generate(engine, reqs[i:i + batch]) for i in range(0, len(reqs), batch)]
     errors = [e for r in runs for e in r.errors]
@@ -232,7 +232,7 @@ def arrival_run(engine, cases: list[dict], max_tokens: int, concurrency: int = 0
                 guided: bool = False) -> dict:
     """One timed run of the cases (greedy, n-gram drafter with num_draft_tokens k; concurrency 0 = all at
     once) -> its TTFT p50 / mean (s), output tok/s, prompt tokens reused from the prefix cache, output ids."""
-    from specgram.generate import generate
+    from specgram.engine.generate import generate
 
     reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens, "ngram", k,
                          [c["guide"] for c in cases] if guided else None)

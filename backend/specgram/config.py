@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelLoadError
-from .linear import LINEAR_KINDS
-from .prefix_cache import MODES as PREFIX_MODES
+from .model.linear import LINEAR_KINDS
+
+PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is bitwise exact (native forward)
 
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")

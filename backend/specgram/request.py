@@ -4,42 +4,22 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
 
-from .adaptive import RequestAcceptance
 from .errors import InvalidRequest
+from .wire import ErrorKind, FinishReason
 
 if TYPE_CHECKING:
-    from .grammar import Guide, PendingGrammar
+    from .grammar.compiler import PendingGrammar
+    from .grammar.guide import Guide
+    from .speculation.adaptive import RequestAcceptance
 
 _ids = itertools.count(1)
 MAX_STOP_STRINGS = 16
 UINT64_MAX = 2**64 - 1
 AUTO_DRAFT = -1     # num_draft_tokens: the engine chooses the draft length per request per step
-
-
-class WireEnum(str, Enum):
-    """A str-valued enum: members compare, hash, print and format as their wire strings."""
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-class FinishReason(WireEnum):
-    """The `finish_reason` output of a final response (and the label of the requests metric)."""
-    STOP = "stop"               # EOS, a stop string, or the request's grammar completed
-    LENGTH = "length"           # max_tokens or the context limit
-    CANCELLED = "cancelled"     # the client cancelled, or the server is shutting down
-    TIMEOUT = "timeout"         # request_timeout_s or the request's own timeout passed while it ran
-    ERROR = "error"             # the request failed (RequestOutput.error says why)
-
-
-class ErrorKind(WireEnum):
-    INVALID = "invalid"         # the request's fault (e.g. its grammar): INVALID_ARG
-    INTERNAL = "internal"       # a failure inside a forward, or the engine stopped: INTERNAL
-    UNAVAILABLE = "unavailable"  # not taken on: the server is at capacity or shutting down: UNAVAILABLE
 
 
 @dataclass
@@ -181,7 +161,7 @@ class Request:
     pending_grammar: PendingGrammar | None = None  # while its guide compiles
     guide: Guide | None = None             # once compiled (None: unconstrained)
     guide_ids: list[int] = field(default_factory=list)  # the guide's text, tokenized: a lookup source
-    acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)  # per draft source (adaptive k)
+    acceptance: RequestAcceptance | None = None   # per draft source (adaptive k), set when the engine takes it
 
     @property
     def all_ids(self) -> list[int]:

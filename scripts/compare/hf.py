@@ -53,7 +53,7 @@ def load(model_path: str):
 
 
 def int8_assistant(model):
-    from specgram.quantize import quantize_dynamic_int8
+    from specgram.model.quantize import quantize_dynamic_int8
 
     return quantize_dynamic_int8(model)
 

@@ -36,7 +36,7 @@ def record(system, config, guided, concurrency, wall, reqs, drafted, accepted, d
 
 def make_engine(model: str, max_seq_len: int, max_tokens: int, slots: int):
     from specgram.config import EngineConfig
-    from specgram.engine import Engine
+    from specgram.engine.engine import Engine
 
     return Engine.from_config(EngineConfig(checkpoint=model, device="cpu", dtype="float32", max_slots=slots,
                                            max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=max_tokens,
@@ -48,7 +48,7 @@ def run_inprocess(engine, tok, cases, config, guided, concurrency, max_tokens) -
     before the next step (what `concurrency` clients that resend at once would do)."""
     from benchlib import make_requests
 
-    from specgram.generate import generate
+    from specgram.engine.generate import generate
 
     drafter, k = CONFIGS[config]
     reqs = make_requests(engine, [c["prompt_ids"] for c in cases], max_tokens, drafter, k,

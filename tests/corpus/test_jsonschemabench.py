@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from specgram.grammar import GrammarCompiler, Guide, token_allowed
-from specgram.masks import StepMasks
-from specgram.schema_keywords import unenforced_keyword
+from specgram.grammar.compiler import GrammarCompiler
+from specgram.grammar.guide import Guide, token_allowed
+from specgram.grammar.masks import StepMasks
+from specgram.grammar.schema_keywords import unenforced_keyword
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("JSONSCHEMABENCH", REPO / "tests" / "data" / "jsonschemabench"))  # vendored sample

@@ -1,7 +1,7 @@
 import pytest
 
 from specgram.config import EngineConfig
-from specgram.engine import Engine
+from specgram.engine.engine import Engine
 
 from ..conftest import TEST_DEVICE
 from .tiny import save_checkpoint

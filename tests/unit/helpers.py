@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specgram import sampling
 from specgram.config import EngineConfig
-from specgram.engine import Engine
-from specgram.generate import generate
+from specgram.engine.engine import Engine
+from specgram.engine.generate import generate
 from specgram.request import SamplingParams
+from specgram.speculation import sampling
 
 from . import fake_pb_utils as pb
 from .tiny import save_checkpoint

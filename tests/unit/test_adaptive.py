@@ -2,9 +2,9 @@
 output stays exact whatever k the engine chooses (greedy: token-identical; sampled: the target's distribution)."""
 import pytest
 
-from specgram import adaptive
-from specgram.adaptive import Acceptance, RequestAcceptance, StepCosts, allocate
 from specgram.request import AUTO_DRAFT, SamplingParams
+from specgram.speculation import adaptive
+from specgram.speculation.adaptive import Acceptance, RequestAcceptance, StepCosts, allocate
 
 from .helpers import (
     PROMPTS,

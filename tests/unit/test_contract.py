@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specgram import contract, protocol
 from specgram.request import SamplingParams
+from specgram.serving import contract, protocol
 
 REPO = Path(__file__).resolve().parents[2]
 

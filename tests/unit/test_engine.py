@@ -28,7 +28,7 @@ def test_greedy_equals_hf_generate(make_engine, prompt):
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
 def test_other_llama_family_types_equal_hf(tmp_path, model_type):
     from specgram.config import EngineConfig
-    from specgram.engine import Engine
+    from specgram.engine.engine import Engine
 
     from .tiny import save_checkpoint
     ckpt = save_checkpoint(tmp_path / model_type, model_type=model_type, seed=3)
@@ -280,7 +280,7 @@ def test_chunked_prefill_equals_whole_prompt_prefill(make_engine, linear):
 
 
 def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engine):
-    from specgram.scheduler import Scheduler
+    from specgram.engine.scheduler import Scheduler
 
     engine = make_engine()
 
@@ -358,7 +358,7 @@ def test_running_requests_decode_while_a_long_prompt_prefills(make_engine):
 def test_engine_loop_builds_the_engine_on_its_own_thread(make_engine):
     import threading
 
-    from specgram.loop import EngineLoop
+    from specgram.serving.loop import EngineLoop
 
     built_on = []
 

@@ -4,10 +4,10 @@ tests run in scripts/gpu_check.sh."""
 import pytest
 import torch
 
-from specgram import cuda_graphs
-from specgram.masks import StepMasks
+from specgram.grammar.masks import StepMasks
+from specgram.model import cuda_graphs
+from specgram.model.transfer import h2d, long_tensor
 from specgram.request import SamplingParams
-from specgram.transfer import h2d, long_tensor
 
 from ..conftest import TEST_DEVICE
 from .helpers import run_to_end, tokens_of

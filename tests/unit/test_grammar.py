@@ -6,8 +6,10 @@ import re
 
 import pytest
 
-from specgram import grammar as grammar_mod
 from specgram.errors import InvalidRequest
+from specgram.grammar.compile import GuideType, xgrammar_reason
+from specgram.grammar.compiler import GrammarCompiler
+from specgram.grammar.guide import Guide
 from specgram.request import AUTO_DRAFT, SamplingParams
 
 from .helpers import (
@@ -36,7 +38,7 @@ def engine(tmp_path_factory):
 
 def matcher_accepts(engine, kind, guide, ids):
     """An independent check: a fresh xgrammar matcher accepts the ids one by one."""
-    g = grammar_mod.Guide(engine.grammar.compile(engine.grammar.check(kind, guide), guide))
+    g = Guide(engine.grammar.compile(engine.grammar.check(kind, guide), guide))
     return all(g.matcher.accept_token(t) for t in ids)
 
 
@@ -103,7 +105,7 @@ def test_grammar_end_finishes_even_with_ignore_eos(engine):
 
 
 def test_commit_of_an_illegal_token_is_a_bug_not_a_branch(engine):
-    g = grammar_mod.Guide(engine.grammar.compile("regex", "ab"))
+    g = Guide(engine.grammar.compile("regex", "ab"))
     a = engine.tokenizer("a", add_special_tokens=False)["input_ids"][0]
     with pytest.raises(AssertionError, match="violates the grammar"):
         g.commit(a + 1)
@@ -164,22 +166,22 @@ def test_forced_strings_are_drafted_in_multi_character_tokens():
 
     import torch
 
-    from specgram.loading import load_tokenizer
-    from specgram.masks import StepMasks
+    from specgram.engine.loading import load_tokenizer
+    from specgram.grammar.masks import StepMasks
 
     path = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
     if not path.is_dir():
         pytest.skip("the default model's tokenizer is fetched by scripts/setup.sh")
     tok = load_tokenizer(str(path))
     vocab = len(tok)
-    compiler = grammar_mod.GrammarCompiler(tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30,
+    compiler = GrammarCompiler(tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30,
                                            json_strict=True, json_any_whitespace=False)
     schema = json.dumps({"type": "object", "properties": {"customer_identifier": {"type": "integer"}},
                          "required": ["customer_identifier"], "additionalProperties": False})
     masks = StepMasks(vocab, 1, 8, torch.device("cpu"))
     drafted = {}
     for strings in (False, True):
-        guide = grammar_mod.Guide(compiler.compile(grammar_mod.GuideType.JSON_SCHEMA, schema))
+        guide = Guide(compiler.compile(GuideType.JSON_SCHEMA, schema))
         drafted[strings] = masks.forced_prefix(0, guide, 8, strings)
         assert guide.tentative == len(drafted[strings])      # every drafted token accepted tentatively
         guide.rollback()
@@ -191,4 +193,4 @@ def test_forced_strings_are_drafted_in_multi_character_tokens():
 def test_json_guide_type_takes_no_guide_text_and_errors_quote_only_the_reason(engine):
     with pytest.raises(InvalidRequest, match="must be empty for guide type 'json_object'"):
         engine.grammar.check("json_object", '{"type": "integer"}')
-    assert grammar_mod.xgrammar_reason(RuntimeError("[17:32:59] /project/cpp/x.cc:50: bad schema")) == "bad schema"
+    assert xgrammar_reason(RuntimeError("[17:32:59] /project/cpp/x.cc:50: bad schema")) == "bad schema"

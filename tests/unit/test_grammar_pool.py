@@ -13,7 +13,8 @@ import time
 import pytest
 
 from specgram.errors import InvalidRequest, Overloaded
-from specgram.grammar import GrammarCompiler, GuideType
+from specgram.grammar.compile import GuideType
+from specgram.grammar.compiler import GrammarCompiler
 from specgram.request import SamplingParams
 
 from .helpers import run_to_end
@@ -135,7 +136,7 @@ def test_close_stops_the_workers(tokenizer):
 
 
 def test_results_are_cached_and_usable(compiler):
-    from specgram.grammar import Guide
+    from specgram.grammar.guide import Guide
 
     compiled = wait(compiler.submit(*CHEAP))
     assert compiler.cache_bytes() > 0

@@ -11,10 +11,10 @@ from itertools import accumulate
 import pytest
 import torch
 
-from specgram.drafters import Drafter, Proposal
 from specgram.errors import InvalidRequest
-from specgram.protocol import parse
 from specgram.request import SamplingParams
+from specgram.serving.protocol import parse
+from specgram.speculation.drafter import Drafter, Proposal
 
 from .helpers import (
     PROMPTS,

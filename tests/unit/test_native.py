@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgram import kernels
 from specgram.errors import ModelLoadError
-from specgram.linear import NativeLinear, resolve_kind
-from specgram.runner import ModelRunner
+from specgram.model import kernels
+from specgram.model.linear import NativeLinear, resolve_kind
+from specgram.model.runner import ModelRunner
 
 from .tiny import build_model
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from specgram import grammar as grammar_mod
-from specgram.drafters.ngram import lookup
+from specgram.grammar.guide import Guide
+from specgram.speculation.ngram import lookup
 
 from .helpers import target_and_draft
 
@@ -58,7 +58,7 @@ def test_a_schema_quoted_in_the_prompt_does_not_hide_the_answers_own_layout(engi
     tok = engine.tokenizer
     prompt = tok.encode('{"ok": true, "n": false} and {"ok": {"type": "boolean"}, "n": {"type": "boolean"}}')
     answer = tok.encode('{"ok": true, "n": ')
-    guide = grammar_mod.Guide(engine.grammar.compile(engine.grammar.check("json_schema", schema), schema))
+    guide = Guide(engine.grammar.compile(engine.grammar.check("json_schema", schema), schema))
     for t in answer:
         guide.commit(t)
     seq = np.asarray(prompt + answer, dtype=np.int64)

@@ -4,7 +4,7 @@ import torch
 
 from specgram.config import EngineConfig
 from specgram.errors import ModelLoadError
-from specgram.placement import resolve_device
+from specgram.serving.placement import resolve_device
 
 
 @pytest.mark.parametrize("kind, dev_id, configured, expected", [

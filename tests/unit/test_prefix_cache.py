@@ -3,9 +3,9 @@ with reuse is token-identical to output without it, alone, concurrent and specul
 import pytest
 import torch
 
-from specgram import kernels
-from specgram.kv_cache import KVCache
-from specgram.prefix_cache import PrefixCache, common_prefix
+from specgram.engine.prefix_cache import PrefixCache, common_prefix
+from specgram.model import kernels
+from specgram.model.kv_cache import KVCache
 from specgram.request import SamplingParams
 
 from .helpers import run_to_end, tokens_of

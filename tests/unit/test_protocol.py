@@ -4,7 +4,7 @@ import pytest
 
 from specgram.config import EngineConfig
 from specgram.errors import InvalidRequest, ModelLoadError
-from specgram.protocol import parse
+from specgram.serving.protocol import parse
 
 
 def test_precedence_tensor_and_sampling_parameters_over_request_parameters():
@@ -95,7 +95,7 @@ def test_engine_config_booleans_from_strings():
 
 
 def test_load_errors_are_clear(tmp_path):
-    from specgram.engine import Engine
+    from specgram.engine.engine import Engine
     with pytest.raises(ModelLoadError, match="does not exist"):
         Engine.from_config(EngineConfig(checkpoint=str(tmp_path / "missing")))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
@@ -104,7 +104,7 @@ def test_load_errors_are_clear(tmp_path):
 
 
 def test_default_draft_length_depends_on_the_guide(tiny_ckpt):
-    from specgram.engine import Engine
+    from specgram.engine.engine import Engine
     from specgram.request import SamplingParams
     engine = Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), default_num_draft_tokens=1,
                                              default_num_draft_tokens_guided=3))

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from specgram import sampling
-from specgram.detokenize import IncrementalDetokenizer
-from specgram.stopping import find_stop, holdback
+from specgram.engine.detokenize import IncrementalDetokenizer
+from specgram.engine.stopping import find_stop, holdback
+from specgram.speculation import sampling
 
 from .tiny import build_tokenizer
 

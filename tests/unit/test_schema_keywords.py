@@ -9,7 +9,7 @@ import pytest
 import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
-from specgram.schema_keywords import describe, unenforced_keyword
+from specgram.grammar.schema_keywords import describe, unenforced_keyword
 
 OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
 

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from specgram.loop import EngineLoop
-from specgram.request import ErrorKind, FinishReason, SamplingParams
+from specgram.request import SamplingParams
+from specgram.serving.loop import EngineLoop
+from specgram.wire import ErrorKind, FinishReason
 
 from .helpers import run
 

@@ -2,9 +2,9 @@
 drafter, draft length and batch composition; sampled output has the target's distribution (chi-square)."""
 import pytest
 
-from specgram import verify
-from specgram.drafters import Drafter, Proposal
 from specgram.request import SamplingParams
+from specgram.speculation import sampling
+from specgram.speculation.drafter import Drafter, Proposal
 
 from .helpers import (
     PROMPTS,
@@ -183,7 +183,7 @@ def test_chi2_catches_a_broken_rejection_rule(tiny_vocab_engine, monkeypatch):
     """Resampling from p instead of norm(max(p - q, 0)) after a rejection skews the output: the test sees it."""
     engine = tiny_vocab_engine
     expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
-    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(sampling, "residual_distribution", lambda p, q: p)
     spec, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter="draft_model")
     stat, df = chi2_stat(spec, expected)
     assert stat > chi2_critical(df), (stat, df)

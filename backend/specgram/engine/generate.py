@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..request import Request, RequestOutput, SpecStats
 from .engine import Engine
-from .request import Request, RequestOutput, SpecStats
 
 
 @dataclass

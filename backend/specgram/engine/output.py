@@ -11,8 +11,8 @@ part was never streamed (it was held back as a possible stop string), so streame
 """
 from __future__ import annotations
 
+from ..request import Request, RequestOutput
 from .detokenize import IncrementalDetokenizer
-from .request import Request, RequestOutput
 from .stopping import find_stop, holdback
 
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 # ---- value checks: (field name, python value) -> checked value; raise InvalidRequest naming the field ---------
 
@@ -73,7 +73,7 @@ def to_str_list(name: str, v: Any) -> list[str]:
 
 
 def to_messages(name: str, v: Any) -> list[dict]:
-    from .prompt import parse_messages
+    from ..engine.prompt import parse_messages
 
     return parse_messages(v if isinstance(v, str) else json.dumps(v))
 

@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..engine.engine import Engine
+from ..request import Request, RequestOutput
+from ..wire import ErrorKind, FinishReason
 from .admission import Admission, Deadlines, Limit
-from .engine import Engine
-from .request import ErrorKind, FinishReason, Request, RequestOutput
 
 log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput], None]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ModelLoadError
 from . import kernels
-from .errors import ModelLoadError
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 LINEAR_KINDS = ("auto", "native", "torch")

@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from .errors import InvalidRequest, ModelLoadError, Overloaded
+from ..errors import InvalidRequest, ModelLoadError, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
     """A worker: compile each (kind, guide) it is sent; reply ("ok", seconds) or ("error", message)."""
     import xgrammar as xgr
 
-    from .grammar import compile_guide
+    from .compile import compile_guide
 
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
     compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)

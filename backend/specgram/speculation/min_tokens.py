@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .request import Request
-from .transfer import h2d, long_tensor
+from ..model.transfer import h2d, long_tensor
+from ..request import Request
 
 
 def eos_banned(req: Request, offset: int) -> bool:

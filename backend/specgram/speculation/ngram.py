@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..request import Request
-from .base import Drafter, PickFn, Proposal
+from .drafter import Drafter, PickFn, Proposal
 
 # candidates looked at per corpus and suffix length: later occurrences first (measured on JME prompts: more than
 # 4 changed no draft)

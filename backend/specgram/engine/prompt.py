@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 
 def parse_messages(raw: str) -> list[dict]:

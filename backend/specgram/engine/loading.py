@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import EngineConfig
-from .drafters import Drafter, DraftModelDrafter
-from .errors import ModelLoadError
-from .runner import ModelRunner
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+from ..model.runner import ModelRunner
+from ..speculation.draft_model import DraftModelDrafter
+from ..speculation.drafter import Drafter
 
 
 def load_tokenizer(path: str):
@@ -61,7 +62,7 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
         draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
                                             config.torch_dtype("draft_dtype"), static, config.linear)
     if config.draft_quantization == "int8":
-        from .quantize import quantize_dynamic_int8
+        from ..model.quantize import quantize_dynamic_int8
         base = (draft or target).model
         draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len, static)
     drafters: dict[str, Drafter] = {}

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
-from .transfer import h2d
+from .transfer import h2d, right_pad
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -54,15 +54,6 @@ def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | 
         mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
         mask[:, :, 0] |= ~mask.any(-1)
     return mask[:, None]
-
-
-def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
-    """Ragged token rows -> long [n_rows (default len(rows)), T] on the host, right-padded with 0 (padding
-    rows are all 0)."""
-    tokens = torch.zeros(n_rows or len(rows), max(map(len, rows)), dtype=torch.long)
-    for b, row in enumerate(rows):
-        tokens[b, :len(row)] = torch.tensor(row)
-    return tokens
 
 
 def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -19,9 +19,7 @@ because greedy output could then depend on which prompts came before.
 """
 from __future__ import annotations
 
-from .kv_cache import KVCache
-
-MODES = ("auto", "on", "off")
+from ..model.kv_cache import KVCache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

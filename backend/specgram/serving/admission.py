@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .request import Request
+from ..request import Request
 
 
 class Admission:

@@ -14,17 +14,20 @@ import time
 
 import torch
 
-from . import adaptive, choose, loading, min_tokens
-from .config import EngineConfig
-from .drafters import Drafter, GrammarOnlyDrafter, NgramDrafter, Proposal
-from .errors import InvalidRequest
-from .grammar import GrammarCompiler
-from .masks import StepMasks
+from ..config import EngineConfig
+from ..errors import InvalidRequest
+from ..grammar.compiler import GrammarCompiler
+from ..grammar.masks import StepMasks
+from ..model.runner import ModelRunner
+from ..request import Request, RequestOutput, SamplingParams
+from ..speculation import adaptive, min_tokens
+from ..speculation import sampling as choose
+from ..speculation.drafter import Drafter, GrammarOnlyDrafter, Proposal
+from ..speculation.ngram import NgramDrafter
+from . import loading
 from .output import Outputs
 from .prefix_cache import PrefixCache
 from .prompt import prompt_ids as build_prompt_ids
-from .request import Request, RequestOutput, SamplingParams
-from .runner import ModelRunner
 from .scheduler import Scheduler
 
 # a CPU forward is compute-bound from a few dozen rows (native, 2 cores: ~0.9 ms a row vs ~21 ms to stream the

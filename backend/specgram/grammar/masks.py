@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .grammar import Guide, bitmask_width, single_allowed_token, token_allowed
+from .guide import Guide, bitmask_width, single_allowed_token, token_allowed
 
 
 class StepMasks:

@@ -20,3 +20,12 @@ def h2d(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     """Python ints -> int64 tensor on `device` (built on the host, copied without blocking)."""
     return h2d(torch.tensor(values, dtype=torch.long), device)
+
+
+def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
+    """Ragged token rows -> long [n_rows (default len(rows)), T] on the host, right-padded with 0 (padding
+    rows are all 0)."""
+    tokens = torch.zeros(n_rows or len(rows), max(map(len, rows)), dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens[b, :len(row)] = torch.tensor(row)
+    return tokens

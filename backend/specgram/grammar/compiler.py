@@ -4,80 +4,25 @@ GrammarCompiler: one per tokenizer. A request's guide is checked when it arrives
 xgrammar would not enforce: schema_keywords.py), then compiled without blocking the step loop:
   - at once in the engine process when that is cheap and bounded: the builtin JSON grammar (compiled at load)
     and the compiled-grammar cache (an LRU keyed by (kind, guide), bounded in bytes);
-  - otherwise first in a worker process (grammar_pool.py), where a compile that outlives
+  - otherwise first in a worker process (pool.py), where a compile that outlives
     `grammar_compile_timeout_s` is killed, and, once a worker has compiled it in time, again in the engine
     process (a thread; xgrammar releases the GIL), which is then known to finish. Identical guides in flight
     share one compile.
 
-Guide: a request's matcher. The step moves it only in two ways:
-  tentative  accept drafted tokens while filling bitmask rows, then roll back exactly that many;
-  commit     accept the verified tokens, each of which must succeed (the masks guarantee it).
+A request then gets a Guide (guide.py) over the compiled grammar.
 """
 from __future__ import annotations
 
 import json
-import re
 import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
-import torch
-
-from .errors import InvalidRequest
-from .grammar_pool import TRIAL_S, CompilePool, Job
-from .request import WireEnum
+from ..errors import InvalidRequest
+from .compile import UNSUPPORTED_KEYWORDS, GuideType, compile_guide, normalize_guide_type
+from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
-
-
-class GuideType(WireEnum):
-    """The guide kinds the engine compiles (the values of `guided_decoding_guide_type`, aliases aside)."""
-    JSON = "json"                       # any JSON value; the guide may be empty
-    JSON_SCHEMA = "json_schema"
-    REGEX = "regex"
-    EBNF = "ebnf"                       # xgrammar EBNF / GBNF
-    STRUCTURAL_TAG = "structural_tag"   # xgrammar's structural tag (JSON)
-
-
-# what a client may send -> the kind (aliases as other servers spell them)
-GUIDE_TYPES = {**{t.value: t for t in GuideType}, "json_object": GuideType.JSON, "grammar": GuideType.EBNF,
-               "gbnf": GuideType.EBNF}
-UNSUPPORTED_KEYWORDS = ("error", "ignore")   # what json_unsupported_keywords may say
-
-
-def normalize_guide_type(guide_type: str) -> GuideType:
-    kind = GUIDE_TYPES.get(guide_type.lower())
-    if kind is None:
-        raise InvalidRequest(f"unknown guided_decoding_guide_type {guide_type!r}; "
-                             f"use one of {sorted(t.value for t in GuideType)}")
-    return kind
-
-
-def compile_guide(compiler, kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
-    """One compile with an xgrammar GrammarCompiler (in the engine process and in the workers alike).
-    Raises InvalidRequest with xgrammar's reason."""
-    try:
-        if kind == GuideType.JSON:
-            return compiler.compile_builtin_json_grammar()
-        if kind == GuideType.JSON_SCHEMA:
-            return compiler.compile_json_schema(guide, any_whitespace=json_any_whitespace, strict_mode=json_strict)
-        if kind == GuideType.REGEX:
-            return compiler.compile_regex(guide)
-        if kind == GuideType.EBNF:
-            return compiler.compile_grammar(guide)
-        return compiler.compile_structural_tag(guide)
-    except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types with a useful message
-        raise InvalidRequest(f"cannot compile the {kind} guide: {xgrammar_reason(e)[:500]}") from None
-
-
-# xgrammar's messages start with its log line's prefix: "[17:32:59] /project/cpp/json_schema_converter.cc:5082: "
-_LOG_PREFIX = re.compile(r"^\s*(\[\d\d:\d\d:\d\d\]\s*)?\S+\.(cc|h|cpp):\d+:\s*")
-
-
-def xgrammar_reason(e: Exception) -> str:
-    """An xgrammar exception's message without its log prefix (time stamp, C++ source file and line)."""
-    return _LOG_PREFIX.sub("", str(e).strip())
 
 
 class GrammarCompiler:
@@ -266,68 +211,3 @@ class PendingGrammar:
         if self._on_cancel is not None and not self.future.done():
             self._on_cancel()
             self._on_cancel = None
-
-
-def bitmask_width(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32
-
-
-def single_allowed_token(row: np.ndarray) -> int:
-    """row: [W] int32 bitmask -> the token id if exactly one bit is set, else -1."""
-    nz = np.flatnonzero(row)
-    if nz.size != 1:
-        return -1
-    word = int(row[nz[0]]) & 0xFFFFFFFF
-    if word & (word - 1):
-        return -1
-    return int(nz[0]) * 32 + word.bit_length() - 1
-
-
-def token_allowed(row: np.ndarray, token: int) -> bool:
-    return bool((int(row[token >> 5]) >> (token & 31)) & 1)
-
-
-class Guide:
-    """A request's grammar state (one xgrammar matcher) plus its tentative-accept bookkeeping."""
-
-    def __init__(self, compiled):
-        import xgrammar as xgr
-
-        self.matcher = xgr.GrammarMatcher(compiled)    # rollback depth is unlimited in xgrammar >= 0.2
-        self.tentative = 0          # tokens accepted since the last commit, to be rolled back
-
-    def fill(self, bitmask: torch.Tensor, index: int) -> None:
-        """Write the mask for the next position (after the tentative tokens) into bitmask[index]."""
-        self.matcher.fill_next_token_bitmask(bitmask, index)
-
-    def try_tentative(self, token: int) -> bool:
-        if self.matcher.accept_token(token):
-            self.tentative += 1
-            return True
-        return False
-
-    def legal_prefix(self, tokens: list[int]) -> int:
-        """-> how many of tokens, in order, the grammar accepts after the current (tentative) state; the
-        matcher is left as it was."""
-        n = 0
-        for t in tokens:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(t):
-                break                   # (nothing follows the stop token: do not even ask the matcher)
-            n += 1
-        if n:
-            self.matcher.rollback(n)
-        return n
-
-    def rollback(self) -> None:
-        if self.tentative:
-            self.matcher.rollback(self.tentative)
-            self.tentative = 0
-
-    def commit(self, token: int) -> None:
-        assert self.tentative == 0, "commit with tentative tokens still accepted"
-        if not self.matcher.accept_token(token):
-            raise AssertionError(f"committed token {token} violates the grammar: masks and matcher disagree")
-
-    @property
-    def terminated(self) -> bool:
-        return self.matcher.is_terminated()

@@ -13,7 +13,7 @@ Pure string logic (no Triton import): the Triton adapter passes args["model_inst
 """
 from __future__ import annotations
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 
 def resolve_device(instance_kind: str | None, device_id: int | str | None, configured: str) -> str:

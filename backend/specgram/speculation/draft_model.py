@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from ..model.runner import ModelRunner
 from ..request import Request
-from ..runner import ModelRunner
-from ..verify import one_hot_rows
-from .base import Drafter, PickFn, Proposal
+from .drafter import Drafter, PickFn, Proposal
+from .sampling import one_hot_rows
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

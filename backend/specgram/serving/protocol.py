@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidRequest
+from ..request import SamplingParams
 from .contract import OPTIONS
-from .errors import InvalidRequest
-from .request import SamplingParams
 
 # the options (inputs that may also come in sampling_parameters or as request parameters) -> SamplingParams
 _PARAMS = {name: f.param for name, f in OPTIONS.items() if f.param is not None}

@@ -18,10 +18,10 @@ from collections import deque
 
 import torch
 
-from .errors import InvalidRequest
-from .grammar import Guide
+from ..errors import InvalidRequest
+from ..grammar.guide import Guide
+from ..request import Request
 from .prefix_cache import PrefixCache
-from .request import Request
 
 
 class Scheduler:

@@ -22,8 +22,7 @@ import logging
 
 import torch
 
-from .runner import right_pad  # runner imports this module only inside ModelRunner(): no cycle
-from .transfer import h2d
+from .transfer import h2d, right_pad
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,56 @@
+"""Guide kinds and one xgrammar compile (run alike in the engine process and in the compile workers)."""
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidRequest
+from ..wire import WireEnum
+
+
+class GuideType(WireEnum):
+    """The guide kinds the engine compiles (the values of `guided_decoding_guide_type`, aliases aside)."""
+    JSON = "json"                       # any JSON value; the guide may be empty
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    EBNF = "ebnf"                       # xgrammar EBNF / GBNF
+    STRUCTURAL_TAG = "structural_tag"   # xgrammar's structural tag (JSON)
+
+
+# what a client may send -> the kind (aliases as other servers spell them)
+GUIDE_TYPES = {**{t.value: t for t in GuideType}, "json_object": GuideType.JSON, "grammar": GuideType.EBNF,
+               "gbnf": GuideType.EBNF}
+UNSUPPORTED_KEYWORDS = ("error", "ignore")   # what json_unsupported_keywords may say
+
+
+def normalize_guide_type(guide_type: str) -> GuideType:
+    kind = GUIDE_TYPES.get(guide_type.lower())
+    if kind is None:
+        raise InvalidRequest(f"unknown guided_decoding_guide_type {guide_type!r}; "
+                             f"use one of {sorted(t.value for t in GuideType)}")
+    return kind
+
+
+def compile_guide(compiler, kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
+    """One compile with an xgrammar GrammarCompiler (in the engine process and in the workers alike).
+    Raises InvalidRequest with xgrammar's reason."""
+    try:
+        if kind == GuideType.JSON:
+            return compiler.compile_builtin_json_grammar()
+        if kind == GuideType.JSON_SCHEMA:
+            return compiler.compile_json_schema(guide, any_whitespace=json_any_whitespace, strict_mode=json_strict)
+        if kind == GuideType.REGEX:
+            return compiler.compile_regex(guide)
+        if kind == GuideType.EBNF:
+            return compiler.compile_grammar(guide)
+        return compiler.compile_structural_tag(guide)
+    except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types with a useful message
+        raise InvalidRequest(f"cannot compile the {kind} guide: {xgrammar_reason(e)[:500]}") from None
+
+
+# xgrammar's messages start with its log line's prefix: "[17:32:59] /project/cpp/json_schema_converter.cc:5082: "
+_LOG_PREFIX = re.compile(r"^\s*(\[\d\d:\d\d:\d\d\]\s*)?\S+\.(cc|h|cpp):\d+:\s*")
+
+
+def xgrammar_reason(e: Exception) -> str:
+    """An xgrammar exception's message without its log prefix (time stamp, C++ source file and line)."""
+    return _LOG_PREFIX.sub("", str(e).strip())

@@ -1,0 +1,10 @@
+"""The model: a Llama-family forward over a slot-indexed KV cache.
+
+runner       ModelRunner (target and draft alike): ragged rows -> logits, writing the KV cache
+native       the native CPU forward (our C kernels, kernels/) with its fused projections
+linear       which matmul implementation runs (native kernels or PyTorch)
+kv_cache     slot x position cache, write indices
+cuda_graphs  the shape-static CUDA-graph path for small forwards
+transfer     host -> device copies that never stall the host
+quantize     the int8 dynamic-quantized draft copy
+"""

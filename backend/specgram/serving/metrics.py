@@ -1,0 +1,104 @@
+"""The Prometheus metrics a model instance exports on the server's metrics port (next to Triton's own nv_*).
+
+Triton's metric API comes in as an argument, so that this package never imports Triton.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+from ..request import RequestOutput
+from ..speculation.adaptive import SOURCES
+from ..wire import FinishReason
+from .loop import Load
+
+_TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+
+
+class Metrics:
+    """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
+
+    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int):
+        """metric_family: Triton's pb_utils.MetricFamily (passed in: this package never imports Triton)."""
+        F = metric_family
+        self._families = []   # a MetricFamily must outlive its Metrics: keep every family referenced
+
+        def family(name, doc, kind):
+            self._families.append(F(name=name, description=doc, kind=kind))
+            return self._families[-1]
+
+        counter = lambda name, doc: family(name, doc, F.COUNTER).Metric(labels=labels)  # noqa: E731
+        self.drafted = counter("specgram_draft_tokens_total", "Draft tokens proposed to the target")
+        self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
+        self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
+        self.prompt = counter("specgram_prompt_tokens_total", "Prompt tokens of finished requests")
+        self.reused = counter("specgram_prompt_tokens_reused_total",
+                              "Prompt tokens of finished requests whose KV was reused from the cache (prefix_cache)")
+        finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
+        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
+                         for reason in FinishReason}
+        def by_source(name, doc):       # source -> counter
+            fam = family(name, doc, F.COUNTER)
+            return {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
+
+        self.drafted_by = by_source("specgram_draft_tokens_by_source_total",
+                                    "Draft tokens proposed to the target, by source")
+        self.accepted_by = by_source("specgram_accepted_draft_tokens_by_source_total",
+                                     "Draft tokens the target accepted, by source")
+        self.draft_len = family("specgram_draft_tokens_per_step",
+                                "Draft tokens verified per decode step (0 included: the chosen k)", F.HISTOGRAM).Metric(
+            labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
+        self.accepted_len = family("specgram_accepted_drafts_per_step",
+                                   "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
+            labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
+        self.ttft = family("specgram_time_to_first_token_seconds",
+                           "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
+            labels=labels, buckets=_TTFT_BUCKETS)
+        gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
+        self.gauges = (  # in the order of publish()'s values
+            gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
+            gauge("specgram_requests_running", "Requests holding a KV slot (KV slots in use)"),
+            gauge("specgram_requests_compiling_grammar", "Waiting requests whose grammar is still compiling"),
+            gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"))
+        self.published: tuple | None = None
+        gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
+
+    def publish(self, load: Load, alive: bool) -> None:
+        """Set the gauges whose value changed."""
+        values = (load.waiting, load.running, load.compiling, int(alive))
+        for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values)):
+            if value != before:
+                gauge.set(value)
+        self.published = values
+
+    def release(self) -> None:
+        """Destroy every metric and family now. Left to the end of the process, the stub destroys them inside its
+        own destructor, after its shared memory is gone, and crashes (a segfault at every server stop)."""
+        vars(self).clear()
+        gc.collect()
+
+    def record(self, st, out: RequestOutput) -> None:
+        """st: the request's stream state (`arrived`, `first_token_at`: monotonic seconds; the first is set here)."""
+        if out.token_ids:
+            self.generated.increment(len(out.token_ids))
+            if st.first_token_at is None:
+                st.first_token_at = time.monotonic()
+                self.ttft.observe(st.first_token_at - st.arrived)
+        if out.finished:
+            self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
+            self.prompt.increment(out.num_input_tokens)
+            self.reused.increment(out.num_cached_tokens)
+            spec = out.spec
+            if spec is not None and spec.drafted:
+                self.drafted.increment(spec.drafted)
+                self.accepted.increment(spec.accepted)
+                for accepted, steps in enumerate(spec.accepted_hist):
+                    for _ in range(steps):
+                        self.accepted_len.observe(float(accepted))
+                for source, (drafted, accepted) in spec.by_source.items():
+                    self.drafted_by[source].increment(drafted)
+                    self.accepted_by[source].increment(accepted)
+            if spec is not None:
+                for k, steps in enumerate(spec.k_hist):
+                    for _ in range(steps):
+                        self.draft_len.observe(float(k))

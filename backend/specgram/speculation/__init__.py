@@ -1,0 +1,11 @@
+"""Speculation: who proposes drafts, how many, and which the target accepts.
+
+drafter      the Drafter interface, Proposal, and the grammar-only drafter (tokens a grammar forces)
+ngram        prompt lookup: continue the latest earlier occurrence of the current suffix (free)
+draft_model  a second, cheaper model (another ModelRunner with its own KV cache)
+adaptive     the draft length per request per step (acceptance estimates, step costs)
+sampling     token choice: greedy and sampled picks, greedy and rejection-sampling verification
+min_tokens   EOS banned below a request's min_tokens wherever a token is chosen
+No drafter changes the output: the target verifies every draft. Grammar-forced tokens also enter in front of
+every other drafter's proposal.
+"""
