@@ -52,13 +52,14 @@ def text_of(outputs):
 
 @contextlib.contextmanager
 def pinned_eos(engine, eos: int):
-    """The engine stops on `eos` alone while inside (the grammar compiler keeps its own stop tokens)."""
-    saved = engine.output.eos_ids
-    engine.output.eos_ids = {eos}
+    """The engine stops on `eos` alone, and min_tokens bans only it, while inside (the grammar compiler keeps its
+    own stop tokens)."""
+    saved = engine.output.eos_ids, engine.logits.eos_ids
+    engine.output.eos_ids = engine.logits.eos_ids = {eos}
     try:
         yield
     finally:
-        engine.output.eos_ids = saved
+        engine.output.eos_ids, engine.logits.eos_ids = saved
 
 
 # prompts of the speculation tests: the second and third repeat themselves, so n-gram lookup has matches

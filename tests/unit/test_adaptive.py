@@ -163,8 +163,8 @@ def test_auto_follows_the_cost_model(engines, monkeypatch):
     only_rows = costs_of(0.0, 0.05)
     monkeypatch.setattr(only_rows, "line", lambda: (0.0, 0.05))      # the fit's intercept is not exactly 0
     for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
-        monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs))
-        monkeypatch.setattr(engine, "population", adaptive.Population())    # no history from other tests
+        monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs))
+        monkeypatch.setattr(engine.planner, "population", adaptive.Population())    # no history from other tests
         spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
         assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
         hists = [o[-1].spec.k_hist for o in spec]
@@ -206,7 +206,7 @@ def tiny_vocab(tmp_path_factory):
 def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypatch):
     engine = tiny_vocab
     # 64 rows: drafts with a chance above ~0.2 pay
-    monkeypatch.setattr(engine, "costs", frozen(monkeypatch, costs_of(0.030, 0.0001)))
+    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs_of(0.030, 0.0001)))
     expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
     reqs = [engine.make_request(SamplingParams(max_tokens=3, ignore_eos=True, seed=i, num_draft_tokens=AUTO_DRAFT,
                                                drafter=drafter, **SAMPLE_PARAMS), prompt_ids=PROMPT)

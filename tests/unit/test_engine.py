@@ -220,7 +220,7 @@ def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch):
     assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
 
 
-@pytest.mark.parametrize("broken", ["_mask_verify", "_draft", "forward_split"])
+@pytest.mark.parametrize("broken", ["mask_verify", "draft", "forward_split"])
 def test_a_failure_in_a_shared_prefill_and_verify_step_fails_only_its_side(make_engine, monkeypatch, broken):
     """A step whose prompt chunk and verify rows share one forward: a failure of the decode side (accepting,
     drafting) fails only the decoding request, and the prompt that completes in that step still gets its
@@ -231,7 +231,7 @@ def test_a_failure_in_a_shared_prefill_and_verify_step_fails_only_its_side(make_
     engine.step()                                                        # "hi" is prefilled: it now decodes
     new = engine.make_request(SamplingParams(max_tokens=1), text=PROMPTS[1])
     engine.add(new)
-    owner = engine.target if broken == "forward_split" else engine
+    owner = {"mask_verify": engine.logits, "draft": engine.planner, "forward_split": engine.target.native}[broken]
     monkeypatch.setattr(owner, broken, lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     outs = {o.request_id: o for o in engine.step()}
     assert outs[running.request_id].finish_reason == "error" and "boom" in outs[running.request_id].error
@@ -304,7 +304,7 @@ def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engi
         [(0, 16)], [(0, 16)], [(0, 8), (1, 5)]]
     assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [20, 5]) == [[(0, 20)], [(1, 5)]]   # 20 >= 20: ends
     cpu = make_engine(device="cpu", linear="native")
-    assert cpu.scheduler.pack_tokens == 64 and cpu.fuse_prefill              # the CPU engine's defaults
+    assert cpu.scheduler.pack_tokens == 64 and cpu.target.fuse_steps              # the CPU engine's defaults
 
 
 def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatch):
@@ -322,8 +322,8 @@ def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatc
 
     fused = make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native")
     calls = []
-    split = fused.target.forward_split
-    monkeypatch.setattr(fused.target, "forward_split", lambda *a, **k: calls.append(1) or split(*a, **k))
+    split = fused.target.native.forward_split
+    monkeypatch.setattr(fused.target.native, "forward_split", lambda *a, **k: calls.append(1) or split(*a, **k))
     together = outputs(fused)
     assert len(calls) >= 10                                   # the long prompts' chunks rode with decode rows
     alone = []
@@ -331,8 +331,8 @@ def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatc
         r = fused.make_request(SamplingParams(**kw), text=t)
         alone.append(tokens_of(run_to_end(fused, [r])[r.request_id]))
     unfused = make_engine(max_slots=3, max_prefill_tokens=7, device="cpu", linear="native")
-    unfused.fuse_prefill = False
-    monkeypatch.setattr(unfused.target, "forward_split", lambda *a, **k: pytest.fail("fused with fuse_prefill off"))
+    unfused.target.fuse_steps = False
+    monkeypatch.setattr(unfused.target.native, "forward_split", lambda *a, **k: pytest.fail("fused: fuse_steps off"))
     separate = outputs(unfused)
     assert together == separate == alone
     assert all(len(t) >= 2 for t in together)

@@ -98,6 +98,7 @@ class ModelRunner:
             else:
                 kind = "torch"
         self.linear_kind = kind
+        self.fuse_steps = self.native is not None      # forward_step: prompt chunks and verify rows in one pass
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -156,17 +157,23 @@ class ModelRunner:
         return self.forward(h2d(tokens, dev), h2d(s, dev), h2d(st, dev), h2d(n, dev), last_only,
                             length=max(a + b for a, b in zip(starts, num_new)), widx=widx)
 
-    @property
-    def fuses_rows(self) -> bool:
-        """Whether forward_split() can serve prompt chunks and verify rows in one forward: the native CPU
-        forward, whose rows never mix (a row's logits are bitwise those of a forward of that row alone)."""
-        return self.native is not None
-
-    def forward_split(self, rows: list[list[int]], slots: list[int], starts: list[int],
-                      n_last: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward: logits [n_last, V] at the last token of rows[:n_last] (prompt chunks) and [B - n_last, T,
-        V] at every token of the other rows (verify rows). Only where fuses_rows."""
-        return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window)
+    def forward_step(self, rows: list[list[int]], slots: list[int], starts: list[int],
+                     n_last: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One engine step's forward: rows[:n_last] are prompt chunks -> logits [n_last, V] at each one's last
+        token; the other rows are verify rows -> logits [B - n_last, T, V] at every token (T the longest); None
+        for a side without rows. With fuse_steps (the native forward, whose rows never mix: each row's logits
+        are bitwise those of a forward of that row alone) both sides share one pass over the weights, so the
+        verify rows ride along a compute-bound prefill for about a millisecond a row. Otherwise each side gets
+        a forward of its own: a prompt chunk is never padded to a verify row's shape nor the reverse, and the
+        verify side keeps its small static shapes (CUDA graphs)."""
+        if self.fuse_steps and 0 < n_last < len(rows):
+            return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window)
+        first = rest = None
+        if n_last:
+            first = self.forward_rows(rows[:n_last], slots[:n_last], starts[:n_last], last_only=True)
+        if n_last < len(rows):
+            rest = self.forward_rows(rows[n_last:], slots[n_last:], starts[n_last:], last_only=False)
+        return first, rest
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,

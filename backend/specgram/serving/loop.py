@@ -186,13 +186,12 @@ class EngineLoop:
         """Shutting down: the waiting requests are refused now; the running ones may go on for grace_s."""
         if self._cut_at is None:
             self._grace_s, self._cut_at = grace_s, time.monotonic() + grace_s
-        for req in list(self.engine.scheduler.waiting):
-            self._deliver(self.engine.abort(req.request_id, FinishReason.ERROR, _SHUTTING_DOWN, ErrorKind.UNAVAILABLE))
+        for rid in self.engine.waiting_ids():
+            self._deliver(self.engine.abort(rid, FinishReason.ERROR, _SHUTTING_DOWN, ErrorKind.UNAVAILABLE))
 
     def _expire(self, now: float) -> None:
-        running = self.engine.scheduler.running
-        for rid, limit in self._deadlines.passed(now, lambda rid: rid not in running):
-            if rid in running:
+        for rid, limit in self._deadlines.passed(now, lambda rid: not self.engine.is_running(rid)):
+            if self.engine.is_running(rid):
                 self._deliver(self.engine.abort(rid, FinishReason.TIMEOUT))
             else:
                 self._deliver(self.engine.abort(
@@ -201,11 +200,10 @@ class EngineLoop:
 
     def _settle(self) -> None:
         """After a step: the requests that got a slot stop counting as waiting; the load is published."""
-        sched = self.engine.scheduler
         with self._lock:
             self._admission.settle()
             waiting = self._admission.waiting
-        self.load = Load(waiting, len(sched.running), sum(r.pending_grammar is not None for r in sched.waiting))
+        self.load = Load(waiting, *self.engine.load())
 
     def _deliver(self, out: RequestOutput | None) -> None:
         if out is None:

@@ -1,0 +1,50 @@
+"""Request intake: validate a client's request and tokenize its prompt, before it reaches the step loop.
+
+Called from any thread (the adapter's); everything it reads is set at load time. Raises InvalidRequest with a
+message the client can act on (Overloaded when too many guides wait to compile).
+"""
+from __future__ import annotations
+
+from ..config import EngineConfig
+from ..errors import InvalidRequest
+from ..grammar.compiler import GrammarCompiler
+from ..request import Request, SamplingParams
+from .prompt import prompt_ids as build_prompt_ids
+
+
+class Intake:
+    def __init__(self, config: EngineConfig, tokenizer, grammar: GrammarCompiler, drafters: dict,
+                 vocab_size: int):
+        self.config, self.tokenizer, self.grammar = config, tokenizer, grammar
+        self.drafters, self.vocab_size = drafters, vocab_size     # drafters: name -> Drafter (the engine's own dict)
+
+    def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
+                     chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
+        config = self.config
+        if params.num_draft_tokens is None:
+            params.num_draft_tokens = config.default_num_draft_tokens_guided if params.guide_type is not None \
+                else config.default_num_draft_tokens
+        params.validate(config.default_max_tokens, config.max_draft_len)
+        kind = None
+        if params.guide_type is not None:
+            kind = self.grammar.check(params.guide_type, params.guide)
+        if params.drafter is None:
+            params.drafter = config.default_drafter
+        if params.drafter not in self.drafters:
+            raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
+                                 f"available: {sorted(self.drafters)}")
+        ids = prompt_ids if prompt_ids is not None else build_prompt_ids(self.tokenizer, text, messages, chat)
+        if not ids:
+            raise InvalidRequest("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})")
+        limit = config.max_seq_len - 1
+        if len(ids) > limit:
+            raise InvalidRequest(f"the prompt has {len(ids)} tokens; this model accepts at most {limit} "
+                                 f"(max_seq_len {config.max_seq_len} minus one token to generate)")
+        req = Request(prompt_ids=list(ids), params=params)
+        if kind is not None:
+            req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop
+            if params.speculates and params.drafter == "ngram" and params.guide:
+                req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
+        return req

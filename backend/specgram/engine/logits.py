@@ -1,0 +1,51 @@
+"""Logits processing: every position's logits get the request's grammar mask and its min_tokens EOS ban before a
+token is chosen from them, whether a draft model drafts it, a completed prompt takes its first token, or the
+target verifies a draft. The same rows for draft and target keep both distributions on one support.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..grammar.masks import StepMasks
+from ..request import Request
+from ..speculation import min_tokens, sampling
+from ..speculation.drafter import Proposal
+
+
+class LogitsProcessor:
+    def __init__(self, masks: StepMasks, eos_ids: set[int]):
+        self.masks = masks
+        self.eos_ids = eos_ids
+
+    def mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
+        """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did,
+        then EOS banned where output position len(output_ids) + i is below min_tokens (as the drafts were)."""
+        width = logits.shape[1]
+        flat = logits.view(-1, logits.shape[-1])                                      # [B * T, V]
+        entries = [(b * width + i, r.slot, i) for b, r in enumerate(reqs) if r.guide is not None
+                   for i in range(1 + len(proposals[b].tokens))]
+        self.masks.apply(flat, entries)
+        min_tokens.apply(flat, [min_tokens.eos_banned(r, i) for r in reqs for i in range(width)], self.eos_ids)
+
+    def pick(self, logits: torch.Tensor, reqs: list[Request], offsets: list[int],
+             tentative: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits: [B, V], row b for reqs[b]'s token at output position len(output_ids) + offsets[b] ->
+        sampling.pick under each guided request's grammar mask at its current position, row (slot,
+        guide.tentative), and with EOS banned below min_tokens; with `tentative` (drafting) the picked tokens
+        are then accepted tentatively."""
+        guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
+        for _, r in guided:
+            self.masks.fill(r.slot, r.guide)
+        self.masks.apply(logits, [(j, r.slot, r.guide.tentative) for j, r in guided])
+        min_tokens.apply(logits, [min_tokens.eos_banned(r, o) for r, o in zip(reqs, offsets)], self.eos_ids)
+        ids, probs = sampling.pick(logits, reqs)
+        if tentative:
+            for j, r in guided:
+                accepted = r.guide.try_tentative(int(ids[j]))
+                assert accepted, "a token drawn under its grammar mask was rejected by the matcher"
+        return ids, probs
+
+    def draft_pick(self, logits: torch.Tensor, reqs: list[Request],
+                   offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafters' PickFn: pick() with the picks accepted tentatively."""
+        return self.pick(logits, reqs, offsets, tentative=True)

@@ -1,0 +1,135 @@
+"""Draft planning: which drafts each decoding request verifies in a step, and what the verify outcome teaches.
+
+For a step's decoding requests: grammar-forced tokens first (free), then each drafter continues the proposals
+of the requests that use it, batched across them (draft logits masked with the rows the target will use);
+auto requests are then cut by adaptive.allocate over the whole batch; guided proposals are sealed by their
+grammar (cut at the first illegal draft, the bonus row filled, the matcher rolled back). After the verify,
+settle() records what was accepted: statistics, acceptance estimates, the drafters' own state.
+"""
+from __future__ import annotations
+
+import time
+
+from ..grammar.masks import StepMasks
+from ..request import Request
+from . import adaptive
+from .drafter import Drafter, PickFn, Proposal
+
+
+def cut(p: Proposal, n: int) -> Proposal:
+    """The first n drafts of a proposal (the proposal itself when it is not longer)."""
+    if n >= len(p.tokens):
+        return p
+    return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n],
+                    None if p.sources is None else p.sources[:n])
+
+
+def tagged(p: Proposal, n_forced: int, drafter: str) -> Proposal:
+    """p with its per-token sources: the drafter's own tags, else the forced prefix then the drafter's name."""
+    if p.sources is None:
+        p.sources = ["forced"] * min(n_forced, len(p.tokens)) + [drafter] * max(len(p.tokens) - n_forced, 0)
+    return p
+
+
+class DraftPlanner:
+    def __init__(self, drafters: dict[str, Drafter], masks: StepMasks, max_draft_len: int, max_seq_len: int,
+                 forced_strings: bool):
+        self.drafters = drafters
+        self.masks = masks
+        self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
+        self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
+        self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
+
+    def start(self, req: Request) -> None:
+        req.acceptance = adaptive.RequestAcceptance(self.population)
+
+    def admitted(self, reqs: list[Request]) -> None:
+        """reqs' prompts are now complete in the target cache: their drafters see them."""
+        for name, drafter in self.drafters.items():
+            users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
+            if users:
+                drafter.admit(users)
+
+    def release(self, req: Request) -> None:
+        self.drafters[req.params.drafter].release(req)
+
+    def draft_len(self, req: Request) -> int:
+        """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the
+        k + 1 tokens a verify step may commit fit in max_tokens and in the context (k = 0 near the end costs
+        nothing)."""
+        k = self.max_draft_len if req.params.auto_draft else req.params.num_draft_tokens
+        k = min(k, self.max_draft_len, req.params.max_tokens - len(req.output_ids) - 1,
+                self.max_seq_len - req.num_tokens - 1)
+        return max(k, 0)
+
+    def draft(self, reqs: list[Request], pick: PickFn) -> list[Proposal]:
+        """-> per request its drafts for this step, cut to its k; guided ones stay tentatively accepted in their
+        matchers until seal(). pick: the engine's token choice, for drafters that sample."""
+        ks = [self.draft_len(r) for r in reqs]
+        prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, self.forced_strings) if r.guide and k else []
+                    for r, k in zip(reqs, ks)]
+        ks = self._draft_model_depths(reqs, ks, prefixes)
+        proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
+        for name, drafter in self.drafters.items():
+            idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
+            if idx:
+                start = time.perf_counter()
+                props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick,
+                                        [prefixes[i] for i in idx])
+                if name == "draft_model":
+                    self.costs.record_draft(max(ks[i] - len(prefixes[i]) for i in idx), time.perf_counter() - start)
+                for i, prop in zip(idx, props):
+                    proposals[i] = tagged(prop, len(prefixes[i]), name)
+        return [cut(p, k) for p, k in zip(proposals, ks)]
+
+    def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]]) -> list[int]:
+        """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
+        draft forward), from their acceptance estimates; the other requests count as one verify row each."""
+        auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
+        if not any(auto):
+            return ks
+        chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if a else []
+                   for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
+        cuts = adaptive.allocate(chances, auto, self.costs)
+        return [max(c, len(pre), min(1, k) if r.acceptance.probe_due else 0) if a else k
+                for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
+
+    def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
+        """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
+        whole batch; fixed-k requests count with all their drafts)."""
+        if not any(r.params.auto_draft for r in reqs):
+            return proposals
+        chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
+                   for r, p in zip(reqs, proposals)]
+        cuts = adaptive.allocate(chances, [r.params.drafter == "draft_model" for r in reqs], self.costs)
+        out = []
+        for r, p, c in zip(reqs, proposals, cuts):
+            if r.params.auto_draft:
+                # a draft model's estimate learns only from verified drafts: probe now and then
+                probe = r.params.drafter == "draft_model" and r.acceptance.probe_due
+                p = cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
+                r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
+            out.append(p)
+        return out
+
+    def seal(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
+        """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
+        bonus row filled, the matcher rolled back. After this every guided request has its mask rows for
+        positions 0..len(proposal)."""
+        return [cut(p, self.masks.seal(r.slot, r.guide, p.tokens)) if r.guide is not None else p
+                for r, p in zip(reqs, proposals)]
+
+    def settle(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
+               accepted: list[int], nxt: list[int]) -> list[list[int]]:
+        """After the verify: per request its accepted drafts a and the target's token t -> the tokens to commit
+        (drafts[:a] + [t]). available: the drafts before this step's cuts (a legal draft past the cut is a
+        free observation for the acceptance estimate)."""
+        out = []
+        for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt):
+            k = len(p.tokens)             # every proposal carries its sources from draft() on
+            r.spec.record(p.sources, a)
+            beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
+            r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
+            self.drafters[r.params.drafter].committed(r, a)
+            out.append(p.tokens[:a] + [t])
+        return out
