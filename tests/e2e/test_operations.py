@@ -9,6 +9,7 @@ import pytest
 import requests
 from collect import errors_of, ids_of, last_value, stream_infer
 from stream_client import build_inputs
+from triton_server import metric_total
 
 LONG = {"text_input": "Tell a long story.", "stream": True, "ignore_eos": True}
 
@@ -46,6 +47,9 @@ def test_load_gauges_on_the_metrics_port(triton_server):
 
     before = gauges(triton_server)
     assert before["specgram_kv_slots"] == 8 and before["specgram_engine_up"] == 1     # max_slots in config.pbtxt
+    text = requests.get(triton_server.metrics_url, timeout=30).text
+    kinds = {k for k in ("native", "torch") if metric_total(text, "specgram_forward", kind=k) == 1}
+    assert len(kinds) == 1, text          # exactly one forward implementation is reported, with value 1
     wait_for_gauge(triton_server, "specgram_requests_running", 0)      # an earlier test's request may just be ending
     assert gauges(triton_server)["specgram_requests_waiting"] == 0
     client, started = grpcclient.InferenceServerClient(triton_server.grpc_url), threading.Event()

@@ -18,8 +18,10 @@ _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 class Metrics:
     """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
 
-    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int):
-        """metric_family: Triton's pb_utils.MetricFamily (passed in: this package never imports Triton)."""
+    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int, forward: str):
+        """metric_family: Triton's pb_utils.MetricFamily (passed in: this package never imports Triton).
+        forward: the target's forward implementation ("native" C kernels or "torch"), exported as a gauge so that
+        a silent fall-back to the slower path shows on the metrics port."""
         F = metric_family
         self._families = []   # a MetricFamily must outlive its Metrics: keep every family referenced
 
@@ -62,6 +64,8 @@ class Metrics:
             gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"))
         self.published: tuple | None = None
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
+        family("specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)",
+               F.GAUGE).Metric(labels={**labels, "kind": forward}).set(1)
 
     def publish(self, load: Load, alive: bool) -> None:
         """Set the gauges whose value changed."""

@@ -128,7 +128,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
         self.metrics = Metrics(pb_utils.MetricFamily, {"model": args["model_name"], "version": args["model_version"]},
-                               self.engine.config.max_draft_len, self.engine.config.max_slots)
+                               self.engine.config.max_draft_len, self.engine.config.max_slots,
+                               self.engine.target.linear_kind)
         self.gauges_at = 0.0            # last time the sender thread looked at the load
         self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
         self.outbox: queue.Queue = queue.Queue()
