@@ -1,5 +1,5 @@
-"""The client contract is declared once (specgram/contract.py): config.pbtxt, the parser, the client and the
-README must agree with it."""
+"""The client contract is declared once (specgram/contract.py): config.pbtxt, the parser, the client and
+docs/api.md must agree with it."""
 import dataclasses
 import importlib.util
 import re
@@ -50,13 +50,13 @@ def test_pbtxt_parser_sees_a_disagreement():
     assert _pbtxt_block(broken, "input") != _pbtxt_block(text, "input")
 
 
-def test_readme_table_is_the_generated_one():
+def test_api_doc_table_is_the_generated_one():
     spec = importlib.util.spec_from_file_location("contract_table", REPO / "scripts" / "contract_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    block = module.readme_block((REPO / "README.md").read_text(encoding="utf-8"))
-    assert block, "README.md lacks the contract table markers"
-    assert block == contract.markdown(), "README contract table is stale: run python scripts/contract_table.py --write"
+    block = module.doc_block((REPO / "docs" / "api.md").read_text(encoding="utf-8"))
+    assert block, "docs/api.md lacks the contract table markers"
+    assert block == contract.markdown(), "docs/api.md contract table is stale: run python scripts/contract_table.py --write"
 
 
 def test_every_option_has_a_check_and_parameters_exist():

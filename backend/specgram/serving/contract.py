@@ -3,8 +3,8 @@ dims, how a value is checked, its default and what it means.
 
 Everything else derives from these tables: the adapter's tensor reader and response builder
 (model_repository/llm/1/model.py), the request parser (protocol.py), the client's tensor dtypes
-(client/stream_client.py) and the README's contract table (scripts/contract_table.py). A unit test checks that
-model_repository/llm/config.pbtxt declares exactly these inputs and outputs.
+(client/stream_client.py) and the contract tables of docs/api.md (scripts/contract_table.py). A unit test checks
+that model_repository/llm/config.pbtxt declares exactly these inputs and outputs.
 
 Pure Python (no torch, no Triton): the client imports it too.
 """
@@ -85,8 +85,8 @@ class Field:
     name: str
     dtype: str                      # Triton config data type without "TYPE_" (STRING, BOOL, INT32, UINT64, FP32)
     dims: tuple[int, ...]           # (1,) = one element; (-1,) = any number
-    doc: str                        # what it means, for the README table
-    default: str = ""               # what an absent value means, for the README table ("" = nothing to say)
+    doc: str                        # what it means, for the docs/api.md table
+    default: str = ""               # what an absent value means, for the docs/api.md table ("" = nothing to say)
     optional: bool = True
     convert: Callable[[str, Any], Any] | None = None  # the check applied to a client's value (inputs only)
     option: bool = True             # also accepted inside sampling_parameters and as a request parameter
@@ -175,7 +175,7 @@ OPTIONS = {f.name: f for f in INPUTS if f.option}
 
 
 def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
-    """The README form of a table: one row per field."""
+    """The markdown form of a table: one row per field."""
     def code(text: str) -> str:
         return f"`{text}`" if text else ""
 
@@ -192,7 +192,7 @@ def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
 
 
 def markdown() -> str:
-    """The README's contract section body (between its contract markers)."""
+    """docs/api.md's contract section body (between its contract markers)."""
     return "\n".join([
         "Inputs:", "", markdown_table(INPUTS), "",
         "Outputs (on every response; the speculative statistics are the request's totals, meaningful on the "
