@@ -56,7 +56,7 @@ def test_api_doc_table_is_the_generated_one():
     spec.loader.exec_module(module)
     block = module.doc_block((REPO / "docs" / "api.md").read_text(encoding="utf-8"))
     assert block, "docs/api.md lacks the contract table markers"
-    assert block == contract.markdown(), "docs/api.md contract table is stale: run python scripts/contract_table.py --write"
+    assert block == contract.markdown(), "docs/api.md is stale: run python scripts/contract_table.py --write"
 
 
 def test_every_option_has_a_check_and_parameters_exist():

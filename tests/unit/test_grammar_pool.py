@@ -4,8 +4,8 @@ xgrammar would not enforce are refused or, on request, ignored.
 
 The slow guide is a JSON schema with thousands of optional properties: xgrammar's compile time grows with the
 square of their number (9000 take ~20 s even with the tests' 259-token vocabulary on a loaded 2-core machine, in
-224 KB, within max_guide_bytes). Time bounds are generous: they separate "did not wait for a slow compile" (well
-under a second plus a worker start) from "waited for one" (many seconds)."""
+224 KB, within max_guide_bytes). The tests assert the order of events (a cheap guide is done while slow ones are
+not), never how long something took."""
 import json
 import os
 import time
@@ -72,14 +72,12 @@ def started(compiler, schema: str):
 
 def test_a_cheap_guide_does_not_wait_for_two_slow_ones(compiler):
     """Both workers are busy with slow schemas when the cheap guide arrives: after its trial one slow compile
-    keeps a long lane, the other is stopped and queued, and the cheap guide gets a fresh worker. Bound: trial
-    (0.5 s) + a worker start + a compile of milliseconds = ~1 s here; 5 s leaves room for a loaded machine,
-    and the slow ones have not finished by then (each takes several seconds)."""
+    keeps a long lane, the other is stopped and queued, and the cheap guide gets a fresh worker: it is compiled
+    while neither slow one has finished (a pool that made it wait would finish a slow one first)."""
     slow = [started(compiler, slow_schema(salt)) for salt in "ab"]
-    t0 = time.monotonic()
     wait(compiler.submit(*CHEAP))
-    assert time.monotonic() - t0 < 5.0
     assert not any(p.future.done() for p in slow)
+    assert compiler.pool.waiting() == 1, "one slow compile was stopped and queued again for a long lane"
 
 
 @pytest.mark.parametrize("compiler", [dict(timeout_s=1.0)], indirect=True)
@@ -88,7 +86,7 @@ def test_a_compile_past_its_budget_fails_and_its_worker_is_killed(compiler):
     t0 = time.monotonic()
     with pytest.raises(InvalidRequest, match="grammar_compile_timeout_s"):
         wait(compiler.submit(GuideType.JSON_SCHEMA, slow_schema()))
-    assert 1.0 <= time.monotonic() - t0 < 30.0       # the budget counts compile time (there was no queue)
+    assert time.monotonic() - t0 >= 1.0              # not stopped before its budget was spent
     [killed] = before - set(compiler.pool.worker_pids())
     assert gone(killed), "the timed-out compile's worker still runs"
     assert len(compiler.pool.worker_pids()) == 2      # replaced
@@ -108,14 +106,17 @@ def test_the_queue_is_bounded_and_identical_guides_share_one_compile(compiler):
 
 
 @pytest.mark.parametrize("compiler", [dict(trial_s=60)], indirect=True)
-def test_cancelling_the_last_waiter_stops_the_compile(compiler):
+def test_cancelling_the_last_waiter_stops_the_compile(compiler, monkeypatch):
+    cancelled = []
+    pool_cancel = compiler.pool.cancel
+    monkeypatch.setattr(compiler.pool, "cancel", lambda job: (cancelled.append(job), pool_cancel(job)))
     before = set(compiler.pool.worker_pids())
     first = started(compiler, slow_schema())
     second = compiler.submit(GuideType.JSON_SCHEMA, slow_schema())
     first.cancel()
-    time.sleep(0.5)
-    assert set(compiler.pool.worker_pids()) == before, "stopped although a request still waits for it"
+    assert cancelled == [], "the compile was stopped although a request still waits for it"
     second.cancel()
+    assert len(cancelled) == 1
     deadline = time.monotonic() + 10
     while set(compiler.pool.worker_pids()) >= before and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -30,57 +30,15 @@ import threading
 import time
 import weakref
 from collections import deque
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from ..errors import InvalidRequest, ModelLoadError, Overloaded
+from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
 
 TRIAL_S = 1.0       # most real schemas compile within this (docs/operating.md); longer ones are "long"
 _TICK_S = 0.5       # the dispatcher's longest sleep when no deadline is nearer
-
-
-@dataclass(eq=False)
-class Job:
-    """One guide to compile. future: -> seconds the compile took in its worker, or InvalidRequest."""
-    kind: str
-    guide: str
-    future: Future = field(default_factory=Future)
-    long: bool = False              # holds (or waits for) a long lane
-    cancelled: bool = False
-
-
-@dataclass(eq=False)
-class _Worker:
-    process: mp.process.BaseProcess
-    conn: mp.connection.Connection
-    ready: bool = False             # initialised (tokenizer loaded)
-    job: Job | None = None
-    started: float = 0.0            # when its job started
-
-
-def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
-    """A worker: compile each (kind, guide) it is sent; reply ("ok", seconds) or ("error", message)."""
-    import xgrammar as xgr
-
-    from .compile import compile_guide
-
-    info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
-    compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            kind, guide = conn.recv()
-        except (EOFError, OSError):         # the engine process closed the pool or is gone
-            return
-        t0 = time.monotonic()
-        try:
-            compile_guide(compiler, kind, guide, **options)
-            conn.send(("ok", time.monotonic() - t0))
-        except InvalidRequest as e:
-            conn.send(("error", str(e)))
 
 
 class CompilePool:
@@ -99,7 +57,7 @@ class CompilePool:
         self._new: deque[Job] = deque()
         self._long: deque[Job] = deque()
         self._cancelled: list[Job] = []
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._closed = False
         self._broken: str | None = None     # why workers cannot be started any more
         self._failed_starts = 0             # workers in a row that exited before they were ready
@@ -123,7 +81,7 @@ class CompilePool:
                 pass
             if not w.ready:
                 for other in self._workers:
-                    self._kill(other)
+                    other.kill()
                 raise ModelLoadError(f"a grammar compile worker did not start within {timeout_s:g} s (exit code "
                                      f"{w.process.exitcode}); see the server log for its error")
 
@@ -194,13 +152,9 @@ class CompilePool:
             self._shut_down()
 
     def _start_worker(self) -> None:
-        parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(child, *self._args), name="grammar-worker",
-                                    daemon=True)
-        process.start()
-        child.close()
+        w = Worker.start(self._ctx, self._args)
         with self._lock:
-            self._workers.append(_Worker(process, parent))
+            self._workers.append(w)
 
     def _wait_for_events(self) -> None:
         now = time.monotonic()
@@ -215,7 +169,7 @@ class CompilePool:
             elif sources[source] in self._workers:          # not already replaced this round
                 self._hear(sources[source])
 
-    def _deadline(self, w: _Worker, now: float) -> float:
+    def _deadline(self, w: Worker, now: float) -> float:
         """When w's job next needs a look: the end of its trial, else the end of its budget."""
         trial_end = w.started + self.trial_s
         return trial_end if not w.job.long and now < trial_end else w.started + self.timeout_s
@@ -227,7 +181,7 @@ class CompilePool:
         except BlockingIOError:
             pass
 
-    def _hear(self, w: _Worker) -> None:
+    def _hear(self, w: Worker) -> None:
         """A worker replied, or exited."""
         try:
             what, value = w.conn.recv()
@@ -276,7 +230,7 @@ class CompilePool:
         with self._lock:
             return queue.popleft() if queue else None
 
-    def _start_job(self, w: _Worker, job: Job, now: float) -> None:
+    def _start_job(self, w: Worker, job: Job, now: float) -> None:
         w.job, w.started = job, now
         try:
             w.conn.send((job.kind, job.guide))
@@ -289,22 +243,22 @@ class CompilePool:
     def _long_running(self) -> int:
         return sum(w.job is not None and w.job.long for w in self._workers)
 
-    def _overdue_trials(self, now: float) -> list[_Worker]:
+    def _overdue_trials(self, now: float) -> list[Worker]:
         """Workers whose job passed trial_s without a long lane for it, most recently started first."""
         over = [w for w in self._workers if w.job is not None and not w.job.long and now - w.started > self.trial_s]
         return sorted(over, key=lambda w: -w.started)
 
-    def _requeue(self, w: _Worker) -> None:
+    def _requeue(self, w: Worker) -> None:
         job = w.job
         self._replace(w, None)
         job.long = True
         with self._lock:
             self._long.append(job)
 
-    def _replace(self, w: _Worker, error: str | None) -> None:
+    def _replace(self, w: Worker, error: str | None) -> None:
         """Kill w (its memory goes back to the system) and start a fresh worker in its place; then its job
         fails with `error` unless that is None."""
-        self._kill(w)
+        w.kill()
         with self._lock:
             self._workers.remove(w)
         if not w.ready:
@@ -319,15 +273,9 @@ class CompilePool:
         if error is not None and w.job is not None and not w.job.cancelled:
             w.job.future.set_exception(InvalidRequest(error))
 
-    @staticmethod
-    def _kill(w: _Worker) -> None:
-        w.process.kill()
-        w.process.join(5)
-        w.conn.close()
-
     def _shut_down(self) -> None:
         for w in self._workers:
-            self._kill(w)
+            w.kill()
             if w.job is not None and not w.job.future.done():
                 w.job.future.set_exception(InvalidRequest("the server is shutting down"))
         with self._lock:

@@ -1,0 +1,70 @@
+"""One compile worker process and the job it runs (pool.py dispatches jobs to workers).
+
+A worker loads the tokenizer once, then compiles each (kind, guide) it is sent and replies with a verdict:
+("ok", seconds) or ("error", message). It never sends the compiled grammar back (pool.py says why).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ..errors import InvalidRequest
+
+
+@dataclass(eq=False)
+class Job:
+    """One guide to compile. future: -> seconds the compile took in its worker, or InvalidRequest."""
+    kind: str
+    guide: str
+    future: Future = field(default_factory=Future)
+    long: bool = False              # holds (or waits for) a long lane
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class Worker:
+    process: mp.process.BaseProcess
+    conn: mp.connection.Connection
+    ready: bool = False             # initialised (tokenizer loaded)
+    job: Job | None = None
+    started: float = 0.0            # when its job started
+
+    @classmethod
+    def start(cls, ctx, args: tuple) -> "Worker":
+        """A new worker process from ctx (the forkserver context); args: (tokenizer_info_json, options)."""
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=_worker_main, args=(child, *args), name="grammar-worker", daemon=True)
+        process.start()
+        child.close()
+        return cls(process, parent)
+
+    def kill(self) -> None:
+        """Stop the process (its memory goes back to the system) and close its pipe."""
+        self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
+    """A worker: compile each (kind, guide) it is sent; reply ("ok", seconds) or ("error", message)."""
+    import xgrammar as xgr
+
+    from .compile import compile_guide
+
+    info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
+    compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            kind, guide = conn.recv()
+        except (EOFError, OSError):         # the engine process closed the pool or is gone
+            return
+        t0 = time.monotonic()
+        try:
+            compile_guide(compiler, kind, guide, **options)
+            conn.send(("ok", time.monotonic() - t0))
+        except InvalidRequest as e:
+            conn.send(("error", str(e)))
