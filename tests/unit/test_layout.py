@@ -1,0 +1,90 @@
+"""The engine package's shape: packages by concern, small files, no import circles, no Triton."""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "backend" / "specgram"
+
+
+def _module_name(path: Path, pkg: Path) -> str:
+    parts = path.relative_to(pkg.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, pkg: Path) -> set[str]:
+    """specgram modules that path imports, anywhere in it: an import deferred into a function still ties the two
+    modules together (only `if TYPE_CHECKING:` blocks are left out)."""
+    name = _module_name(path, pkg)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
+                   for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("specgram")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = ".".join(base[:len(base) - node.level + 1])
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            if not mod.startswith("specgram"):
+                continue
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names}     # `from . import loading` names a module
+    return found
+
+
+def _graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    files = {_module_name(p, pkg): p for p in pkg.rglob("*.py")}
+    return {m: {i for i in _imports(p, pkg) if i in files and i != m} for m, p in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state and (c := visit(n)):
+                return c
+        state[m] = "done"
+        stack.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (c := visit(m)):
+            return c
+    return None
+
+
+def test_no_import_circles():
+    graph = _graph()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_files_are_small_and_the_top_level_is_short():
+    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, f"over 300 lines: {long}"
+    top = [p.name for p in PKG.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= 8, top
+
+
+def test_the_engine_never_imports_triton():
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.startswith(("triton_python_backend_utils", "tritonclient")) for n in names), p
