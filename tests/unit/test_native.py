@@ -119,7 +119,7 @@ def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
     def attend(qs, sl, pos):
         out = torch.empty(qs.shape[0], H * D)
         lib.specgram_attention(qs.data_ptr(), kc.data_ptr(), vc.data_ptr(), sl.data_ptr(), pos.data_ptr(), qs.shape[0],
-                               H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
+                               S, H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
         return out
 
     together = attend(q, slots, positions)

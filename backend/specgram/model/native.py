@@ -130,12 +130,44 @@ class NativeForward:
         logits[torch.arange(T)[None, :] < lengths[:, None]] = self.lm_head(x)
         return logits
 
+    def check_batch(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """ValueError unless the kernels can run this batch on `cache` without reading or writing out of bounds:
+        tokens, slots, positions contiguous int64 [N]; every slot in [0, S) and position in [0, P); the tokens
+        of one slot adjacent and in consecutive positions (the attention kernel's rows); the cache float32 of
+        this model's shape. Once per forward (every layer's kernels see the same batch): a few reductions over
+        [N], microseconds."""
+        L, S, Hkv, P, D = cache.v.shape
+        if (cache.v.dtype != torch.float32 or cache.k.dtype != torch.float32 or not cache.k_positions_last
+                or cache.k.shape != (L, S, Hkv, D, P) or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
+                or not (cache.k.is_contiguous() and cache.v.is_contiguous())):
+            raise ValueError(f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "
+                             f"not fit the native forward ({len(self.layers)} layers, {self.Hkv} KV heads of "
+                             f"{self.D}, float32, K positions last)")
+        N = tokens.shape[0]
+        for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions)):
+            if t.dtype != torch.long or t.shape != (N,) or not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous int64 tensor of shape ({N},), got "
+                                 f"{t.dtype} {tuple(t.shape)}")
+        if N == 0:
+            return
+        lo, hi = (int(v) for v in torch.aminmax(slots))
+        if lo < 0 or hi >= S:
+            raise ValueError(f"slot {lo if lo < 0 else hi} out of range: the cache has {S} slots")
+        lo, hi = (int(v) for v in torch.aminmax(positions))
+        if lo < 0 or hi >= P:
+            raise ValueError(f"position {lo if lo < 0 else hi} out of range: the cache holds {P} positions")
+        if N > 1:
+            same = slots[1:] == slots[:-1]
+            if bool((same & (positions[1:] != positions[:-1] + 1)).any()):
+                raise ValueError("tokens of one slot must be adjacent and in consecutive positions")
+
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        window: int | None) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
+        self.check_batch(cache, tokens, slots, positions)
         lib, nt = self.lib, torch.get_num_threads()
         N, E, H, Hkv, D, inter = tokens.shape[0], self.E, self.H, self.Hkv, self.D, self.inter
-        P = cache.v.shape[3]
+        S, P = cache.v.shape[1], cache.v.shape[3]
         h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
         cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
@@ -150,8 +182,8 @@ class NativeForward:
             kc, vc = cache.k[i], cache.v[i]                              # [S, Hkv, D, P], [S, Hkv, P, D]
             qkv = L.qkv(x)                                               # [N, (H + 2 Hkv) D]
             lib.specgram_rope_cache_write(ptr(qkv), ptr(cos), ptr(sin), ptr(kc), ptr(vc), ptr(slots), ptr(positions),
-                                          N, H, Hkv, D, P, ptr(q), nt)
-            lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), ptr(slots), ptr(positions), N, H, Hkv, D, P,
+                                          N, S, H, Hkv, D, P, ptr(q), nt)
+            lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), ptr(slots), ptr(positions), N, S, H, Hkv, D, P,
                                    window or 0, self.scaling, ptr(att), nt)
             o = L.o(att)                    # named: a tensor must outlive the native call that reads it
             lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), N, E, nt)

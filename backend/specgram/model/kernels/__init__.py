@@ -1,14 +1,22 @@
-"""Native CPU kernels, built from source with the system C compiler on first use and cached on disk.
+"""Native CPU kernels: C sources compiled with the system C compiler into one shared library, loaded by ctypes.
 
 gemm.c: the small-M matrix product (see its header for the layout and the batch invariance it guarantees);
 attention.c: rotary, KV-cache write and attention reading the cache in place; norm.c: RMSNorm with the
 residual add, and SiLU-and-multiply. Together they are the CPU forward's "native" path (native.py). They need
-an x86-64 CPU with AVX-512 and gcc (or $CC) with OpenMP; where either is missing, `load()` returns None and
-the runner keeps PyTorch's own matmuls. The shared library links the same
-libgomp as torch (already loaded, so the dynamic linker reuses it): one OpenMP thread pool for both.
+an x86-64 CPU with AVX-512 and gcc (or $CC) with OpenMP; where either is missing, `load()` logs a warning and
+returns None, and the runner keeps PyTorch's own matmuls. The shared library links the same libgomp as torch
+(already loaded, so the dynamic linker reuses it): one OpenMP thread pool for both.
 
-Cache: $SPECGRAM_KERNEL_CACHE, else ~/.cache/specgram/kernels; one file per source hash and compiler flags,
-so a restart (or another process: the Triton stub, the tests) does not compile again.
+Build: `python -m specgram.model.kernels build` (run by scripts/setup.sh) compiles into _build/ next to the
+sources; otherwise the first `load()` compiles. The file name carries a key over the compiler's identity (its
+resolved path and `--version` line), the flags and the sources, so a changed compiler, flag or source never
+reuses a stale library. A library is looked for in $SPECGRAM_KERNEL_CACHE (if set), then _build/, then
+~/.cache/specgram/kernels; one compiled on demand goes to the first of $SPECGRAM_KERNEL_CACHE and
+~/.cache/specgram/kernels that can be written (a container may mount either read-only), else to a private
+temporary directory of this process.
+
+SPECGRAM_KERNEL_DEBUG=1: a debug build (-O1 -g, asserts on slot, position and index ranges inside the
+kernels), under its own key.
 """
 from __future__ import annotations
 
@@ -27,16 +35,26 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gemm.c", HERE / "attention.c", HERE / "norm.c"]
 HEADERS = [HERE / "vexp.h"]
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
+PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
+CACHE_ENV, DEBUG_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG"
+# -ffp-contract=off: no fused multiply-adds but the explicit ones (rotary and norms round like transformers')
+_COMMON = ["-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
+FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
+DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 SIGNATURES = {   # argument types of every entry point (all return void)
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _INT],
-    "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
+    "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
+                                  _INT],
+    "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
 }
+
+
+class KernelsUnavailable(RuntimeError):
+    """The library cannot be built or loaded here; the message says why."""
 
 
 def cpu_has_avx512() -> bool:
@@ -47,48 +65,133 @@ def cpu_has_avx512() -> bool:
     return " avx512f" in flags and " avx512bw" in flags
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECGRAM_KERNEL_CACHE", Path.home() / ".cache" / "specgram" / "kernels"))
+def debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-def build(cc: str) -> Path:
-    """Compile the sources (or reuse the cached build) -> path of the shared library."""
-    digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
+def compiler() -> str:
+    return os.environ.get("CC", "gcc")
+
+
+@functools.cache
+def compiler_identity(cc: str) -> str:
+    """-> "<resolved path> <first line of --version>"; raises KernelsUnavailable if there is no such compiler."""
+    path = shutil.which(cc)
+    if path is None:
+        raise KernelsUnavailable(f"no C compiler {cc!r} on PATH")
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelsUnavailable(f"{cc} --version failed: {e}") from e
+    return f"{os.path.realpath(path)} {(out.splitlines() or [''])[0]}"
+
+
+def cache_key(identity: str, flags: list[str]) -> str:
+    """16 hex digits over the compiler identity, the flags and every source and header (name and bytes)."""
+    digest = hashlib.sha256("\0".join([identity, *flags]).encode())
     for f in SOURCES + HEADERS:
+        digest.update(f"\0{f.name}\0".encode())
         digest.update(f.read_bytes())
-    key = digest.hexdigest()[:16]
-    out = _cache_dir() / f"libspecgram_gemm-{key}.so"
+    return digest.hexdigest()[:16]
+
+
+def library_name(cc: str | None = None, debug: bool | None = None) -> str:
+    cc = cc or compiler()
+    debug = debug_requested() if debug is None else debug
+    key = cache_key(compiler_identity(cc), DEBUG_FLAGS if debug else FLAGS)
+    return f"libspecgram_kernels-{key}{'-debug' if debug else ''}.so"
+
+
+def _user_cache() -> Path | None:
+    try:
+        return Path.home() / ".cache" / "specgram" / "kernels"
+    except (KeyError, RuntimeError):           # no home directory (a bare container user)
+        return None
+
+
+def search_dirs() -> list[Path]:
+    """Where a built library is looked for, in order."""
+    env = os.environ.get(CACHE_ENV)
+    return [d for d in (Path(env) if env else None, PREBUILT_DIR, _user_cache()) if d is not None]
+
+
+def write_dirs() -> list[Path]:
+    """Where a library compiled on demand goes: the first of these that can be written (then a temp dir)."""
+    env = os.environ.get(CACHE_ENV)
+    return [d for d in (Path(env) if env else None, _user_cache()) if d is not None]
+
+
+@functools.cache
+def _private_temp_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="specgram-kernels-"))
+
+
+def compile_into(out_dir: Path, cc: str | None = None, debug: bool | None = None) -> Path:
+    """Compile the library into out_dir (unless a file of the same key is there) -> its path. OSError if out_dir
+    cannot be written; KernelsUnavailable if the compiler is missing or fails."""
+    cc = cc or compiler()
+    debug = debug_requested() if debug is None else debug
+    out = Path(out_dir) / library_name(cc, debug)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:   # build aside, then rename: atomic for racers
         tmp_out = Path(tmp) / out.name
-        subprocess.run([cc, *FLAGS, "-o", str(tmp_out), *map(str, SOURCES)], check=True, capture_output=True,
-                       text=True)
+        cmd = [cc, *(DEBUG_FLAGS if debug else FLAGS), "-o", str(tmp_out), *map(str, SOURCES)]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+        except subprocess.CalledProcessError as e:
+            raise KernelsUnavailable(f"compiling failed ({' '.join(cmd)}):\n{(e.stderr or '')[-2000:]}") from e
+        except subprocess.TimeoutExpired as e:
+            raise KernelsUnavailable(f"compiling timed out ({' '.join(cmd)})") from e
         os.replace(tmp_out, out)
     return out
 
 
-@functools.cache
-def load():
-    """-> the loaded kernel library (ctypes.CDLL with typed entry points), or None where it cannot be built."""
-    cc = os.environ.get("CC", "gcc")
-    if not cpu_has_avx512():
-        log.info("native CPU kernels off: this CPU has no AVX-512")
-        return None
-    if shutil.which(cc) is None:
-        log.warning("native CPU kernels off: no C compiler %r found; the CPU forward uses PyTorch's matmuls", cc)
-        return None
+def build(cc: str | None = None, debug: bool | None = None) -> Path:
+    """-> path of a library of the current key: found in search_dirs(), else compiled into the first writable
+    of write_dirs(), else into a private temporary directory."""
+    cc = cc or compiler()
+    debug = debug_requested() if debug is None else debug
+    name = library_name(cc, debug)
+    for d in search_dirs():
+        if (d / name).is_file():
+            return d / name
+    for d in [*write_dirs(), None]:
+        target = d if d is not None else _private_temp_dir()
+        try:
+            return compile_into(target, cc, debug)
+        except OSError as e:                   # read-only or missing mount: try the next place
+            log.info("kernel build directory %s not writable (%s); trying the next", target, e)
+    raise KernelsUnavailable("no writable directory to build the kernels in")
+
+
+def open_library(path: Path):
+    """ctypes.CDLL of a built library with every entry point typed."""
     import torch  # noqa: F401  - torch's libgomp must be loaded first, so the library binds to it
 
     try:
-        lib = ctypes.CDLL(str(build(cc)))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        log.warning("native CPU kernels off: building the kernels failed: %s", detail[-2000:])
+        lib = ctypes.CDLL(str(path))
+        for name, argtypes in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = None
+    except (OSError, AttributeError) as e:
+        raise KernelsUnavailable(f"loading {path} failed: {e}") from e
+    return lib
+
+
+@functools.cache
+def load():
+    """-> the loaded kernel library (ctypes.CDLL with typed entry points), or None (with a warning saying why)
+    where it cannot be built or loaded."""
+    try:
+        if not cpu_has_avx512():
+            raise KernelsUnavailable("this CPU has no AVX-512 (avx512f and avx512bw)")
+        path = build()
+        lib = open_library(path)
+    except KernelsUnavailable as e:
+        log.warning("native CPU kernels unavailable, the CPU forward falls back to PyTorch (slower): %s", e)
         return None
-    for name, argtypes in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = None
+    log.info("native CPU kernels: %s", path)
     return lib

@@ -5,7 +5,7 @@
  *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
  *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last (16 positions per vector load)
  *   vc [S, Hkv, P, D] fp32            this layer's V cache
- *   slots, positions [N] int64        token n goes to slot slots[n] at position positions[n]
+ *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
  *   out   [N, H * D] fp32             attention output
  *
  * All N tokens are written to the cache before any attends (specgram_rope_cache_write, then
@@ -14,46 +14,96 @@
  * below its own position, and its result depends on nothing else in the batch, which makes it batch- and
  * draft-width-invariant by construction. Rotary follows transformers' apply_rotary_pos_emb,
  * x*cos + rotate_half(x)*sin, rounded the same way (compiled without contraction: multiply, multiply, add).
+ *
+ * Tokens of one row are consecutive in the batch, in consecutive positions of their slot (the grouping below
+ * relies on it). Nothing here checks ranges in a normal build (the Python caller does, once per forward); a
+ * debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts them.
  */
+#include <assert.h>
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "vexp.h"
 
-static void rope(const float *x, const float *c, const float *s, float *y, int64_t D) {
-    int64_t h = D / 2;
-    for (int64_t j = 0; j < h; ++j) y[j] = x[j] * c[j] + (-x[j + h]) * s[j];
-    for (int64_t j = h; j < D; ++j) y[j] = x[j] * c[j] + x[j - h] * s[j];
+/* Per-thread scratch, grown on demand and kept for the thread's lifetime (freed when it exits): the OpenMP
+ * pool threads and the callers live as long as the process, so after the first calls of the largest shape
+ * a forward allocates nothing. Two independent buffers per thread, because the calling thread is also one of
+ * the workers: SCRATCH_PLAN (specgram_attention's task list, on the calling thread) and SCRATCH_TASK
+ * (attend()'s queries, outputs and scores). */
+enum { SCRATCH_PLAN, SCRATCH_TASK, SCRATCH_KINDS };
+typedef struct {
+    void *p[SCRATCH_KINDS];
+    size_t cap[SCRATCH_KINDS];
+} scratch_set;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg) {
+    scratch_set *s = arg;
+    for (int i = 0; i < SCRATCH_KINDS; ++i) free(s->p[i]);
+    free(s);
 }
 
-static inline float dot(const float *a, const float *b, int64_t D) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= D; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
-    if (j < D) {
-        __mmask16 k = (__mmask16)((1u << (D - j)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + j), _mm512_maskz_loadu_ps(k, b + j), acc);
+static void scratch_init(void) {
+    if (pthread_key_create(&scratch_key, scratch_free) != 0) {
+        fprintf(stderr, "specgram attention: pthread_key_create failed\n");
+        abort();
     }
-    return _mm512_reduce_add_ps(acc);
+}
+
+static void out_of_memory(size_t bytes) {
+    fprintf(stderr, "specgram attention: out of memory (%zu bytes of scratch)\n", bytes);
+    abort();
+}
+
+/* -> this thread's buffer `kind`, at least `bytes` long; contents undefined. */
+static void *scratch(int kind, size_t bytes) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_set *s = pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        if ((s = calloc(1, sizeof *s)) == NULL) out_of_memory(sizeof *s);
+        pthread_setspecific(scratch_key, s);
+    }
+    if (s->cap[kind] < bytes) {
+        size_t cap = s->cap[kind] ? s->cap[kind] : 4096;
+        while (cap < bytes) cap *= 2;
+        free(s->p[kind]);
+        if ((s->p[kind] = malloc(cap)) == NULL) out_of_memory(cap);
+        s->cap[kind] = cap;
+    }
+    return s->p[kind];
+}
+
+/* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
+ * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
+static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t ystride, int64_t D) {
+    int64_t h = D / 2;
+    for (int64_t j = 0; j < h; ++j) y[j * ystride] = x[j] * c[j] + (-x[j + h]) * s[j];
+    for (int64_t j = h; j < D; ++j) y[j * ystride] = x[j] * c[j] + x[j - h] * s[j];
 }
 
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
-                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t H, int64_t Hkv,
-                               int64_t D, int64_t P, float *q_out, int nthreads) {
+                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
+                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
+    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
+    (void)S;                                                       /* read by the debug build's asserts only */
     int64_t width = (H + 2 * Hkv) * D;
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
+#pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t n = 0; n < N; ++n) {
+        assert(slots[n] >= 0 && slots[n] < S);
+        assert(positions[n] >= 0 && positions[n] < P);
         const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
-        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, D);
-        float kr[D];
+        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, 1, D);
         for (int64_t h = 0; h < Hkv; ++h) {
             int64_t head = slots[n] * Hkv + h;
-            rope(row + (H + h) * D, c, s, kr, D);
-            for (int64_t j = 0; j < D; ++j) kc[(head * D + j) * P + positions[n]] = kr[j];
+            rope(row + (H + h) * D, c, s, kc + head * D * P + positions[n], P, D);
             const float *v = row + (H + Hkv + h) * D;
             float *vd = vc + (head * P + positions[n]) * D;
             for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
@@ -239,7 +289,8 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     int64_t G = H / Hkv, head = slots[n0] * Hkv + hk, Q = T * G;
     int64_t first = positions[n0], last = positions[n0 + T - 1];
     int64_t lo = window_lo(first, window), len = last + 1 - lo;  /* the shared range [lo, last] */
-    float *qb = malloc(sizeof(float) * Q * D * 2 + sizeof(float) * Q * len);
+    assert(T >= 1 && last == first + T - 1 && lo >= 0 && last < P);
+    float *qb = scratch(SCRATCH_TASK, sizeof(float) * (size_t)(Q * D * 2 + Q * len));
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
     for (int64_t t = 0; t < T; ++t)
         memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
@@ -249,6 +300,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
         int64_t pos = positions[n0 + t];
         int64_t own_lo = window_lo(pos, window);
         int64_t off = own_lo - lo, own = pos + 1 - own_lo;        /* this token's range within the shared one */
+        assert(slots[n0 + t] == slots[n0] && pos == first + t && off >= 0 && own >= 1 && off + own <= len);
         for (int64_t g = 0; g < G; ++g) {
             float *pg = p + (t * G + g) * len;
             softmax_rows(pg + off, 1, own);
@@ -259,7 +311,6 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     weighted_values(p, Q, len, V, D, ob, f);
     for (int64_t t = 0; t < T; ++t)
         memcpy(out + ((n0 + t) * H + hk * G) * D, ob + t * G * D, sizeof(float) * G * D);
-    free(qb);
 }
 
 /* Tasks: one task = one KV head of a group of consecutive tokens of one row (a slot's tokens: a verify row's
@@ -268,13 +319,24 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
  * groups of 4 (30 layers, 300 cached positions, weights streamed between layers): a 5-token verify row
  * 2.0 -> 1.5 ms, 8 such rows 8.5 -> 7.8 ms, 8 decode rows 5.4 -> 5.0 ms, a 219-token prompt 17 -> 15 ms. */
 void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
-                        const int64_t *positions, int64_t N, int64_t H, int64_t Hkv, int64_t D, int64_t P,
-                        int64_t window, float scale, float *out, int nthreads) {
+                        const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+                        int64_t P, int64_t window, float scale, float *out, int nthreads) {
+    assert(H >= 1 && Hkv >= 1 && H % Hkv == 0 && D >= 1 && window >= 0 && nthreads >= 1);
+#ifdef SPECGRAM_DEBUG
+    for (int64_t n = 0; n < N; ++n) {
+        assert(slots[n] >= 0 && slots[n] < S && positions[n] >= 0 && positions[n] < P);
+        assert(n == 0 || slots[n] != slots[n - 1] || positions[n] == positions[n - 1] + 1);
+    }
+#endif
+    (void)S;                                                       /* read by the debug build's asserts only */
     /* Group sizes: a row whose query vectors fit one pass (a verify row: k + 1 tokens x G heads <= GMAX) is one
      * group; longer rows (prompt chunks) go in groups of VALUES_WIDE / G tokens, the most that the 32-lane
      * weighted sum takes. Fewer than two tasks per thread (a single short row): sizes halved until there are
-     * enough or groups are single tokens, to keep both cores busy. */
-    int64_t G = H / Hkv, *group_n0 = malloc(sizeof(int64_t) * (N + 1)), groups = 0, tasks = 0;
+     * enough or groups are single tokens, to keep both cores busy.
+     * Scratch: group_n0 [groups + 1] (first token of each group, then N), then task_g, task_h, task_cost
+     * [groups * Hkv] each; groups <= N. */
+    int64_t *group_n0 = scratch(SCRATCH_PLAN, sizeof(int64_t) * (size_t)(N + 1 + 3 * N * Hkv));
+    int64_t G = H / Hkv, groups = 0, tasks = 0;
     for (int64_t split = 1;; split *= 2) {
         int64_t largest = 1;
         groups = 0;
@@ -293,7 +355,7 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
      * consecutive groups of one row and head (their K and V already in its cache from the previous group) and
      * knows its next task, whose K it prefetches. (A static split: a thread preempted by another process holds
      * up the call, where the GEMM's dynamic chunks would not; attention is a small share of a forward.) */
-    int64_t *task_g = malloc(sizeof(int64_t) * 3 * groups * Hkv), *task_h = task_g + groups * Hkv;
+    int64_t *task_g = group_n0 + groups + 1, *task_h = task_g + groups * Hkv;
     int64_t *task_cost = task_h + groups * Hkv, total = 0;
     for (int64_t g0 = 0, g1; g0 < groups; g0 = g1) {               /* g0 .. g1 - 1: the groups of one row */
         for (g1 = g0 + 1; g1 < groups && slots[group_n0[g1]] == slots[group_n0[g0]]; ++g1) {}
@@ -327,6 +389,4 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
             attend(q, kc, vc, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
         }
     }
-    free(task_g);
-    free(group_n0);
 }

@@ -15,9 +15,9 @@
  * k * 32 + j holds W[b * 32 + j, k] (zero for padding outputs past N). One block is one contiguous stream.
  * Weights are fp32 or bf16 (upper 16 bits of an fp32; widened exactly to fp32 before the fma).
  */
+#include <assert.h>
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #define NB 32
 #define MT_MAX 8
@@ -32,39 +32,29 @@
                      prefetch instead (an extra far stream there cost 2-5 ms at M = 40). */
 #endif
 
-static inline __m512 load_bf16(const uint16_t *p) {
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* 16 bf16 weights -> 16 fp32 (exact: the bf16 bits become the upper half of the fp32). */
+ALWAYS_INLINE __m512 load_bf16(const uint16_t *p) {
     __m256i h = _mm256_loadu_si256((const __m256i *)p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* One register tile: MT rows (x rows m0 .. m0+MT-1) x one packed block. If `pf` is set, the tile also pulls
- * a slice of the next block into L2 (one line every 2^32 / pf_inc k steps, spread over the whole k loop); if
- * `far` is set, it pulls its own block into L2 PF_FAR k steps ahead. */
-#define TILE_BODY(MT, LOADW)                                                                          \
-    {                                                                                                 \
-        __m512 acc0[MT], acc1[MT];                                                                    \
-        uint64_t pf_at = 0;                                                                           \
-        for (int r = 0; r < MT; ++r) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); } \
-        for (int64_t k = 0; k < K; ++k) {                                                             \
-            __m512 w0, w1;                                                                            \
-            if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }       \
-            _mm_prefetch((const char *)(wb + (k + PF) * NB), _MM_HINT_T0);                            \
-            _mm_prefetch((const char *)(wb + (k + PF) * NB + 16), _MM_HINT_T0);                       \
-            if (far) {                                                                                \
-                _mm_prefetch((const char *)(wb + (k + PF_FAR) * NB), _MM_HINT_T1);                    \
-                _mm_prefetch((const char *)(wb + (k + PF_FAR) * NB + 16), _MM_HINT_T1);               \
-            }                                                                                         \
-            LOADW                                                                                     \
-            _Pragma("GCC unroll 8") for (int r = 0; r < MT; ++r) {                                   \
-                __m512 xb = _mm512_set1_ps(x[(m0 + r) * ldx + k]);                                    \
-                acc0[r] = _mm512_fmadd_ps(xb, w0, acc0[r]);                                           \
-                acc1[r] = _mm512_fmadd_ps(xb, w1, acc1[r]);                                           \
-            }                                                                                         \
-        }                                                                                             \
-        for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc0[r], acc1[r], bias);   \
+/* The two weight vectors (outputs j = 0..15 and 16..31) of step k of a packed block. */
+ALWAYS_INLINE void load_w(const int bf16, const void *wb, int64_t k, __m512 *w0, __m512 *w1) {
+    if (bf16) {
+        const uint16_t *w = (const uint16_t *)wb + k * NB;
+        *w0 = load_bf16(w);
+        *w1 = load_bf16(w + 16);
+    } else {
+        const float *w = (const float *)wb + k * NB;
+        *w0 = _mm512_loadu_ps(w);
+        *w1 = _mm512_loadu_ps(w + 16);
     }
+}
 
-static inline void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m512 a1, const float *bias) {
+/* Adds the bias (if any) to one row's 32 accumulators and stores the outputs of the block that exist. */
+ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m512 a1, const float *bias) {
     int64_t n = N - n0 < NB ? N - n0 : NB;                 /* outputs of this block that exist */
     __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
     __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
@@ -76,24 +66,69 @@ static inline void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m
     _mm512_mask_storeu_ps(yrow + n0 + 16, k1, a1);
 }
 
-#define DEFINE_TILES(SUFFIX, WT, LOADW)                                                               \
-    static void tile_##SUFFIX(int MT, const float *x, int64_t ldx, int64_t m0, const WT *wb, int64_t K, \
-                              float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,        \
-                              const char *pf, uint64_t pf_inc, int far) {                             \
-        switch (MT) {                                                                                 \
-        case 1: TILE_BODY(1, LOADW) break;                                                            \
-        case 2: TILE_BODY(2, LOADW) break;                                                            \
-        case 3: TILE_BODY(3, LOADW) break;                                                            \
-        case 4: TILE_BODY(4, LOADW) break;                                                            \
-        case 5: TILE_BODY(5, LOADW) break;                                                            \
-        case 6: TILE_BODY(6, LOADW) break;                                                            \
-        case 7: TILE_BODY(7, LOADW) break;                                                            \
-        default: TILE_BODY(8, LOADW) break;                                                           \
-        }                                                                                             \
+/* One register tile: y[m0 + r, n0 .. n0 + 31] for r < MT, from x rows m0 .. m0 + MT - 1 [.., K] (row stride
+ * ldx) and one packed block wb [K, 32] (fp32, or bf16 if `bf16`). MT (1 .. MT_MAX) and bf16 must be
+ * compile-time constants at every call site: inlined, the row loops unroll completely and the 2 * MT
+ * accumulators stay in registers.
+ * Prefetch only (no effect on the results): if `pf` is set, the tile also pulls a slice of the next block into
+ * L2, one line every 2^32 / pf_inc k steps (32.32 fixed point), spread over the whole k loop; if `far` is set,
+ * it pulls its own block into L2 PF_FAR k steps ahead. */
+ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ldx, int64_t m0, const void *wb,
+                        int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf,
+                        uint64_t pf_inc, int far) {
+    const int64_t step = NB * (bf16 ? 2 : 4);               /* bytes of one k step of the block */
+    const char *wbytes = (const char *)wb;
+    __m512 acc0[MT_MAX], acc1[MT_MAX];
+    uint64_t pf_at = 0;
+    for (int r = 0; r < MT; ++r) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); }
+    for (int64_t k = 0; k < K; ++k) {
+        __m512 w0, w1;
+        if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }
+        _mm_prefetch(wbytes + (k + PF) * step, _MM_HINT_T0);
+        _mm_prefetch(wbytes + (k + PF) * step + step / 2, _MM_HINT_T0);
+        if (far) {
+            _mm_prefetch(wbytes + (k + PF_FAR) * step, _MM_HINT_T1);
+            _mm_prefetch(wbytes + (k + PF_FAR) * step + step / 2, _MM_HINT_T1);
+        }
+        load_w(bf16, wb, k, &w0, &w1);
+#pragma GCC unroll 8
+        for (int r = 0; r < MT; ++r) {
+            __m512 xb = _mm512_set1_ps(x[(m0 + r) * ldx + k]);
+            acc0[r] = _mm512_fmadd_ps(xb, w0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(xb, w1, acc1[r]);
+        }
     }
+    for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc0[r], acc1[r], bias);
+}
 
-DEFINE_TILES(f32, float, { w0 = _mm512_loadu_ps(wb + k * NB); w1 = _mm512_loadu_ps(wb + k * NB + 16); })
-DEFINE_TILES(bf16, uint16_t, { w0 = load_bf16(wb + k * NB); w1 = load_bf16(wb + k * NB + 16); })
+/* tile() for a run-time height mt (1 .. MT_MAX): one specialised copy per height. */
+ALWAYS_INLINE void tile_any(const int bf16, int mt, const float *x, int64_t ldx, int64_t m0, const void *wb,
+                            int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
+                            const char *pf, uint64_t pf_inc, int far) {
+    switch (mt) {
+    case 1: tile(1, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 2: tile(2, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 3: tile(3, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 4: tile(4, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 5: tile(5, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 6: tile(6, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    case 7: tile(7, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    default: tile(8, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    }
+}
+
+/* Out of line, one per weight type: the eight tile heights are compiled once, not at every caller. */
+static void tile_f32(int mt, const float *x, int64_t ldx, int64_t m0, const float *wb, int64_t K, float *y,
+                     int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
+                     int far) {
+    tile_any(0, mt, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far);
+}
+
+static void tile_bf16(int mt, const float *x, int64_t ldx, int64_t m0, const uint16_t *wb, int64_t K, float *y,
+                      int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
+                      int far) {
+    tile_any(1, mt, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far);
+}
 
 /* Blocks go to threads in chunks of consecutive blocks (dynamic: a preempted thread - 2 cores shared with a
  * server - does not hold up the call); within a block the rows go in tiles of MT_MAX, so a block is read from
@@ -124,26 +159,52 @@ static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles
     return best;
 }
 
-#define DEFINE_GEMM(SUFFIX, WT)                                                                       \
-    void specgram_gemm_##SUFFIX(const float *x, int64_t M, int64_t K, int64_t ldx, const WT *w, int64_t N, \
-                                const float *bias, float *y, int64_t ldy, int nthreads) {             \
-        int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;                      \
-        int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);                                      \
-        int64_t lines = K * NB * (int64_t)sizeof(WT) / 64, per_tile = (lines + ntiles - 1) / ntiles;  \
-        _Pragma("omp parallel for schedule(dynamic, chunk) num_threads(nthreads)")                   \
-        for (int64_t b = 0; b < nblocks; ++b) {                                                       \
-            const WT *wb = w + b * K * NB;                                                            \
-            int next = ntiles > 1 && (b + 1) % chunk != 0 && b + 1 < nblocks;  /* same chunk: this thread's */ \
-            for (int64_t t = 0; t < ntiles; ++t) {                                                    \
-                int64_t m0 = t * MT_MAX, first = t * per_tile;                                        \
-                int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);                                   \
-                int64_t count = lines - first < per_tile ? lines - first : per_tile;                  \
-                const char *pf = next && count > 0 ? (const char *)(wb + K * NB) + first * 64 : NULL; \
-                uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K : 0;                        \
-                tile_##SUFFIX(mt, x, ldx, m0, wb, K, y, ldy, b * NB, N, bias, pf, inc, ntiles == 1);  \
-            }                                                                                         \
-        }                                                                                             \
+/* The blocks of one call [b, b + 1) and their tiles: rows in tiles of MT_MAX (the last one shorter); with more
+ * than one tile, tile t prefetches lines [t * per_tile, (t + 1) * per_tile) of the next block if that block
+ * belongs to the same chunk (so the same thread). */
+ALWAYS_INLINE void gemm_block(const int bf16, int64_t b, int64_t chunk, const float *x, int64_t M, int64_t K,
+                              int64_t ldx, const void *w, int64_t N, const float *bias, float *y, int64_t ldy) {
+    const int64_t esize = bf16 ? 2 : 4, block_bytes = K * NB * esize;
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    int64_t lines = block_bytes / 64, per_tile = (lines + ntiles - 1) / ntiles;
+    const char *wb = (const char *)w + b * block_bytes;
+    int next = ntiles > 1 && (b + 1) % chunk != 0 && b + 1 < nblocks;
+    for (int64_t t = 0; t < ntiles; ++t) {
+        int64_t m0 = t * MT_MAX, first = t * per_tile;
+        int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+        int64_t count = lines - first < per_tile ? lines - first : per_tile;
+        const char *pf = next && count > 0 ? wb + block_bytes + first * 64 : NULL;
+        uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K : 0;
+        if (bf16)
+            tile_bf16(mt, x, ldx, m0, (const uint16_t *)wb, K, y, ldy, b * NB, N, bias, pf, inc, ntiles == 1);
+        else
+            tile_f32(mt, x, ldx, m0, (const float *)wb, K, y, ldy, b * NB, N, bias, pf, inc, ntiles == 1);
     }
+}
 
-DEFINE_GEMM(f32, float)
-DEFINE_GEMM(bf16, uint16_t)
+static inline void check_args(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
+    assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
+    assert(ldx >= K && ldy >= N);
+    (void)M, (void)K, (void)ldx, (void)N, (void)ldy, (void)nthreads;
+}
+
+/* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy].
+ * The parallel loop is written out in each (not in a shared inline function): OpenMP outlines its body before
+ * inlining, and the outlined body must see the weight type as a constant. */
+void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
+                       const float *bias, float *y, int64_t ldy, int nthreads) {
+    check_args(M, K, ldx, N, ldy, nthreads);
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < nblocks; ++b) gemm_block(0, b, chunk, x, M, K, ldx, w, N, bias, y, ldy);
+}
+
+void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
+                        const float *bias, float *y, int64_t ldy, int nthreads) {
+    check_args(M, K, ldx, N, ldy, nthreads);
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < nblocks; ++b) gemm_block(1, b, chunk, x, M, K, ldx, w, N, bias, y, ldy);
+}
