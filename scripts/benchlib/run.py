@@ -1,0 +1,163 @@
+"""The one concurrency model: a closed loop, c requests in flight, a finished one replaced by the next at once
+(c = the number of requests: all sent at once). In process it is specgram's generate(engine, requests, c);
+through tritonserver it is c client threads (closed_loop), each sending its next request (gRPC streaming) as
+soon as its last one ended.
+
+A run record (JSON-able; one system x configuration x concurrency; scripts/compare/vllm_worker.py writes the
+same): system, config, guided, drafter, k, concurrency, wall_s, drafted, accepted (None = not reported),
+requests: [{case, ids, text, ttft_s, latency_s, finish, drafted, accepted, ...}] (times from each request's
+submission). In-process records also hold _run (specgram's Run) and _reqs (its Requests), left out of the JSON.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import REPO
+from .workload import BENCH_ENGINE, make_requests
+
+
+# ---- in process ---------------------------------------------------------------------------------------------
+
+def cpu_config(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, **settings):
+    """The engine settings of the in-process scenarios: fp32 on CPU, up to 8 drafts, BENCH_ENGINE."""
+    from specgram.config import EngineConfig
+
+    return EngineConfig(**{**dict(checkpoint=str(model), device="cpu", dtype="float32", max_slots=slots,
+                                  max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=max_tokens),
+                           **BENCH_ENGINE, **settings})
+
+
+def cpu_engine(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, **settings):
+    from specgram.engine.engine import Engine
+
+    return Engine.from_config(cpu_config(model, slots, max_seq_len, max_tokens, **settings))
+
+
+def record(requests: list[dict], wall_s: float, concurrency: int, **meta) -> dict:
+    """A run record; drafted / accepted: the requests' sums, None when no request reports them."""
+    counted = [r for r in requests if r.get("drafted") is not None]
+    return dict(system=meta.pop("system", ""), config=meta.pop("config", ""), guided=meta.pop("guided", False),
+                drafter=meta.pop("drafter", None), k=meta.pop("k", 0), concurrency=concurrency, wall_s=wall_s,
+                drafted=sum(r["drafted"] for r in counted) if counted else None,
+                accepted=sum(r["accepted"] for r in counted) if counted else None, requests=requests, **meta)
+
+
+def run_engine(engine, cases: list[dict], max_tokens: int, concurrency: int = 0, drafter: str | None = None,
+               k: int = 0, guided: bool = False, tok=None, **meta) -> dict:
+    """One timed closed-loop run of the cases in process (greedy; concurrency 0 = all at once) -> its record
+    (text decoded when tok is given). Grammars compile before the clock starts; raises on a request's error."""
+    from specgram.engine.generate import generate
+
+    reqs = make_requests(engine, cases, max_tokens, drafter, k, guided)
+    run = generate(engine, reqs, concurrency or len(reqs))
+    if run.errors:
+        raise RuntimeError(f"{meta.get('config', '')}: {run.errors[0]}")
+    out = [dict(case=i, ids=g.token_ids, ttft_s=g.first_token_s, latency_s=g.latency_s, finish=g.final.finish_reason,
+                drafted=g.spec.drafted, accepted=g.spec.accepted, steps=g.spec.steps, reused=r.cached_prompt_tokens,
+                **({"text": tok.decode(g.token_ids, skip_special_tokens=True)} if tok is not None else {}))
+           for i, (g, r) in enumerate(zip(run.generations, reqs))]
+    return record(out, run.wall_s, concurrency or len(reqs), drafter=drafter, k=k, guided=guided, _run=run,
+                  _reqs=reqs, **meta)
+
+
+# ---- through tritonserver -------------------------------------------------------------------------------------
+
+def closed_loop(fn, items, concurrency: int) -> tuple[list, float]:
+    """`concurrency` threads; each takes the next item, runs fn(item), and takes the next as soon as that ends,
+    until `items` (any iterable, also an endless one that stops by itself) is used up. -> the results in item
+    order, wall seconds. The first exception stops the loop and is raised."""
+    it, lock, results, failed = enumerate(items), threading.Lock(), {}, []
+
+    def worker() -> None:
+        while not failed:
+            with lock:
+                nxt = next(it, None)
+            if nxt is None:
+                return
+            try:
+                results[nxt[0]] = fn(nxt[1])
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                failed.append(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+    return [results[i] for i in sorted(results)], time.perf_counter() - t0
+
+
+def stream_request(url: str, inputs: dict, timeout: float = 600.0) -> dict:
+    """One request over gRPC streaming -> {ids, text, ttft_s, latency_s, finish, drafted, accepted} (times from
+    its submission; ttft = the first response carrying tokens). Raises on an error response."""
+    from collect import errors_of, ids_of, last_value, stream_infer, text_of
+
+    resps = stream_infer(url, inputs, timeout=timeout)
+    if errors_of(resps):
+        raise RuntimeError(errors_of(resps))
+    first = next((r["time"] for r in resps if r["outputs"].get("output_ids") is not None
+                  and r["outputs"]["output_ids"].size), resps[-1]["time"])
+    return dict(ids=ids_of(resps), text=text_of(resps), ttft_s=first, latency_s=resps[-1]["time"],
+                finish=last_value(resps, "finish_reason"), drafted=int(last_value(resps, "spec_drafted_tokens", 0)),
+                accepted=int(last_value(resps, "spec_accepted_tokens", 0)))
+
+
+def triton_inputs(case: dict, max_tokens: int, drafter: str | None = None, k: int = 0, guided: bool = False,
+                  **extra) -> dict:
+    """The `llm` model's inputs for a case: its prompt text, chat template, streaming, greedy."""
+    inputs = {"text_input": case["prompt"], "apply_chat_template": True, "stream": True, "max_tokens": max_tokens,
+              "num_draft_tokens": k, "drafter": drafter or "ngram", **extra}
+    if guided:
+        inputs.update(guided_decoding_guide_type="json_schema", guided_decoding_guide=case["guide"])
+    return inputs
+
+
+def run_triton(url: str, cases: list[dict], max_tokens: int, concurrency: int, drafter: str | None = None,
+               k: int = 0, guided: bool = False, extra: dict | None = None, **meta) -> dict:
+    """One timed closed-loop run of the cases through a server -> its record."""
+    def one(i: int) -> dict:
+        return dict(case=i, **stream_request(url, triton_inputs(cases[i], max_tokens, drafter, k, guided,
+                                                                **(extra or {}))))
+    reqs, wall = closed_loop(one, range(len(cases)), concurrency)
+    return record(reqs, wall, concurrency, drafter=drafter, k=k, guided=guided, **meta)
+
+
+def bench_server(settings: dict | None = None, log_path: Path | None = None):
+    """A TritonServer (not started) serving model_repository/'s `llm` with BENCH_ENGINE and `settings`."""
+    from triton_server import TritonServer, model_repository_with
+
+    repo = model_repository_with({**BENCH_ENGINE, **(settings or {})}, Path(tempfile.mkdtemp(prefix="bench-repo-")),
+                                 REPO / "model_repository")
+    return TritonServer(model_repository=repo, log_path=log_path)
+
+
+# ---- measures of a record ---------------------------------------------------------------------------------
+
+def tok_s(rec: dict) -> float:
+    """Output tokens of all requests / wall seconds of the run."""
+    return sum(len(r["ids"]) for r in rec["requests"]) / rec["wall_s"]
+
+
+def ids(rec: dict) -> list[list[int]]:
+    return [r["ids"] for r in rec["requests"]]
+
+
+def ttft_ms(rec: dict, how=statistics.median) -> float:
+    return 1e3 * how(r["ttft_s"] for r in rec["requests"])
+
+
+def acceptance(rec: dict) -> float | None:
+    return rec["accepted"] / rec["drafted"] if rec.get("drafted") else None
+
+
+def tok_per_step(rec: dict) -> float:
+    """Tokens committed per speculative verify step: 1 + accepted drafts (1.0 when nothing was drafted)."""
+    steps = sum(r.get("steps", 0) for r in rec["requests"])
+    return (steps + (rec["accepted"] or 0)) / steps if steps else 1.0

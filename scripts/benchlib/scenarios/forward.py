@@ -1,0 +1,112 @@
+"""What one target forward costs, against what the memory allows: the step-cost table, one run.
+
+    python scripts/bench.py forward                      # SmolLM2-135M, fp32, cache length 300
+    python scripts/bench.py forward --linear torch       # transformers' modules with PyTorch's ops
+    python scripts/bench.py forward --dtype bfloat16 --linear native
+    python scripts/bench.py forward --quick              # 3 repeats: a smoke run
+
+Per shape (B rows of T new tokens each, every row attending to --cache-len earlier positions):
+  forward ms   ModelRunner.forward_rows, the engine's call (median of --repeat interleaved runs)
+  matmul ms    the same forward's weight matmuls alone (every Linear of the model in order, M = B*T rows),
+               through the runner's own linear kernels
+  bound ms     weight bytes / the read bandwidth measured in this run: a forward cannot be faster
+  x bound      forward ms / bound ms (1.0 = at the memory bound)
+  v            forward(B, T) / forward(B, 1): what verifying T tokens costs relative to decoding one
+Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor) and the torch thread count.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from .. import report
+
+SHARED = {"repeat": 15}
+QUICK = {"repeat": 3}
+QUICK_HELP = "3 repeats"
+
+
+def add_options(ap) -> None:
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--linear", default="auto", help="the runner's linear kernels (see specgram.model.linear)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
+    ap.add_argument("--cache-len", type=int, default=300)
+
+
+def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5) -> float:
+    """Best-of-`repeat` bytes/s of a plain reduction over a tensor far larger than the caches."""
+    import torch
+
+    x = torch.ones(int(gib * (1 << 30)) // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def stream_bytes(runner) -> int:
+    """Bytes a forward must stream: every weight matmul's matrix once, as the runner stores it."""
+    total = 0
+    for lin in runner.linear_layers():
+        w = getattr(lin, "packed", None)
+        w = w if w is not None else lin.weight
+        total += w.numel() * w.element_size()
+    return total
+
+
+def timed_ms(fn, *a, **kw) -> float:
+    t = time.perf_counter()
+    fn(*a, **kw)
+    return (time.perf_counter() - t) * 1e3
+
+
+def run(args) -> None:
+    import torch
+
+    from specgram.model.runner import ModelRunner
+
+    max_b = max(args.batches)
+    runner = ModelRunner.from_pretrained(args.model, max_b, args.cache_len + max(args.widths) + 8, torch.device("cpu"),
+                                         getattr(torch, args.dtype), linear=args.linear)
+    for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
+        runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
+    bw = read_bandwidth_gbs()
+    bound_ms = stream_bytes(runner) / bw / 1e6
+    linears = runner.linear_layers()
+
+    @torch.inference_mode()
+    def matmuls(xs: dict) -> None:          # every weight matmul of a forward on inputs of the right width
+        for lin in linears:
+            lin(xs[lin.in_features])
+
+    shapes = [(b, t) for b in args.batches for t in args.widths]
+    fwd: dict = {s: [] for s in shapes}
+    mm: dict = {s: [] for s in shapes}
+    for _ in range(args.repeat):            # interleaved: drift and noise hit every shape alike
+        for b, t in shapes:
+            fwd[(b, t)].append(timed_ms(runner.forward_rows, [[7] * t for _ in range(b)], list(range(b)),
+                                        [args.cache_len] * b, last_only=False))
+            mm[(b, t)].append(timed_ms(matmuls, {lin.in_features: torch.randn(b * t, lin.in_features,
+                                                                              dtype=runner.dtype)
+                                                 for lin in linears}))
+    med = {s: statistics.median(v) for s, v in fwd.items()}
+    rows = []
+    for b, t in shapes:
+        f, m = med[(b, t)], statistics.median(mm[(b, t)])
+        v = f / med[(b, 1)] if (b, 1) in med else None
+        rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound_ms:.2f}",
+                     report.cell(v, "{:.2f}")])
+    lines = report.header("Target forward cost", args,
+                          f"{Path(args.model).name}, {args.dtype}, linear {runner.linear_kind}, torch threads "
+                          f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}")
+    lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, read bandwidth {bw:.1f} GB/s -> bound {bound_ms:.1f} ms "
+              "per forward.", "",
+              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "v"], rows)]
+    report.write(args, lines, dict(bandwidth_gbs=bw, bound_ms=bound_ms, forward_ms={f"{b}x{t}": v for (b, t), v in
+                                                                                  fwd.items()},
+                                   matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()}))
