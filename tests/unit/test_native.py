@@ -140,3 +140,25 @@ def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
             v = vc[s, h // (H // Hkv), lo:pos + 1]                                  # [len, D]
             ref = torch.softmax(q[n, h * D:(h + 1) * D] @ k * 0.125, -1) @ v
             assert torch.allclose(together[n, h * D:(h + 1) * D], ref, atol=1e-5)
+
+
+def test_out_of_range_slots_and_positions_raise_before_any_write():
+    runner = ModelRunner(build_model("llama", seed=5), 4, 32, linear="native")
+    runner.forward_rows([[5, 6, 7]], [1], [0], last_only=True)
+    k, v = runner.cache.k.clone(), runner.cache.v.clone()
+    bad = [
+        (([[1, 2]], [4], [0]), "slot 4 out of range: the cache has 4 slots"),
+        (([[1, 2]], [-1], [0]), "slot -1 out of range"),
+        (([[1, 2, 3]], [0], [30]), "position 32 out of range: the cache holds 32 positions"),
+        (([[1]], [0], [-1]), "position -1 out of range"),
+        (([[1, 2], [3]], [0, 0], [0, 5]), "consecutive positions"),
+    ]
+    for (rows, slots, starts), message in bad:
+        with pytest.raises(ValueError, match=message):
+            runner.forward_rows(rows, slots, starts, last_only=False)
+    native = runner.native
+    with pytest.raises(ValueError, match="positions: expected a contiguous int64"):
+        native.layers_forward(runner.cache, torch.tensor([1]), torch.tensor([0]), torch.tensor([0], dtype=torch.int32),
+                              None)
+    assert torch.equal(runner.cache.k, k) and torch.equal(runner.cache.v, v)
+    runner.forward_rows([[1, 2]], [3], [30], last_only=True)              # the last slot and position: fine

@@ -1,0 +1,177 @@
+"""Building and finding the native kernel library (specgram/model/kernels/__init__.py, __main__.py): the cache
+key, the directory order and its fall-backs, the warning when the kernels are unavailable, the debug build's
+asserts, and the sources shipping inside the wheel."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specgram.model import kernels
+from specgram.model.kernels.__main__ import main as kernels_main
+
+REPO = Path(__file__).resolve().parents[2]
+HAVE_GCC = shutil.which("gcc") is not None
+NATIVE = HAVE_GCC and kernels.cpu_has_avx512()
+
+FAKE_CC = """#!/bin/sh
+# a stand-in compiler: --version prints an identity; otherwise writes a dummy file at the -o argument
+if [ "$1" = "--version" ]; then echo "fakecc {version}"; exit 0; fi
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-o" ]; then shift; echo "not a library" > "$1"; fi
+  shift
+done
+exit {rc}
+"""
+
+
+def _fake_cc(tmp_path: Path, version: str = "1.0", rc: int = 0) -> str:
+    path = tmp_path / f"fakecc-{version}-{rc}"
+    path.write_text(FAKE_CC.format(version=version, rc=rc))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """Every directory the kernels may use, redirected under tmp_path; `blocked` cannot be created (a file
+    stands in its parent's place)."""
+    (tmp_path / "file").write_text("")
+    d = {"env": tmp_path / "env", "prebuilt": tmp_path / "prebuilt", "home": tmp_path / "home",
+         "temp": tmp_path / "temp", "blocked": tmp_path / "file" / "sub"}
+    monkeypatch.setattr(kernels, "PREBUILT_DIR", d["prebuilt"])
+    monkeypatch.setattr(kernels, "_private_temp_dir", lambda: d["temp"])
+    monkeypatch.setenv("HOME", str(d["home"]))
+    monkeypatch.delenv(kernels.CACHE_ENV, raising=False)
+    monkeypatch.delenv(kernels.DEBUG_ENV, raising=False)
+    monkeypatch.setenv("CC", _fake_cc(tmp_path))
+    d["user"] = d["home"] / ".cache" / "specgram" / "kernels"
+    return d
+
+
+def test_cache_key_covers_compiler_flags_and_sources(tmp_path, monkeypatch):
+    base = kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS)
+    assert base == kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS)
+    assert base != kernels.cache_key("/usr/bin/gcc gcc 13.1.0", kernels.FLAGS)
+    assert base != kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.DEBUG_FLAGS)
+    copies = []
+    for f in kernels.SOURCES:
+        shutil.copy(f, tmp_path / f.name)
+        copies.append(tmp_path / f.name)
+    monkeypatch.setattr(kernels, "SOURCES", copies)
+    assert kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS) == base
+    copies[1].write_text(copies[1].read_text() + "\n")
+    assert kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS) != base
+
+
+def test_compiler_identity_names_path_and_version(tmp_path):
+    a, b = _fake_cc(tmp_path, "1.0"), _fake_cc(tmp_path, "2.0")
+    assert kernels.compiler_identity(a) == f"{os.path.realpath(a)} fakecc 1.0"
+    assert kernels.library_name(a, False) != kernels.library_name(b, False)
+    assert kernels.library_name(a, True).endswith("-debug.so")
+    with pytest.raises(kernels.KernelsUnavailable, match="no C compiler"):
+        kernels.compiler_identity(str(tmp_path / "no-such-cc"))
+
+
+def test_lookup_order(dirs, monkeypatch):
+    name = kernels.library_name()
+    for d in ("env", "prebuilt", "user"):
+        dirs[d].mkdir(parents=True)
+        (dirs[d] / name).write_text("")
+    assert kernels.build() == dirs["prebuilt"] / name                   # no $SPECGRAM_KERNEL_CACHE
+    monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["env"]))
+    assert kernels.build() == dirs["env"] / name
+    (dirs["env"] / name).unlink()
+    assert kernels.build() == dirs["prebuilt"] / name                   # a prebuilt library before compiling
+    (dirs["prebuilt"] / name).unlink()
+    assert kernels.build() == dirs["user"] / name
+    monkeypatch.setenv(kernels.DEBUG_ENV, "1")                          # another key: compiled into $...CACHE
+    assert kernels.build() == dirs["env"] / kernels.library_name(debug=True)
+
+
+def test_compiles_into_the_first_writable_directory(dirs, monkeypatch):
+    name = kernels.library_name()
+    monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["blocked"]))
+    assert kernels.build() == dirs["user"] / name
+    (dirs["user"] / name).unlink()
+    monkeypatch.setenv("HOME", str(dirs["blocked"]))                     # no writable cache at all
+    assert kernels.build() == dirs["temp"] / name
+
+
+def test_compile_failure_is_reported(dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", _fake_cc(tmp_path, rc=1))
+    with pytest.raises(kernels.KernelsUnavailable, match="compiling failed"):
+        kernels.build()
+    assert kernels_main(["build", "--out", str(dirs["prebuilt"])]) == 1
+
+
+def test_load_warns_when_unavailable(monkeypatch, caplog):
+    def fail(*a, **k):
+        raise kernels.KernelsUnavailable("no C compiler 'gcc' on PATH")
+
+    monkeypatch.setattr(kernels, "cpu_has_avx512", lambda: True)
+    monkeypatch.setattr(kernels, "build", fail)
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+        assert kernels.load.__wrapped__() is None                       # the uncached body of load()
+    assert "falls back to PyTorch" in caplog.text and "no C compiler" in caplog.text
+
+
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 CPU")
+def test_build_command(tmp_path, capsys):
+    assert kernels_main(["build", "--out", str(tmp_path)]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.parent == tmp_path and path.name == kernels.library_name(debug=False)
+
+
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 CPU")
+def test_debug_build_asserts_bounds(tmp_path):
+    """SPECGRAM_KERNEL_DEBUG=1 builds with asserts: an in-range call runs, a slot past the cache aborts."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from specgram.model import kernels
+        lib = kernels.load()
+        assert lib is not None and kernels.build().name.endswith("-debug.so")
+        S, H, D, P = 2, 2, 16, 32
+        kc, vc, q, out = torch.zeros(S, H, D, P), torch.zeros(S, H, P, D), torch.ones(1, H * D), torch.empty(1, H * D)
+        def attend(slot):
+            s, p = torch.tensor([slot]), torch.tensor([3])
+            lib.specgram_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), s.data_ptr(), p.data_ptr(), 1, S, H,
+                                   H, D, P, 0, 0.25, out.data_ptr(), 1)
+        attend(1)
+        print("in range: ok", flush=True)
+        attend(S)
+        print("out of range: not caught", flush=True)
+    """)
+    env = {**os.environ, kernels.DEBUG_ENV: "1", kernels.CACHE_ENV: str(tmp_path),
+           "PYTHONPATH": str(REPO / "backend")}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "in range: ok" in r.stdout, r.stderr
+    assert r.returncode != 0 and "not caught" not in r.stdout
+    assert "Assertion" in r.stderr and "slots[n] < S" in r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
+                    reason="building the wheel offline (--no-build-isolation) needs setuptools in this environment")
+def test_wheel_ships_the_kernel_sources(tmp_path):
+    """A non-editable install must carry the .c / .h files: the kernels compile from them."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(REPO / "backend" / "pyproject.toml", src)
+    shutil.copytree(REPO / "backend" / "specgram", src / "specgram",
+                    ignore=shutil.ignore_patterns("__pycache__", "_build", "*.egg-info"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-q", str(src), "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("specgram-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in kernels.SOURCES + kernels.HEADERS:
+        assert f"specgram/model/kernels/{f.name}" in names
+    assert not any("_build" in n for n in names)
