@@ -161,3 +161,11 @@ def tok_per_step(rec: dict) -> float:
     """Tokens committed per speculative verify step: 1 + accepted drafts (1.0 when nothing was drafted)."""
     steps = sum(r.get("steps", 0) for r in rec["requests"])
     return (steps + (rec["accepted"] or 0)) / steps if steps else 1.0
+
+
+def ttft_cells(recs: list[dict], reference: list) -> list[str]:
+    """Report cells of one setting's repeated runs: median TTFT p50 and mean (ms), median output tok/s, and
+    whether every run's output ids equal `reference`."""
+    return [f"{statistics.median(ttft_ms(r) for r in recs):.0f}",
+            f"{statistics.median(ttft_ms(r, statistics.mean) for r in recs):.0f}",
+            f"{statistics.median(map(tok_s, recs)):.1f}", "yes" if all(ids(r) == reference for r in recs) else "NO"]
