@@ -31,11 +31,11 @@
 
 #include "vexp.h"
 
-/* Per-thread scratch, grown on demand and kept for the thread's lifetime (freed when it exits): the OpenMP
- * pool threads and the callers live as long as the process, so after the first calls of the largest shape
- * a forward allocates nothing. Two independent buffers per thread, because the calling thread is also one of
- * the workers: SCRATCH_PLAN (specgram_attention's task list, on the calling thread) and SCRATCH_TASK
- * (attend()'s queries, outputs and scores). */
+/* Per-thread scratch, grown on demand (doubling) and reused across calls, freed when its thread exits. The
+ * OpenMP pool threads persist, so once the largest shape has run, attention allocates nothing. Two buffers
+ * per thread, because the calling thread is also one of the workers: SCRATCH_PLAN (specgram_attention's
+ * groups and tasks, taken on the calling thread before the parallel region) and SCRATCH_TASK (attend()'s
+ * queries, outputs and scores, taken inside it). Size: Q * (2 D + len) floats for the largest task. */
 enum { SCRATCH_PLAN, SCRATCH_TASK, SCRATCH_KINDS };
 typedef struct {
     void *p[SCRATCH_KINDS];

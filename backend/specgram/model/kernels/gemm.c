@@ -159,9 +159,9 @@ static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles
     return best;
 }
 
-/* The blocks of one call [b, b + 1) and their tiles: rows in tiles of MT_MAX (the last one shorter); with more
- * than one tile, tile t prefetches lines [t * per_tile, (t + 1) * per_tile) of the next block if that block
- * belongs to the same chunk (so the same thread). */
+/* Block b (outputs 32 b .. 32 b + 31) for all M rows, in tiles of MT_MAX rows (the last one shorter). With more
+ * than one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when that block
+ * is in the same chunk (so the same thread takes it next). */
 ALWAYS_INLINE void gemm_block(const int bf16, int64_t b, int64_t chunk, const float *x, int64_t M, int64_t K,
                               int64_t ldx, const void *w, int64_t N, const float *bias, float *y, int64_t ldy) {
     const int64_t esize = bf16 ? 2 : 4, block_bytes = K * NB * esize;
