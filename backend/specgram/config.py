@@ -39,6 +39,9 @@ class EngineConfig:
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
                                        # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
+    speculative_sampling: str = "coupled"  # sampled requests: "coupled" = a draft is accepted when it equals the
+                                           # token the seed's noise picks (output independent of k, drafter and
+                                           # batch); "rejection" = classic speculative sampling (sampling.py)
     ngram_min: int = 1              # n-gram prompt lookup: shortest suffix to match (1 measured best on JME)
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
@@ -101,6 +104,9 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not -1 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
+        if self.speculative_sampling not in ("coupled", "rejection"):
+            raise ModelLoadError(f"engine setting speculative_sampling must be coupled or rejection, "
+                                 f"got {self.speculative_sampling!r}")
         if self.prefix_cache not in PREFIX_MODES:
             raise ModelLoadError(f"engine setting prefix_cache must be one of {', '.join(PREFIX_MODES)}, "
                                  f"got {self.prefix_cache!r}")

@@ -5,7 +5,7 @@ import torch
 
 from specgram.engine.detokenize import IncrementalDetokenizer
 from specgram.engine.stopping import find_stop, holdback
-from specgram.speculation import sampling
+from specgram.speculation import noise, sampling
 
 from .tiny import build_tokenizer
 
@@ -28,16 +28,43 @@ def test_masked_logits_stay_at_zero_probability():
     assert p[0, 1] == 0 and p[0, 3] == 0 and torch.isclose(p.sum(), torch.tensor(1.0))
 
 
-def test_inverse_cdf_sampling_matches_distribution():
-    """chi-square goodness of fit at 20k draws; the critical value (df=4, p=0.001) is 18.47."""
-    probs = torch.tensor([[0.1, 0.4, 0.05, 0.25, 0.2]])
-    g = torch.Generator().manual_seed(0)
+def test_gumbel_max_sampling_matches_distribution():
+    """chi-square goodness of fit at 20k keys (seeds x positions); the critical value (df=4, p=0.001) is 18.47.
+    The masked token (-inf) is never drawn."""
+    probs = torch.tensor([0.1, 0.4, 0.05, 0.25, 0.2, 0.0])
     n = 20000
-    ids = torch.cat([sampling.sample(probs, sampling.draw_uniforms([g])) for _ in range(n)])
-    counts = np.bincount(ids.numpy(), minlength=5)
-    expected = probs[0].numpy() * n
-    chi2 = ((counts - expected) ** 2 / expected).sum()
+    keys = [noise.key(seed, position) for seed in range(n // 4) for position in range(4)]
+    logits = probs.log().expand(n, -1)
+    ids = noise.gumbel_argmax(logits, None, noise.gumbel(keys, len(probs)))
+    counts = np.bincount(ids.numpy(), minlength=6)
+    assert counts[5] == 0
+    expected = probs[:5].numpy() * n
+    chi2 = ((counts[:5] - expected) ** 2 / expected).sum()
     assert chi2 < 18.47, (counts, chi2)
+
+
+def test_the_support_restricts_the_draw():
+    logits = torch.zeros(200, 4)
+    support = torch.tensor([[False, True, True, False]]).expand(200, -1)
+    ids = noise.gumbel_argmax(logits, support, noise.gumbel(list(range(200)), 4))
+    assert set(ids.tolist()) == {1, 2}
+
+
+@pytest.mark.parametrize("vocab", [49152, 70001])
+def test_noise_depends_on_its_key_alone(vocab):
+    """The same rows whatever the thread count, the number of rows beside them and their order."""
+    keys = [noise.key(7, t) for t in range(3)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = noise.gumbel(keys, vocab)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(noise.gumbel(keys, vocab), one)
+    assert torch.equal(noise.gumbel(keys[::-1], vocab), one.flip(0))
+    assert torch.equal(noise.gumbel(keys[1:2], vocab)[0], one[1])
+    assert not torch.equal(one[0], one[1]) and torch.isfinite(one).all()
+    assert noise.key(7, 0) != noise.key(8, 0) and noise.key(7, 0) != noise.key(7, 1)
 
 
 def test_find_stop_across_steps_and_holdback():

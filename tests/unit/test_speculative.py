@@ -3,7 +3,7 @@ drafter, draft length and batch composition; sampled output has the target's dis
 import pytest
 
 from specgram.request import SamplingParams
-from specgram.speculation import sampling
+from specgram.speculation import noise, sampling
 from specgram.speculation.drafter import Drafter, Proposal
 
 from .helpers import (
@@ -165,27 +165,54 @@ PROMPT = [3, 1, 3, 0, 3, 2, 3, 3, 3]   # every (3, x) occurs: n-gram lookup alwa
 N_SAMPLES = 3000
 
 
+@pytest.fixture(scope="module")
+def expected(tiny_vocab_engine):
+    return exact_joint(tiny_vocab_engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_vocab_engine, expected):
+    """Seeds 0..N_SAMPLES-1 sampled without speculation (the same under either verification rule)."""
+    samples, _ = sample_outputs(tiny_vocab_engine, PROMPT, N_SAMPLES, 3)
+    stat, df = chi2_stat(samples, expected)
+    assert stat < chi2_critical(df), (stat, df)
+    return samples
+
+
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
-def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, drafter):
+def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, expected, plain, drafter, rule,
+                                                          monkeypatch):
     engine = tiny_vocab_engine
-    expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
-    plain, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
+    monkeypatch.setattr(engine.logits, "coupled", rule == "coupled")
     spec, stats = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter=drafter)
     drafted = sum(s.drafted for s in stats)
     accepted = sum(s.accepted for s in stats)
     assert drafted > N_SAMPLES // 2 and 0 < accepted < drafted, "the test must exercise accepts and rejections"
-    for samples in (plain, spec):
-        stat, df = chi2_stat(samples, expected)
-        assert stat < chi2_critical(df), (stat, df)
+    stat, df = chi2_stat(spec, expected)
+    assert stat < chi2_critical(df), (stat, df)
+    if rule == "coupled":
+        assert spec == plain, "coupled verification commits what sampling without speculation does, seed by seed"
 
 
-def test_chi2_catches_a_broken_rejection_rule(tiny_vocab_engine, monkeypatch):
+def test_chi2_catches_a_broken_rejection_rule(tiny_vocab_engine, expected, monkeypatch):
     """Resampling from p instead of norm(max(p - q, 0)) after a rejection skews the output: the test sees it."""
     engine = tiny_vocab_engine
-    expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
+    monkeypatch.setattr(engine.logits, "coupled", False)
     monkeypatch.setattr(sampling, "residual_distribution", lambda p, q: p)
     spec, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter="draft_model")
     stat, df = chi2_stat(spec, expected)
+    assert stat > chi2_critical(df), (stat, df)
+
+
+def test_chi2_catches_noise_shared_between_positions(tiny_vocab_engine, expected, monkeypatch):
+    """Noise keyed by the seed alone (the same Gumbel draw at every position) correlates a request's tokens:
+    the joint distribution is wrong, and the test sees it."""
+    engine = tiny_vocab_engine
+    key = noise.key
+    monkeypatch.setattr(noise, "key", lambda seed, position: key(seed, 0))
+    samples, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
+    stat, df = chi2_stat(samples, expected)
     assert stat > chi2_critical(df), (stat, df)
 
 

@@ -60,7 +60,7 @@ class Engine:
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.planner = DraftPlanner(all_drafters, masks, config.max_draft_len, config.max_seq_len,
                                     config.forced_strings)
-        self.logits = LogitsProcessor(masks, eos)
+        self.logits = LogitsProcessor(masks, eos, coupled=config.speculative_sampling == "coupled")
         # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
         reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
         self.prefix = PrefixCache(target.cache) if reuse else None
@@ -204,7 +204,7 @@ class Engine:
         if not plan.sealed:
             plan.proposals = self.planner.seal(reqs, plan.proposals)
         self.logits.mask_verify(reqs, plan.proposals, result.verify)
-        accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify)
+        accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify, self.logits.coupled)
         if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
             rows = sum(1 + len(p.tokens) for p in plan.proposals)
             self.planner.costs.record(rows, time.perf_counter() - result.started)

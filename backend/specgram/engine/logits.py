@@ -13,9 +13,10 @@ from ..speculation.drafter import Proposal
 
 
 class LogitsProcessor:
-    def __init__(self, masks: StepMasks, eos_ids: set[int]):
+    def __init__(self, masks: StepMasks, eos_ids: set[int], coupled: bool = True):
         self.masks = masks
         self.eos_ids = eos_ids
+        self.coupled = coupled      # coupled verification (sampling.py); False: drafts carry q for rejection
 
     def mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
         """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did,
@@ -32,13 +33,14 @@ class LogitsProcessor:
         """logits: [B, V], row b for reqs[b]'s token at output position len(output_ids) + offsets[b] ->
         sampling.pick under each guided request's grammar mask at its current position, row (slot,
         guide.tentative), and with EOS banned below min_tokens; with `tentative` (drafting) the picked tokens
-        are then accepted tentatively."""
+        are then accepted tentatively (and, for rejection sampling, their distributions come back as q)."""
         guided = [(j, r) for j, r in enumerate(reqs) if r.guide is not None and not r.guide.terminated]
         for _, r in guided:
             self.masks.fill(r.slot, r.guide)
         self.masks.apply(logits, [(j, r.slot, r.guide.tentative) for j, r in guided])
         min_tokens.apply(logits, [min_tokens.eos_banned(r, o) for r, o in zip(reqs, offsets)], self.eos_ids)
-        ids, probs = sampling.pick(logits, reqs)
+        positions = [len(r.output_ids) + o for r, o in zip(reqs, offsets)]
+        ids, probs = sampling.pick(logits, reqs, positions, want_probs=tentative and not self.coupled)
         if tentative:
             for j, r in guided:
                 accepted = r.guide.try_tentative(int(ids[j]))

@@ -73,8 +73,8 @@ class Scheduler:
                 req.cache_len = req.cached_prompt_tokens = self.prefix.attach(req.slot, req.prompt_ids)
             else:
                 req.slot = self.free_slots.pop()
-            seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
-            req.generator = torch.Generator().manual_seed(seed)
+            req.seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
+            req.generator = torch.Generator().manual_seed(req.seed)     # rejection sampling's uniforms
             self.running[req.request_id] = req
             batch.append(req)
         return batch, failed

@@ -2,11 +2,14 @@
 
 Pure tensor functions first (rows are requests; every parameter is per row; B requests, K = the batch's largest
 draft length, V vocabulary; row b has k[b] <= K real drafts, drafts beyond k[b] are padding and never
-accepted), then the glue to per-request state (sampling parameters, generators, proposals).
+accepted), then the glue to per-request state (sampling parameters, seeds, proposals).
 
-Randomness: every sampled request draws from its own generator, one uniform number per choice, in a fixed
-order (k accept tests then one final draw per verify step), and sampling inverts the CDF: the batch
-composition never changes which token a seeded request gets.
+Sampled tokens (noise.py): the token at output position t is the Gumbel-max choice under noise keyed by
+(seed, t), so it depends on the seed, the position and the processed distribution there alone. Coupled
+verification (the default) accepts a draft when it equals that token, as greedy verification does: sampled
+output is the same for every draft length, drafter and batch. Rejection sampling (speculative_sampling
+"rejection") accepts draft d with probability min(1, p(d)/q(d)), drawing from the request's generator: higher
+acceptance for a draft model, but the committed tokens then depend on what was drafted.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 
 from ..model.transfer import h2d, long_tensor
 from ..request import Request
+from . import noise
 from .drafter import Proposal
 
 
@@ -40,14 +44,6 @@ def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
     return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
-
-
-def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """probs: [N, V], uniforms: [N] in [0, 1) -> [N] ids by inverse-CDF sampling."""
-    cdf = probs.cumsum(dim=-1)
-    u = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]                           # guard against cdf[-1] < 1
-    ids = torch.searchsorted(cdf, u, right=True).squeeze(-1)
-    return ids.clamp_max(probs.shape[-1] - 1)
 
 
 def draw_uniforms(generators: list[torch.Generator]) -> torch.Tensor:
@@ -121,26 +117,46 @@ def _params(reqs: list[Request], device, repeat: int = 1) -> tuple[torch.Tensor,
             rep([r.params.top_p for r in reqs], torch.float32))
 
 
-def pick(logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits: [B, V] -> ([B] next tokens on CPU, greedy or sampled per request;
-    [B, V] probabilities when any request samples (one-hot rows for greedy ones), else None)."""
+def _support(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor | None:
+    """[N, V] bool: the tokens top-k / top-p leave (masked tokens are -inf already); None = every finite one."""
+    if all(r.params.top_k == 0 and r.params.top_p == 1.0 for r in reqs):
+        return None
+    return probabilities(logits, *_params(reqs, logits.device)) > 0
+
+
+def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int]) -> torch.Tensor:
+    """logits: [N, V] (masked), row n for reqs[n]'s token at output position positions[n] -> [N] the sampled
+    tokens, each a function of (seed, position, processed distribution) alone (noise.py)."""
+    temperature = h2d(torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32), logits.device)
+    g = h2d(noise.gumbel([noise.key(r.seed, t) for r, t in zip(reqs, positions)], logits.shape[-1]), logits.device)
+    return noise.gumbel_argmax(logits / temperature[:, None], _support(logits, reqs), g)
+
+
+def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
+         want_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits: [B, V], row b for reqs[b]'s token at output position positions[b] -> ([B] next tokens on CPU,
+    greedy or sampled per request; with want_probs and any sampled request, [B, V] the distributions they were
+    sampled from (one-hot rows for greedy ones), which rejection sampling needs as q; else None)."""
     ids = greedy(logits)
     sampled = [b for b, r in enumerate(reqs) if not r.params.greedy]
     if not sampled:
         return ids.cpu(), None
     rows = [reqs[b] for b in sampled]
     at = long_tensor(sampled, logits.device)        # a python-list index would be a blocking copy on CUDA
+    ids[at] = coupled_pick(logits[at], rows, [positions[b] for b in sampled])
+    if not want_probs:
+        return ids.cpu(), None
     probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
     probs[at] = probabilities(logits[at], *_params(rows, logits.device))
-    u = h2d(draw_uniforms([r.generator for r in rows]), logits.device)
-    ids[at] = sample(probs[at], u)
     return ids.cpu(), probs
 
 
-def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> tuple[list[int], list[int]]:
-    """logits: [B, K+1, V] from the verify forward (masked where guided).
-    -> (accepted drafts per request, the target's next token per request). Greedy rows: the longest prefix
-    the target's argmax agrees with, then its token. Sampled rows: speculative sampling."""
+def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor,
+           coupled: bool = True) -> tuple[list[int], list[int]]:
+    """logits: [B, K+1, V] from the verify forward (masked where guided); row (b, i) is reqs[b]'s output position
+    len(output_ids) + i. -> (accepted drafts per request, the target's next token per request). Greedy rows, and
+    sampled rows when coupled: the longest prefix of drafts equal to the target's own choice, then its choice.
+    Sampled rows otherwise: speculative (rejection) sampling."""
     B, T, V = logits.shape
     dev = logits.device
     k = long_tensor([len(p.tokens) for p in proposals], dev)
@@ -149,16 +165,17 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor)
         if p.tokens:
             drafts[b, :len(p.tokens)] = torch.tensor(p.tokens)
     drafts = h2d(drafts, dev)
-    accepted = torch.zeros(B, dtype=torch.long, device=dev)
-    nxt = torch.zeros(B, dtype=torch.long, device=dev)
-    g_rows = [b for b, r in enumerate(reqs) if r.params.greedy]
-    if g_rows:
-        g = long_tensor(g_rows, dev)                  # a python-list index would be a blocking copy on CUDA
-        target_ids = logits[g].argmax(-1)                                               # [G, T]
-        accepted[g] = greedy_accept(target_ids, drafts[g], k[g])
-        nxt[g] = target_ids.gather(1, accepted[g][:, None]).squeeze(1)
+    choice = logits.argmax(-1)                                        # [B, T] greedy choice at every position
     s_rows = [b for b, r in enumerate(reqs) if not r.params.greedy]
-    if s_rows:
+    if s_rows and coupled:
+        cells = [(b, i) for b in s_rows for i in range(1 + len(proposals[b].tokens))]    # padding rows skipped
+        flat = long_tensor([b * T + i for b, i in cells], dev)
+        picked = coupled_pick(logits.view(B * T, V)[flat], [reqs[b] for b, _ in cells],
+                              [len(reqs[b].output_ids) + i for b, i in cells])
+        choice.view(-1)[flat] = picked
+    accepted = greedy_accept(choice, drafts, k)
+    nxt = choice.gather(1, accepted[:, None]).squeeze(1)
+    if s_rows and not coupled:
         s = long_tensor(s_rows, dev)
         accepted[s], nxt[s] = _speculative_sample([reqs[b] for b in s_rows], [proposals[b] for b in s_rows],
                                                   logits[s], drafts[s], k[s])
