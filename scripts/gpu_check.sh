@@ -8,7 +8,7 @@
 #        random models)
 # On the GPU machine (python3 with CUDA torch, numpy and pytest; the repository copied with .gpu_carry/):
 #   OUT=/some/dir bash scripts/gpu_check.sh          # ~9 min at most
-#     -> $OUT/env.txt, $OUT/unit_cuda.log, $OUT/gpu_bench.md, $OUT/gpu_bench.json
+#     -> $OUT/env.txt, $OUT/unit_cuda.log, $OUT/report.md, $OUT/gpu.json (python3 scripts/bench.py gpu)
 # Each part runs even if the one before failed; the exit status is the first failure's.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,6 +59,6 @@ SPECGRAM_TEST_DEVICE=cuda timeout 240 python3 -m pytest tests/unit -q -rs -p no:
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 # 2. step costs and throughput on random ~1B / 135M-shape models with the real tokenizer
-timeout 300 python3 scripts/bench_gpu.py --tokenizer "$CARRY/tokenizer" --out "$OUT" 2>&1 | tail -40
+timeout 300 python3 scripts/bench.py gpu --tokenizer "$CARRY/tokenizer" --raw "$OUT" 2>&1 | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 exit $status

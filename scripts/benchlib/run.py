@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import REPO
@@ -136,6 +137,22 @@ def bench_server(settings: dict | None = None, log_path: Path | None = None):
     repo = model_repository_with({**BENCH_ENGINE, **(settings or {})}, Path(tempfile.mkdtemp(prefix="bench-repo-")),
                                  REPO / "model_repository")
     return TritonServer(model_repository=repo, log_path=log_path)
+
+
+@contextmanager
+def served(url: str = "", settings: dict | None = None, log_path: Path | None = None, bench: bool = True):
+    """-> (gRPC url, the TritonServer started here or None): the running server at `url`, or one started for the
+    duration of the block: bench_server's (BENCH_ENGINE + settings), or with bench=False model_repository/ as is."""
+    if url:
+        yield url, None
+        return
+    from triton_server import TritonServer
+
+    from .report import log
+
+    with (bench_server(settings, log_path) if bench else TritonServer(log_path=log_path)) as server:
+        log(f"tritonserver ready ({server.grpc_url}), log {server.log_path}")
+        yield server.grpc_url, server
 
 
 # ---- measures of a record ---------------------------------------------------------------------------------

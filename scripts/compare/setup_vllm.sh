@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On demand only (never by setup.sh or CI): vLLM's CPU build in its own venv, for the side-by-side benchmark.
+# On demand only (never by setup.sh or CI): vLLM's CPU build in its own venv, for the compare scenario
+# (python scripts/bench.py compare, which runs this itself).
 #   bash scripts/compare/setup_vllm.sh        -> build/peers/vllm/bin/python (idempotent, ~2 min the first time)
 # Two fixes it needs on a CPU-only machine: a current pip first, and the CUDA builds of
 # torchvision/torchaudio/torchcodec that pip brings along removed (they break `import vllm` on a CPU torch).

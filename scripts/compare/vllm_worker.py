@@ -1,5 +1,6 @@
-"""vLLM's CPU build on the same cases; runs inside build/peers/vllm (scripts/compare/setup_vllm.sh), never in the
-project venv. Reads a job JSON, writes benchlib run records as JSON:
+"""The compare scenario's vLLM peer: vLLM's CPU build on the same cases; runs inside build/peers/vllm
+(scripts/compare/setup_vllm.sh), never in the project venv, standalone. Reads a job JSON, writes run records
+(scripts/benchlib/run.py) as JSON:
 
     build/peers/vllm/bin/python scripts/compare/vllm_worker.py job.json out.json
 
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # benchlib: stdlib-only at import
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # benchlib.workload: stdlib-only at import
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -34,7 +35,7 @@ def counters(llm) -> dict[str, float]:
 
 
 def run(llm, tok, eos, cases, guided, k, concurrency, max_tokens, dtype) -> dict:
-    from benchlib import trim_at_eos
+    from benchlib.workload import trim_at_eos
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -90,7 +91,7 @@ def main() -> None:
         spec = None if not k else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
                                    "prompt_lookup_max": 4}
         t0 = time.perf_counter()
-        # Prefix caching off, as in our runs (benchlib.BENCH_ENGINE): every run repeats the same prompts, and
+        # Prefix caching off, as in our runs (benchlib.workload.BENCH_ENGINE): every run repeats the same prompts, and
         # vLLM's default (on, 128-token blocks on CPU) would let a later run skip prefills an earlier one paid.
         llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=max_len, seed=0,
                   speculative_config=spec, disable_log_stats=False, max_num_seqs=max(job["concurrency"]),

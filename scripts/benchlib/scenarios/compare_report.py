@@ -1,10 +1,11 @@
-"""Run records -> summary rows, the markdown report and the PNG plots."""
+"""The compare scenario's report: run records -> summary rows, headline ratios, the table and the PNG plots."""
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
 
-from benchlib import is_valid, pct
+from .. import report
+from ..workload import is_valid, pct
 
 
 def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
@@ -86,21 +87,15 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
     return out
 
 
-def _f(v, fmt="{:.1f}"):
-    return "–" if v is None or v != v else fmt.format(v)
-
-
 def table(rows: list[dict]) -> list[str]:
-    L = ["| system | config | guide | c | output tok/s | ÷ target only | TTFT p50 ms | ITL p50 ms | "
-         "latency p50 / p90 / p99 s | acceptance | valid | same ids as ours |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        same = "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}"
-        L.append(f"| {r['system']} | {r['config']} | {'json_schema' if r['guided'] else '–'} | {r['concurrency']} | "
-                 f"{r['tok_s']:.1f} | {_f(r['ratio'], '{:.2f}×')} | {r['ttft_p50']:.0f} | {_f(r['itl_p50'])} | "
-                 f"{r['lat_p50']:.1f} / {r['lat_p90']:.1f} / {r['lat_p99']:.1f} | {_f(r['acceptance'], '{:.0%}')} | "
-                 f"{r['valid']}/{r['n']} | {same} |")
-    return L
+    f = report.cell
+    return report.table(["system", "config", "guide", "c", "output tok/s", "÷ target only", "TTFT p50 ms",
+                         "ITL p50 ms", "latency p50 / p90 / p99 s", "acceptance", "valid", "same ids as ours"],
+                        ([r["system"], r["config"], "json_schema" if r["guided"] else "–", r["concurrency"],
+                          f"{r['tok_s']:.1f}", f(r["ratio"], "{:.2f}×"), f"{r['ttft_p50']:.0f}", f(r["itl_p50"]),
+                          f"{r['lat_p50']:.1f} / {r['lat_p90']:.1f} / {r['lat_p99']:.1f}", f(r["acceptance"], "{:.0%}"),
+                          f"{r['valid']}/{r['n']}", "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}"]
+                         for r in rows))
 
 
 # colour = configuration, line and marker = system

@@ -1,4 +1,4 @@
-"""HF transformers `generate` on the same checkpoint, as users run it without a server.
+"""The compare scenario's HF transformers peer: `generate` on the same checkpoint, as users run it without a server.
 
 Rows: target only (greedy); JSON-schema guided with xgrammar's own HF logits processor
 (xgrammar.contrib.hf.LogitsProcessor); prompt lookup (`prompt_lookup_num_tokens`, HF's n-gram drafter); an
@@ -15,7 +15,8 @@ import copy
 import time
 
 import torch
-from benchlib import trim_at_eos
+
+from ..workload import trim_at_eos
 
 # config name -> generate() keyword arguments beyond greedy / max_new_tokens (None: built at run time)
 CONFIGS = {
