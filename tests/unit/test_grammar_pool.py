@@ -205,3 +205,35 @@ def test_a_schema_nested_too_deeply_is_refused_not_crashed(compiler):
     deep = '{"items": ' * 5000 + "{}" + "}" * 5000
     with pytest.raises(InvalidRequest, match="nested too deeply"):
         compiler.check("json_schema", deep)
+
+
+# ---- the engine process's own compile ----------------------------------------------------------------------
+
+def test_a_guide_that_passed_its_trial_compiles_on_the_long_lane(compiler, monkeypatch):
+    """A worker compile that took longer than a trial, even one that never got a long lane (they were full),
+    is compiled again in the engine process beside the slow guides, never in the cheap guides' lane."""
+    from specgram.grammar.compiler import _Compile
+    from specgram.grammar.worker import Job
+
+    lanes = []
+    monkeypatch.setattr(compiler._short, "submit", lambda *a: lanes.append("short"))
+    monkeypatch.setattr(compiler._long, "submit", lambda *a: lanes.append("long"))
+    for seconds in (0.01, 2.0):                         # trial_s is 0.5
+        job = Job(*CHEAP)
+        job.future.set_result(seconds)
+        compiler._verdict(_Compile(CHEAP, job))
+    assert lanes == ["short", "long"]
+
+
+@pytest.mark.parametrize("compiler", [dict(timeout_s=1.0)], indirect=True)
+def test_the_engine_process_compile_is_bounded(compiler, monkeypatch):
+    """Its requests wait for the engine-process compile at most grammar_compile_timeout_s, however stuck it is."""
+    import threading
+
+    release = threading.Event()
+    monkeypatch.setattr(compiler, "compile", lambda kind, guide: release.wait(60))
+    try:
+        with pytest.raises(InvalidRequest, match="grammar_compile_timeout_s"):
+            wait(compiler.submit(*CHEAP), timeout_s=20)
+    finally:
+        release.set()

@@ -6,8 +6,12 @@ xgrammar would not enforce: schema_keywords.py), then compiled without blocking 
     and the compiled-grammar cache (an LRU keyed by (kind, guide), bounded in bytes);
   - otherwise first in a worker process (pool.py), where a compile that outlives
     `grammar_compile_timeout_s` is killed, and, once a worker has compiled it in time, again in the engine
-    process (a thread; xgrammar releases the GIL), which is then known to finish. Identical guides in flight
-    share one compile.
+    process (a thread; xgrammar releases the GIL), which is then known to finish. That compile runs on the
+    short lane only if the worker's took at most a trial (a slow guide never holds up cheap ones), and its
+    requests wait for it at most `grammar_compile_timeout_s` more. Identical guides in flight share one compile.
+
+The worker processes start when the first guide needs them (or at start(), which a server calls at load time so
+that its first guided request does not wait for them).
 
 A request then gets a Guide (guide.py) over the compiled grammar.
 """
@@ -17,7 +21,7 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest
 from .compile import UNSUPPORTED_KEYWORDS, GuideType, compile_guide, normalize_guide_type
@@ -48,12 +52,27 @@ class GrammarCompiler:
         self.cache = GrammarCache(cache_bytes)
         self._lock = threading.Lock()
         self._inflight: dict[tuple, _Compile] = {}
-        self.pool = CompilePool(workers, self.info.serialize_json(), self.options, timeout_s, queue_limit, trial_s)
+        self.timeout_s, self.trial_s = timeout_s, trial_s
+        self._pool_args = (workers, self.info.serialize_json(), self.options, timeout_s, queue_limit, trial_s)
+        self._pools: list[CompilePool] = []     # the pool, once started (a list: the finalizer holds it)
+        self._pool_lock = threading.Lock()
         # the engine process's own compiles, of guides a worker compiled in time: those that took longer than a
         # trial in their own threads, so that they never hold up the short ones
         self._short = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
         self._long = ThreadPoolExecutor(workers - 1, thread_name_prefix="grammar-compile-long")
-        self._finalizer = weakref.finalize(self, _close, self.pool, self._short, self._long)
+        self._finalizer = weakref.finalize(self, _close, self._pools, self._short, self._long)
+
+    @property
+    def pool(self) -> CompilePool:
+        """The worker pool, started on first use; raises ModelLoadError when its workers cannot start."""
+        with self._pool_lock:
+            if not self._pools:
+                self._pools.append(CompilePool(*self._pool_args))
+            return self._pools[0]
+
+    def start(self) -> None:
+        """Start the compile workers now rather than for the first guide."""
+        self.pool  # noqa: B018 - the property starts it
 
     def check(self, guide_type: str, guide: str) -> GuideType:
         """Cheap checks done when the request arrives; -> the normalized guide type."""
@@ -92,6 +111,7 @@ class GrammarCompiler:
         if kind == GuideType.JSON:
             return PendingGrammar(_done(self.builtin_json))
         key = (kind, guide)
+        pool = self.pool                    # started here on first use, outside self._lock
         with self._lock:
             compiled = self.cache.get(key)
             if compiled is not None:
@@ -99,7 +119,7 @@ class GrammarCompiler:
             c = self._inflight.get(key)
             started = c is None
             if started:
-                c = self._inflight[key] = _Compile(key, self.pool.submit(kind, guide))
+                c = self._inflight[key] = _Compile(key, pool.submit(kind, guide))
             c.waiters += 1
         if started:     # outside the lock: a callback on a future already done runs here, and takes the lock
             c.job.future.add_done_callback(lambda _: self._verdict(c))
@@ -115,19 +135,33 @@ class GrammarCompiler:
             self._forget(c)
             c.future.set_exception(error)
             return
-        (self._long if job.long else self._short).submit(self._compile_here, c)
+        slow = job.long or job.future.result() > self.trial_s     # the worker's own compile seconds
+        deadline = threading.Timer(self.timeout_s, self._expire, (c,))
+        deadline.daemon = True
+        deadline.start()
+        (self._long if slow else self._short).submit(self._compile_here, c, deadline)
 
-    def _compile_here(self, c: "_Compile") -> None:
+    def _compile_here(self, c: "_Compile", deadline: threading.Timer) -> None:
         try:
             compiled = self.compile(*c.key)
         except InvalidRequest as e:         # a worker compiled it: only a bug gets here
+            deadline.cancel()
             self._forget(c)
-            c.future.set_exception(e)
+            _settle(c.future, error=e)
             return
+        deadline.cancel()
         with self._lock:
-            self.cache.put(c.key, compiled)
-            self._inflight.pop(c.key, None)
-        c.future.set_result(compiled)
+            self.cache.put(c.key, compiled)   # even when its requests stopped waiting: the next one finds it
+        self._forget(c)
+        _settle(c.future, result=compiled)
+
+    def _expire(self, c: "_Compile") -> None:
+        """The engine-process compile of c (queue time included) outlived the budget: its requests fail now; the
+        compile itself cannot be stopped and still fills the cache when it ends."""
+        self._forget(c)
+        _settle(c.future, error=InvalidRequest(
+            f"compiling the guide took longer than the configured grammar_compile_timeout_s ({self.timeout_s:g} s) "
+            "in the server process; retry, or simplify the schema or grammar"))
 
     def _release(self, c: "_Compile") -> None:
         """A request stopped waiting for c (cancelled); the last one out stops the worker's compile."""
@@ -151,10 +185,22 @@ class GrammarCompiler:
         self._finalizer()
 
 
-def _close(pool: CompilePool, *executors: ThreadPoolExecutor) -> None:
-    pool.close()
+def _close(pools: list[CompilePool], *executors: ThreadPoolExecutor) -> None:
+    for pool in pools:
+        pool.close()
     for ex in executors:
         ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(future: Future, result=None, error: Exception | None = None) -> None:
+    """Complete future unless it is complete already (a deadline and a compile may race to it)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _done(value) -> Future:

@@ -2,12 +2,21 @@
 
 A worker loads the tokenizer once, then compiles each (kind, guide) it is sent and replies with a verdict:
 ("ok", seconds) or ("error", message). It never sends the compiled grammar back (pool.py says why).
+
+multiprocessing starts the forkserver and each worker by re-running the parent's main module (as __mp_main__)
+when that is a script: a program that uses the engine without an `if __name__ == "__main__":` guard would run
+again in every worker and start workers of its own. A worker needs nothing from it, so the main module is
+hidden from multiprocessing while a worker starts.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
+import types
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -37,7 +46,8 @@ class Worker:
         """A new worker process from ctx (the forkserver context); args: (tokenizer_info_json, options)."""
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_worker_main, args=(child, *args), name="grammar-worker", daemon=True)
-        process.start()
+        with _main_hidden():
+            process.start()
         child.close()
         return cls(process, parent)
 
@@ -68,3 +78,19 @@ def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
             conn.send(("ok", time.monotonic() - t0))
         except InvalidRequest as e:
             conn.send(("error", str(e)))
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """sys.modules["__main__"] is a bare module meanwhile: multiprocessing finds no main script to re-run."""
+    with _MAIN_LOCK:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main

@@ -93,6 +93,12 @@ def read_timeout(request) -> float | None:
     return micros / 1e6 if micros else None
 
 
+def _load_engine(config: EngineConfig) -> Engine:
+    engine = Engine.from_config(config)
+    engine.grammar.start()      # the compile workers now: a server's first guided request does not wait for them
+    return engine
+
+
 class _Stream:
     """Adapter-side state of one request: where responses go and what non-streaming mode accumulates."""
 
@@ -123,7 +129,7 @@ class TritonPythonModel:
                                               params.get("device", "auto"))
             config = EngineConfig.from_dict(params)
             # loaded on the engine thread, which steps it (loop.py: one OpenMP pool, not two)
-            self.loop = EngineLoop.build(lambda: Engine.from_config(config))
+            self.loop = EngineLoop.build(lambda: _load_engine(config))
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
