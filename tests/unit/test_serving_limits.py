@@ -220,3 +220,16 @@ def test_the_waiting_bound_defaults_to_four_per_slot(tiny_ckpt):
     bound = lambda **kw: EngineConfig(checkpoint=str(tiny_ckpt), **kw).waiting_requests_bound  # noqa: E731
     assert bound(max_slots=3) == 12 and bound(max_slots=3, max_waiting_requests=0) is None
     assert bound(max_waiting_requests=5) == 5
+
+
+def test_an_idle_loop_blocks_instead_of_polling(make_engine):
+    """With nothing to do the engine thread waits on its inbox; it polls briefly only while requests wait for
+    their grammars (no step to run, but one may become possible any moment)."""
+    engine = make_engine()
+    try:
+        assert not engine.has_work() and not engine.only_waiting_for_grammars()
+        slow = engine.make_request(SamplingParams(max_tokens=4, guide_type="regex", guide="[ab]{3}"), text="hi")
+        engine.add(slow)
+        assert slow.pending_grammar is not None and engine.only_waiting_for_grammars()   # until a step admits it
+    finally:
+        engine.close()

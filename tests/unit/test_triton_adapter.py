@@ -320,3 +320,71 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     assert refused.error.code() == pb.TritonError.UNAVAILABLE and "engine stopped" in refused.error.message()
     wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
     assert gauge("specgram_requests_running") == gauge("specgram_requests_waiting") == 0
+
+
+# ---- one request's failure stays with it -----------------------------------------------------------------------
+
+def test_a_failing_cancellation_poll_leaves_every_stream_served(model, monkeypatch):
+    """is_cancelled() raising (a broken connection to the server process) must not stop the sender thread."""
+    monkeypatch.setitem(type(model).initialize.__globals__, "_CANCEL_CHECK_S", 0.0)    # poll every round
+    bad, good = request(stream=True, max_tokens=40, ignore_eos=True), request(max_tokens=8)
+
+    def broken():
+        raise RuntimeError("stub connection lost")
+    bad.sender.is_cancelled = broken
+    bad_resps, good_resps = finish(model, bad, good, timeout=20)
+    assert bad_resps[-1].error is None and len(joined(bad_resps, "output_ids")) == 40
+    assert good_resps[-1].error is None
+    [[after]] = finish(model, request(max_tokens=4), timeout=20)       # and the thread still runs
+    assert after.error is None
+
+
+def test_a_failure_while_building_a_response_still_ends_the_stream(model, monkeypatch):
+    calls = []
+
+    def record(st, out):
+        calls.append(out.finished)
+        raise ValueError("metrics backend gone")
+    monkeypatch.setattr(model.metrics, "record", record)
+    [[only]] = finish(model, request(max_tokens=4), timeout=20)
+    assert only.error is None and calls[-1], "metrics failures must not cost the response"
+    monkeypatch.setattr(model, "_response", lambda *a: (_ for _ in ()).throw(ValueError("bad tensor")))
+    [resps] = finish(model, request(stream=True, max_tokens=6, ignore_eos=True), timeout=20)
+    assert resps[-1].error.code() == pb.TritonError.INTERNAL and "bad tensor" in resps[-1].error.message()
+
+
+def test_a_chat_template_error_fails_that_request_alone(model, monkeypatch):
+    import jinja2
+
+    tokenizer = model.engine.intake.tokenizer
+
+    def refuse(messages, **kw):
+        if any(m["role"] == "tool" for m in messages):
+            raise jinja2.TemplateError("Conversation roles must alternate user/assistant")
+        return type(tokenizer).apply_chat_template(tokenizer, messages, **kw)
+    monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)
+    bad = request("", messages=json.dumps([{"role": "tool", "content": "x"}]))
+    good = request("", messages=json.dumps([{"role": "user", "content": "hi"}]), max_tokens=4)
+    bad_resps, good_resps = finish(model, bad, good, timeout=20)
+    assert bad_resps[0].error.code() == pb.TritonError.INVALID_ARG
+    assert "messages" in bad_resps[0].error.message() and "alternate" in bad_resps[0].error.message()
+    assert good_resps[-1].error is None
+
+
+def test_any_error_while_reading_a_request_fails_it_alone(model, monkeypatch):
+    make = model.engine.make_request
+
+    def flaky(params, **kw):
+        if kw.get("text") == "boom":
+            raise RuntimeError("unexpected")
+        return make(params, **kw)
+    monkeypatch.setattr(model.engine, "make_request", flaky)
+    bad_resps, good_resps = finish(model, request("boom"), request(max_tokens=4), timeout=20)
+    assert bad_resps[0].error.code() == pb.TritonError.INTERNAL and "unexpected" in bad_resps[0].error.message()
+    assert good_resps[-1].error is None
+
+
+def test_requests_are_tokenized_with_a_tokenizer_of_their_own(model):
+    """The adapter's threads encode while the engine thread decodes: never the same fast tokenizer object."""
+    assert model.engine.intake.tokenizer is not model.engine.output.tokenizer
+    assert model.engine.intake.tokenizer._tokenizer is not model.engine.output.tokenizer._tokenizer

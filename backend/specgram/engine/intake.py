@@ -1,9 +1,14 @@
 """Request intake: validate a client's request and tokenize its prompt, before it reaches the step loop.
 
 Called from any thread (the adapter's); everything it reads is set at load time. Raises InvalidRequest with a
-message the client can act on (Overloaded when too many guides wait to compile).
+message the client can act on (Overloaded when too many guides wait to compile). It tokenizes with a tokenizer
+of its own, used under a lock: a fast (Rust) tokenizer must not be used from two threads at once ("Already
+borrowed"), and the engine thread decodes with the engine's.
 """
 from __future__ import annotations
+
+import copy
+import threading
 
 from ..config import EngineConfig
 from ..errors import InvalidRequest
@@ -15,7 +20,9 @@ from .prompt import prompt_ids as build_prompt_ids
 class Intake:
     def __init__(self, config: EngineConfig, tokenizer, grammar: GrammarCompiler, drafters: dict,
                  vocab_size: int):
-        self.config, self.tokenizer, self.grammar = config, tokenizer, grammar
+        self.config, self.grammar = config, grammar
+        self.tokenizer = copy.deepcopy(tokenizer)
+        self._tokenizing = threading.Lock()
         self.drafters, self.vocab_size = drafters, vocab_size     # drafters: name -> Drafter (the engine's own dict)
 
     def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
@@ -33,7 +40,10 @@ class Intake:
         if params.drafter not in self.drafters:
             raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
                                  f"available: {sorted(self.drafters)}")
-        ids = prompt_ids if prompt_ids is not None else build_prompt_ids(self.tokenizer, text, messages, chat)
+        if prompt_ids is None:
+            with self._tokenizing:
+                prompt_ids = build_prompt_ids(self.tokenizer, text, messages, chat)
+        ids = prompt_ids
         if not ids:
             raise InvalidRequest("the prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in ids):
@@ -46,5 +56,6 @@ class Intake:
         if kind is not None:
             req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop
             if params.speculates and params.drafter == "ngram" and params.guide:
-                req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
+                with self._tokenizing:
+                    req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
         return req

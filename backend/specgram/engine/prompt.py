@@ -29,7 +29,10 @@ def prompt_ids(tokenizer, text: str | None, messages: list[dict] | None, chat: b
     if messages is not None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise InvalidRequest("this model has no chat template; send plain text_input without apply_chat_template")
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # noqa: BLE001 - jinja2's TemplateError (the template's own raise_exception), ...
+            raise InvalidRequest(f"messages: the model's chat template refused them: {e}") from None
         ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     else:
         if not text:

@@ -44,7 +44,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def only_waiting_for_grammars(self) -> bool:
-        return not self.running and all(r.pending_grammar is not None for r in self.waiting)
+        return bool(self.waiting) and not self.running and all(r.pending_grammar is not None for r in self.waiting)
 
     def admit(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Move waiting requests into free slots (their prompts are prefilled by prefill_chunks()). A request

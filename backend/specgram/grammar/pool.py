@@ -63,7 +63,8 @@ class CompilePool:
         self._failed_starts = 0             # workers in a row that exited before they were ready
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)   # not before: other threads may wake it
+        # not before: other threads may wake it; not at exit either, while the dispatcher may still read it
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w).atexit = False
         for _ in range(workers):
             self._start_worker()
         self._await_ready(start_timeout_s)

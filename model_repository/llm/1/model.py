@@ -155,6 +155,11 @@ class TritonPythonModel:
             except Overloaded as e:
                 self._send_error(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
                 continue
+            except Exception as e:  # noqa: BLE001 - one request's failure is that request's error alone
+                pb_utils.Logger.log_error(f"llm: reading a request failed: {e!r}")
+                self._send_error(sender, f"internal error while reading the request: {e!r}",
+                                 pb_utils.TritonError.INTERNAL)
+                continue
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
             # a refusal (at capacity, shutting down) comes back through the outbox as the request's final output
@@ -174,6 +179,7 @@ class TritonPythonModel:
     # ---- sender thread ----------------------------------------------------------------------------------
 
     def _send_loop(self):
+        """The sender thread. Nothing may end it while responses are owed: each part of a round is guarded."""
         while self.running or not self.outbox.empty():
             try:
                 kind, rid, payload = self.outbox.get(timeout=_OUTBOX_WAIT_S)
@@ -186,11 +192,10 @@ class TritonPythonModel:
             except Exception as e:  # noqa: BLE001 - one bad response must not stop every other stream
                 pb_utils.Logger.log_error(f"llm: sending a response failed: {e!r}")
             now = time.monotonic()
-            for rid, st in self.streams.items():
+            for rid, st in list(self.streams.items()):
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
-                    if st.sender.is_cancelled():
-                        self.loop.abort(rid)      # its final output (finish_reason cancelled) comes back here
+                    self._check_cancelled(rid, st)
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
@@ -198,13 +203,34 @@ class TritonPythonModel:
                 except Exception as e:  # noqa: BLE001 - metrics must not stop the responses
                     pb_utils.Logger.log_error(f"llm: setting the load gauges failed: {e!r}")
 
+    def _check_cancelled(self, rid: int, st: _Stream) -> None:
+        """A cancelled request is aborted: its final output (finish_reason cancelled) comes back here. A poll that
+        fails leaves the stream as it is: the next poll, or the request's own end, settles it."""
+        try:
+            if st.sender.is_cancelled():
+                self.loop.abort(rid)
+        except Exception as e:  # noqa: BLE001 - a failed poll must not stop the other streams
+            pb_utils.Logger.log_error(f"llm: checking request {rid} for cancellation failed: {e!r}")
+
     def _send_output(self, rid: int, out: RequestOutput):
         st = self.streams.get(rid)
         if st is None:
             return
         if out.finished:
             del self.streams[rid]
-        self.metrics.record(st, out)
+        try:
+            self.metrics.record(st, out)
+        except Exception as e:  # noqa: BLE001 - metrics must not stop the responses
+            pb_utils.Logger.log_error(f"llm: recording metrics failed: {e!r}")
+        try:
+            self._respond(st, out)
+        except Exception as e:  # noqa: BLE001 - the stream still gets its one final response
+            pb_utils.Logger.log_error(f"llm: building a response failed: {e!r}")
+            if out.finished:
+                self._send_error(st.sender, f"internal error while sending the response: {e!r}",
+                                 pb_utils.TritonError.INTERNAL)
+
+    def _respond(self, st: _Stream, out: RequestOutput):
         if out.finish_reason == FinishReason.ERROR:
             self._send_error(st.sender, out.error or "internal error", _error_code(out.error_kind))
             return
