@@ -35,3 +35,23 @@ def test_speculation_metrics_on_the_metrics_port(triton_server):
         assert name in text, name
     drafted = [line for line in text.splitlines() if line.startswith("specgram_draft_tokens_total")]
     assert drafted and float(drafted[0].split()[-1]) > 0
+
+
+def test_seeded_sampled_output_is_the_same_for_every_draft_length_and_batch(triton_server):
+    """A seeded sampled request (guided and not) through the server: the same tokens alone without speculation,
+    with k = 4 and auto, and with 7 other streams in flight; another seed gives other tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    guide = {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object", "properties": '
+             '{"name": {"type": "string"}, "city": {"type": "string"}, "year": {"type": "integer"}}}'}
+    for extra in ({}, guide):
+        sampled = dict(temperature=0.9, top_p=0.95, top_k=50, seed=20261201, ignore_eos=not extra, **extra)
+        solo = run(triton_server, 0, max_tokens=32, **sampled)
+        assert not errors_of(solo) and len(ids_of(solo)) > 4
+        for k in (4, -1):
+            assert ids_of(run(triton_server, k, max_tokens=32, **sampled)) == ids_of(solo), (k, extra)
+        others = [dict(sampled, seed=i) for i in range(7)]
+        with ThreadPoolExecutor(8) as pool:
+            crowd = list(pool.map(lambda p: run(triton_server, -1, max_tokens=32, **p), [sampled] + others))
+        assert ids_of(crowd[0]) == ids_of(solo), extra
+        assert any(ids_of(c) != ids_of(solo) for c in crowd[1:]), "the seed must matter"

@@ -115,7 +115,8 @@ INPUTS: tuple[Field, ...] = (
     Field("temperature", "FP32", (1,), "0 = greedy", "0", convert=to_float, param="temperature"),
     Field("top_p", "FP32", (1,), "nucleus, in (0, 1]", "1", convert=to_float, param="top_p"),
     Field("top_k", "INT32", (1,), "0 or -1 = off", "0", convert=to_int, param="top_k"),
-    Field("seed", "UINT64", (1,), "per-request seed; same seed = same output, whatever else is batched",
+    Field("seed", "UINT64", (1,), "per-request seed: sampled output is a function of the prompt, the settings and "
+          "the seed, the same for every draft length, drafter and batch (config `speculative_sampling` coupled)",
           "unseeded", convert=to_int, param="seed"),
     Field("stop", "STRING", (-1,), "stop strings (cut from the output, never streamed partially)", "none",
           convert=to_str_list, param="stop"),
