@@ -169,7 +169,7 @@ def run(args) -> None:
     raw = report.raw_dir(args)
     if args.summarize_only:
         meta = json.loads((raw / "perf_analyzer.json").read_text())["meta"]
-        rows = [{"variant": v, **r} for v in args.variants for c in args.concurrency
+        rows = [{"variant": v, **r} for c in args.concurrency for v in args.variants
                 if (raw / f"{v}_c{c}.json").exists() for r in summarize_export(raw / f"{v}_c{c}.json")]
         report.write(args, summary(args, rows, meta), dict(meta=meta, rows=rows))
         return
