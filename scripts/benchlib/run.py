@@ -20,7 +20,6 @@ from pathlib import Path
 from . import REPO
 from .workload import BENCH_ENGINE, make_requests
 
-
 # ---- in process ---------------------------------------------------------------------------------------------
 
 def cpu_config(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, **settings):

@@ -22,16 +22,17 @@ INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} 
 BENCH_ENGINE = {"json_unsupported_keywords": "ignore", "prefix_cache": "off"}
 
 # open-ended chat prompts (serving, soak)
-CHAT_PROMPTS = ["Write a short story about a robot.", "Explain how rainbows form.", "List ten fruits and their colors.",
-                "Describe the water cycle.", "What makes a good cup of coffee?", "Summarize the history of Rome.",
-                "Give tips for learning to code.", "Describe a walk in the forest."]
+CHAT_PROMPTS = ["Write a short story about a robot.", "Explain how rainbows form.",
+                "List ten fruits and their colors.", "Describe the water cycle.", "What makes a good cup of coffee?",
+                "Summarize the history of Rome.", "Give tips for learning to code.", "Describe a walk in the forest."]
 
 # extraction / JSON / code edits whose prompt holds text to copy, so n-gram lookup has something to find
 COPY_PROMPTS = [
     "Extract the people in this text as a JSON list of objects with keys name, age and city. Text: Alice Smith is 34 "
     "and lives in Paris. Bob Jones is 27 and lives in Berlin. Carol White is 45 and lives in Madrid.",
-    "Rename the variable x to total in this Python code and return the whole code:\n```python\ndef order_value(items):\n"
-    "    x = 0\n    for item in items:\n        x += item.price * item.quantity\n    return x\n```",
+    "Rename the variable x to total in this Python code and return the whole code:\n```python\n"
+    "def order_value(items):\n    x = 0\n    for item in items:\n        x += item.price * item.quantity\n"
+    "    return x\n```",
     "Convert this CSV to a JSON array of objects:\nname,color,price\napple,red,1.2\nbanana,yellow,0.5\ncherry,red,3.0\n"
     "grape,purple,2.1",
     "Return a JSON object describing this book, with keys title, author, year, genre and pages. Title: The Hobbit. "

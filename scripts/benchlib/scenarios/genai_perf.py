@@ -60,7 +60,8 @@ def pick(rows: dict, name: str, col: str) -> float:
 
 def summary_row(c: int, rows: dict) -> list[str]:
     """A report row of one concurrency's CSV: TTFT avg / p99 ms, ITL avg / p99 ms, output tok/s, requests/s."""
-    return [str(c), f"{pick(rows, 'Time To First Token', 'avg'):.0f}", f"{pick(rows, 'Time To First Token', 'p99'):.0f}",
+    ttft = "Time To First Token"
+    return [str(c), f"{pick(rows, ttft, 'avg'):.0f}", f"{pick(rows, ttft, 'p99'):.0f}",
             f"{pick(rows, 'Inter Token Latency', 'avg'):.1f}", f"{pick(rows, 'Inter Token Latency', 'p99'):.1f}",
             f"{pick(rows, 'Output Token Throughput', 'value'):.1f}", f"{pick(rows, 'Request Throughput', 'value'):.2f}"]
 
@@ -85,8 +86,9 @@ def run(args) -> int:
             n = args.requests or max(2 * c, 4)
             report.log(f"genai-perf: concurrency {c}, {n} requests")
             art = raw / "artifacts" / f"c{c}"
-            cmd = ["genai-perf", "profile", "-m", "llm", "--backend", "vllm", "--endpoint-type", "kserve", "--streaming",
-                   "-u", url, "--tokenizer", args.model, "--concurrency", str(c), "--request-count", str(n),
+            cmd = ["genai-perf", "profile", "-m", "llm", "--backend", "vllm", "--endpoint-type", "kserve",
+                   "--streaming", "-u", url, "--tokenizer", args.model, "--concurrency", str(c),
+                   "--request-count", str(n),
                    "--warmup-request-count", "0", "--synthetic-input-tokens-mean", str(args.input_tokens),
                    "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.max_tokens),
                    "--extra-inputs", "ignore_eos:true", "--random-seed", "0", "--artifact-dir", str(art)]

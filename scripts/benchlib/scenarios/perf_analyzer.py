@@ -103,14 +103,14 @@ def summarize_export(path: Path) -> list[dict]:
                 drafted += int(last.get("spec_drafted_tokens") or 0)
                 accepted += int(last.get("spec_accepted_tokens") or 0)
         dur = (max(ends) - min(starts)) / 1e9 if starts else float("nan")
-        rate = (lambda n: n / dur) if dur == dur and dur else (lambda n: float("nan"))
+        span = dur if dur == dur and dur > 0 else float("nan")
         rows.append(dict(export=Path(path).name, concurrency=exp.get("experiment", {}).get("value"),
                          requests=len(reqs), completed=len(tokens), duration_s=dur,
                          ttft_ms_mean=_mean(ttft), ttft_ms_p50=pct(ttft, 50), ttft_ms_p90=pct(ttft, 90),
                          itl_ms_mean=_mean(itl), itl_ms_p50=pct(itl, 50), itl_ms_p90=pct(itl, 90),
                          e2e_ms_mean=_mean(e2e), output_tokens=sum(tokens), output_tokens_per_req_mean=_mean(tokens),
                          tokens_per_response=sum(tokens) / sum(responses) if responses else float("nan"),
-                         output_tok_s=rate(sum(tokens)), request_throughput=rate(len(tokens)),
+                         output_tok_s=sum(tokens) / span, request_throughput=len(tokens) / span,
                          per_stream_tok_s=_mean([n / (e / 1e3) for n, e in zip(tokens, e2e) if e > 0]),
                          tokens_from_output_ids=known, spec_acceptance_rate=accepted / drafted if drafted else None,
                          finish_reasons=finish))

@@ -66,7 +66,7 @@ def forward_ms(calls: list, batch: int, context: int, repeats: int = 11) -> list
     import torch
 
     slots = torch.arange(batch)
-    tokens = torch.randint(100, 1000, (batch, context))
+    tokens = torch.randint(min(100, calls[0][0].vocab_size // 2), min(1000, calls[0][0].vocab_size), (batch, context))
     with torch.inference_mode():
         for r in {id(r): r for r, _ in calls}.values():
             r.forward(tokens, slots, torch.zeros(batch, dtype=torch.long), torch.full((batch,), context),
