@@ -59,10 +59,11 @@ def parser(quick: bool = False) -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="scenario", required=True, metavar="scenario")
     for name in SCENARIOS:
         mod = scenario_module(name)
-        p = sub.add_parser(name, help=mod.__doc__.split("\n")[0], description=mod.__doc__,
+        p = sub.add_parser(name, help=" ".join(mod.__doc__.split("\n\n")[0].split()), description=mod.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         for key, default in getattr(mod, "SHARED", {}).items():
-            p.add_argument("--" + key.replace("_", "-"), default=default, **SHARED[key])
+            spec = {**SHARED[key], "help": SHARED[key]["help"] + " (default %(default)s)"}
+            p.add_argument("--" + key.replace("_", "-"), default=default, **spec)
         p.add_argument("--quick", action="store_true", help="a smoke run: " + getattr(mod, "QUICK_HELP", "fewer, "
                                                                                       "shorter runs"))
         p.add_argument("--out", default="", help="also write the markdown report to this file")

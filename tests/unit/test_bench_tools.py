@@ -31,7 +31,7 @@ def test_every_scenario_parses_with_its_defaults_and_quick_values(name):
         assert getattr(args, key) == default
     quick = bench.parse([name, "--quick", *extra])
     assert quick.quick and all(getattr(quick, k) == v for k, v in getattr(mod, "QUICK", {}).items())
-    assert mod.__doc__.splitlines()[0] and f"scripts/bench.py {name}" in mod.__doc__
+    assert mod.__doc__.split("\n\n")[0] and f"scripts/bench.py {name}" in mod.__doc__
 
 
 def test_an_option_given_beats_quick_and_shared_options_are_defined_once():

@@ -55,6 +55,20 @@ def ours_configs(guided: bool) -> list[str]:
     return [c for c in CONFIGS if guided or CONFIGS[c][0] != "grammar"]
 
 
+def sweep(label: str, configs, one, concurrency: list[int], skip=lambda config, c: False) -> list[dict]:
+    """Unguided, then guided: for each of configs(guided), a warm-up one(config, guided, None), then a timed
+    one(config, guided, c) -> run record at each concurrency c (but those skip(config, c) names)."""
+    results = []
+    for guided in (False, True):
+        for config in configs(guided):
+            one(config, guided, None)
+            for c in (c for c in concurrency if not skip(config, c)):
+                gc.collect()
+                results.append(one(config, guided, c))
+                report.log(f"{label} {config} guided={guided} c={c}: {tok_s(results[-1]):.1f} tok/s")
+    return results
+
+
 def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     from ..run import cpu_engine
 
@@ -62,32 +76,19 @@ def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
                         draft_quantization="int8")
     for c in cases:                                  # grammars compiled before timing (cache hits later)
         compile_guide(engine, c["guide"])
-    results = []
-    for guided in (False, True):
-        for config in ours_configs(guided):
-            run_engine(engine, cases[:2], 8, 2, *CONFIGS[config], guided)                  # warm-up
-            for c in args.concurrency:
-                gc.collect()
-                results.append(run_engine(engine, cases, args.max_tokens, c, *CONFIGS[config], guided, tok=tok,
-                                          system="ours in-process", config=config))
-                report.log(f"ours in-process {config} guided={guided} c={c}: {tok_s(results[-1]):.1f} tok/s")
-    return results
+    return sweep("ours in-process", ours_configs, lambda config, guided, c: run_engine(
+        engine, cases if c else cases[:2], args.max_tokens if c else 8, c or 2, *CONFIGS[config], guided, tok=tok,
+        system="ours in-process", config=config), args.concurrency)
 
 
 def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
     settings = dict(checkpoint=str(Path(args.model).resolve()), device="cpu", dtype="float32", drafter="ngram",
                     draft_quantization="int8", max_slots=max(args.concurrency), max_seq_len=max_seq_len,
                     default_max_tokens=args.max_tokens)          # the in-process engine's settings
-    results = []
     with served("", settings, report.raw_dir(args) / "tritonserver.log") as (url, _):
-        for guided in (False, True):
-            for config in ours_configs(guided):
-                run_triton(url, cases[:2], 8, 2, *CONFIGS[config], guided)                  # warm-up (+ compiles)
-                for c in args.concurrency:
-                    results.append(run_triton(url, cases, args.max_tokens, c, *CONFIGS[config], guided,
-                                              system="ours via Triton", config=config))
-                    report.log(f"ours via Triton {config} guided={guided} c={c}: {tok_s(results[-1]):.1f} tok/s")
-    return results
+        return sweep("ours via Triton", ours_configs, lambda config, guided, c: run_triton(
+            url, cases if c else cases[:2], args.max_tokens if c else 8, c or 2, *CONFIGS[config], guided,
+            system="ours via Triton", config=config), args.concurrency)
 
 
 def run_hf(args, cases, eos: set[int]) -> list[dict]:
@@ -98,19 +99,10 @@ def run_hf(args, cases, eos: set[int]) -> list[dict]:
     tok, model = hf.load(args.model)
     kw = dict(eos=eos, assistant=hf.int8_assistant(model),
               compiler=xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)))
-    results = []
-    for guided in (False, True):
-        for config in hf.CONFIGS:
-            if (config, guided) in hf.UNSUPPORTED:
-                continue
-            hf.run(tok, model, cases[:1], config, guided, 1, 8, **kw)                      # warm-up
-            for c in args.concurrency:
-                if c > 1 and config != "target only":
-                    continue                                # HF assisted generation: batch 1 only
-                gc.collect()
-                results.append(hf.run(tok, model, cases, config, guided, c, args.max_tokens, **kw))
-                report.log(f"HF {config} guided={guided} c={c}: {tok_s(results[-1]):.1f} tok/s")
-    return results
+    return sweep("HF", lambda guided: [c for c in hf.CONFIGS if (c, guided) not in hf.UNSUPPORTED],
+                 lambda config, guided, c: hf.run(tok, model, cases if c else cases[:1], config, guided, c or 1,
+                                                  args.max_tokens if c else 8, **kw),
+                 args.concurrency, skip=lambda config, c: c > 1 and config != "target only")   # assisted: batch 1
 
 
 def run_vllm(args, cases, eos: set[int]) -> dict:
