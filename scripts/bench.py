@@ -9,6 +9,7 @@ In process (no server):
     python scripts/bench.py forward            # one target forward's cost against the memory bound
     python scripts/bench.py speculative        # tok/s without speculation and with each drafter
     python scripts/bench.py draft_length       # fixed k against auto, guided and unguided
+    python scripts/bench.py sampling           # sampled requests: coupled verification against rejection sampling
     python scripts/bench.py grammar            # what the grammar costs and what speculation gains under it
     python scripts/bench.py prefill_schedule   # TTFT when prompts arrive at once, schedule choices on and off
     python scripts/bench.py prefix_cache       # TTFT and tok/s with prompt-prefix reuse off and on
@@ -36,8 +37,8 @@ import time
 from benchlib import DEFAULT_MODEL
 from benchlib.machine import load
 
-SCENARIOS = ("forward", "speculative", "draft_length", "grammar", "prefill_schedule", "prefix_cache", "serving",
-             "perf_analyzer", "genai_perf", "soak", "compare", "gpu")
+SCENARIOS = ("forward", "speculative", "draft_length", "sampling", "grammar", "prefill_schedule", "prefix_cache",
+             "serving", "perf_analyzer", "genai_perf", "soak", "compare", "gpu")
 
 # the options several scenarios take: defined here once; a scenario lists the ones it takes, with its defaults
 SHARED = {

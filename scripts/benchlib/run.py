@@ -47,12 +47,13 @@ def record(requests: list[dict], wall_s: float, concurrency: int, **meta) -> dic
 
 
 def run_engine(engine, cases: list[dict], max_tokens: int, concurrency: int = 0, drafter: str | None = None,
-               k: int = 0, guided: bool = False, tok=None, **meta) -> dict:
-    """One timed closed-loop run of the cases in process (greedy; concurrency 0 = all at once) -> its record
-    (text decoded when tok is given). Grammars compile before the clock starts; raises on a request's error."""
+               k: int = 0, guided: bool = False, tok=None, params: dict | None = None, **meta) -> dict:
+    """One timed closed-loop run of the cases in process (concurrency 0 = all at once) -> its record (text
+    decoded when tok is given). params: make_requests' (greedy without them). Grammars compile before the clock
+    starts; raises on a request's error."""
     from specgram.engine.generate import generate
 
-    reqs = make_requests(engine, cases, max_tokens, drafter, k, guided)
+    reqs = make_requests(engine, cases, max_tokens, drafter, k, guided, **(params or {}))
     run = generate(engine, reqs, concurrency or len(reqs))
     if run.errors:
         raise RuntimeError(f"{meta.get('config', '')}: {run.errors[0]}")

@@ -94,17 +94,18 @@ def trim_at_eos(ids: list[int], eos) -> list[int]:
 
 
 def make_requests(engine, cases: list[dict], max_tokens: int, drafter: str | None = None, k: int = 0,
-                  guided: bool = False, **params) -> list:
-    """Greedy requests, one per case (guided: with the case's json_schema guide). The grammars' compiles have
-    finished when this returns, so a timed run that follows excludes them."""
+                  guided: bool = False, seeds: list[int] | None = None, **params) -> list:
+    """Requests, one per case (guided: with the case's json_schema guide), greedy unless params set a temperature;
+    seeds[i]: case i's seed. The grammars' compiles have finished when this returns, so a timed run that follows
+    excludes them."""
     from specgram.request import SamplingParams
 
     reqs = []
-    for c in cases:
-        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
-                           guide_type="json_schema" if guided else None, guide=c["guide"] if guided else None,
-                           **params)
-        reqs.append(engine.make_request(p, prompt_ids=c["prompt_ids"]))
+    for i, c in enumerate(cases):
+        settings = dict(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
+                        guide_type="json_schema" if guided else None, guide=c["guide"] if guided else None,
+                        seed=seeds[i] if seeds else None)
+        reqs.append(engine.make_request(SamplingParams(**{**settings, **params}), prompt_ids=c["prompt_ids"]))
     for r in reqs:
         if r.pending_grammar is not None:
             r.pending_grammar.future.result()

@@ -1,6 +1,6 @@
-"""The client-side tools the end-to-end suites and scripts/soak.py lean on: raw input tensors in build_inputs,
-the metrics reader, engine settings of a model repository, a repository with changed settings, and finding the
-model's process and its memory."""
+"""The client-side tools the end-to-end suites and the soak scenario (scripts/bench.py soak) lean on: raw input
+tensors in build_inputs, the metrics reader, engine settings of a model repository, a repository with changed
+settings, and finding the model's process and its memory."""
 import os
 import subprocess
 import sys
