@@ -12,6 +12,8 @@ A closed loop of --concurrency streams (default 16): each sends one request afte
   cancelled  cut after a random number of responses or a random delay (the client goes away)
   refused    a bad request; it must get one error naming the field
   greedy     the reference prompt, greedy: must equal its solo run (taken before the soak starts)
+  sampled    a seeded sampled reference (unguided or JSON-schema guided) with a random draft length (0, 2, 4 or
+             auto): must equal its solo run without speculation, token for token
 Prints per minute: output tokens/s (tokens received), requests ended, outcomes by class; at the start and end
 the resident memory of the server and of its model process (the Python-backend stub; with --server-pid, or
 when the server was started here). Exits 1 on any unexpected outcome (an error, a timeout, an invalid or
@@ -47,7 +49,11 @@ GUIDES = [("json_schema", json.dumps(PERSON), "Give a person's name and age as J
 BAD = [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
        ({"sampling_parameters": "{oops"}, "sampling_parameters"),
        ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "("}, "regex guide")]
-KINDS = {"free": 4, "guided": 3, "cancelled": 3, "refused": 1, "greedy": 1}
+# seeded sampled references: their tokens depend on the prompt, the settings and the seed alone
+SAMPLED = [dict(REFERENCE, temperature=0.9, top_p=0.95, top_k=50, seed=7),
+           dict(REFERENCE, text_input=GUIDES[0][2], guided_decoding_guide_type=GUIDES[0][0],
+                guided_decoding_guide=GUIDES[0][1], max_tokens=48, temperature=0.8, seed=11)]
+KINDS = {"free": 4, "guided": 3, "cancelled": 3, "refused": 1, "greedy": 1, "sampled": 1}
 TIMEOUT_S = 600.0
 EXPECTED = ("ok", "cancelled", "refused")
 
@@ -75,12 +81,13 @@ def obeys(kind: str, guide: str, text: str) -> bool:
 
 
 class Soak:
-    def __init__(self, url: str, reference: list[int], t0: float):
-        self.url, self.reference, self.t0 = url, reference, t0
+    def __init__(self, url: str, references: dict[str, list], t0: float):
+        self.url, self.references, self.t0 = url, references, t0
         self.lock = threading.Lock()
         self.tokens: Counter = Counter()                            # minute -> output tokens received
         self.outcomes: dict[int, Counter] = defaultdict(Counter)    # minute -> outcome class -> requests
         self.unexpected: list[str] = []
+        self.sampled_checks = 0                                     # seeded sampled requests compared
 
     def minute(self) -> int:
         return int((time.perf_counter() - self.t0) // 60)
@@ -148,7 +155,19 @@ class Soak:
         r = self._stream(REFERENCE)
         if errors_of(r):
             return "error", errors_of(r)[0]
-        return ("ok", "") if ids_of(r) == self.reference else ("inexact", f"{ids_of(r)} != {self.reference}")
+        want = self.references["greedy"]
+        return ("ok", "") if ids_of(r) == want else ("inexact", f"{ids_of(r)} != {want}")
+
+    def sampled(self, rng):
+        from collect import errors_of, ids_of
+        i, k = rng.randrange(len(SAMPLED)), rng.choice([0, 2, 4, -1])
+        r = self._stream(dict(SAMPLED[i], num_draft_tokens=k))
+        if errors_of(r):
+            return "error", errors_of(r)[0]
+        want = self.references["sampled"][i]
+        with self.lock:
+            self.sampled_checks += 1
+        return ("ok", "") if ids_of(r) == want else ("inexact_sampled", f"k={k}: {ids_of(r)} != {want}")
 
 
 def memory(server_pid: int | None) -> dict[str, int]:
@@ -161,17 +180,19 @@ def memory(server_pid: int | None) -> dict[str, int]:
             **{f"stub{i}": rss_bytes(pid) >> 20 for i, pid in enumerate(stub_pids(server_pid))}}
 
 
-def warm_up(url: str) -> list[int]:
-    """Compile every guide once (the compiled-grammar cache is part of the start figure) and take the greedy
-    reference alone."""
+def warm_up(url: str) -> dict[str, list]:
+    """Compile every guide once (the compiled-grammar cache is part of the start figure) and take the greedy and
+    the sampled references alone, without speculation."""
     from collect import errors_of, ids_of, stream_infer
 
-    for inputs in [{"text_input": p, "max_tokens": 4, "guided_decoding_guide_type": k, "guided_decoding_guide": g}
-                   for k, g, p in GUIDES] + [REFERENCE]:
+    def alone(inputs: dict) -> list[int]:
         r = stream_infer(url, inputs, timeout=TIMEOUT_S)
         if errors_of(r):
             raise SystemExit(f"warm-up: {errors_of(r)[0]}")
-    return ids_of(r)
+        return ids_of(r)
+    for k, g, p in GUIDES:
+        alone({"text_input": p, "max_tokens": 4, "guided_decoding_guide_type": k, "guided_decoding_guide": g})
+    return {"greedy": alone(REFERENCE), "sampled": [alone(dict(x, num_draft_tokens=0)) for x in SAMPLED]}
 
 
 def finished(metrics_url: str | None) -> dict[str, float]:
@@ -230,8 +251,11 @@ def soak(args, url: str, metrics_url: str | None, pid: int | None) -> int:
     lines = report.header("Soak", args, f"{streams} streams (closed loop), {args.minutes:g} min, mixed requests "
                           f"{KINDS}; {'server at ' + args.url if args.url else 'own server (model_repository/)'}",
                           ("tritonclient", "nvidia-pytriton"))
+    mismatches = sum(u.startswith("inexact_sampled") for u in state.unexpected)
     lines += [f"Total: {sum(state.tokens[m] for m in minutes) / (args.minutes * 60):.1f} tok/s, outcomes "
-              f"{dict(totals)}  ", *([f"Server finish reasons during the soak: {fin}  "] if fin else []),
+              f"{dict(totals)}  ", f"Seeded sampled requests checked against their solo runs: "
+              f"{state.sampled_checks}, mismatches: {mismatches}  ",
+              *([f"Server finish reasons during the soak: {fin}  "] if fin else []),
               f"Memory (MiB): start {mem_start or 'unknown'}, end {mem_end or 'unknown'}", ""]
     if state.unexpected:
         lines += [f"UNEXPECTED ({len(state.unexpected)}):", *(f"- {u}" for u in state.unexpected[:20]), ""]
@@ -241,5 +265,6 @@ def soak(args, url: str, metrics_url: str | None, pid: int | None) -> int:
     report.write(args, lines + ["FAIL" if failed else "PASS"], dict(
         minutes=args.minutes, streams=streams, tokens_per_minute=[state.tokens[m] for m in minutes],
         outcomes_per_minute=[dict(state.outcomes[m]) for m in minutes], memory_mib=dict(start=mem_start, end=mem_end),
-        unexpected=state.unexpected, server_finish_reasons=fin))
+        unexpected=state.unexpected, server_finish_reasons=fin, sampled_checks=state.sampled_checks,
+        sampled_mismatches=mismatches))
     return 1 if failed else 0
