@@ -29,13 +29,13 @@ def test_masked_logits_stay_at_zero_probability():
 
 
 def test_gumbel_max_sampling_matches_distribution():
-    """chi-square goodness of fit at 20k keys (seeds x positions); the critical value (df=4, p=0.001) is 18.47.
+    """chi-square goodness of fit at 20k (seed, position) rows; the critical value (df=4, p=0.001) is 18.47.
     The masked token (-inf) is never drawn."""
     probs = torch.tensor([0.1, 0.4, 0.05, 0.25, 0.2, 0.0])
     n = 20000
-    keys = [noise.key(seed, position) for seed in range(n // 4) for position in range(4)]
-    logits = probs.log().expand(n, -1)
-    ids = noise.gumbel_argmax(logits, None, noise.gumbel(keys, len(probs)))
+    rows = noise.NoiseRows(len(probs))
+    g = rows.get([(seed, position) for seed in range(n // 4) for position in range(4)])
+    ids = noise.gumbel_argmax(probs.log().expand(n, -1), None, g)
     counts = np.bincount(ids.numpy(), minlength=6)
     assert counts[5] == 0
     expected = probs[:5].numpy() * n
@@ -44,27 +44,35 @@ def test_gumbel_max_sampling_matches_distribution():
 
 
 def test_the_support_restricts_the_draw():
-    logits = torch.zeros(200, 4)
     support = torch.tensor([[False, True, True, False]]).expand(200, -1)
-    ids = noise.gumbel_argmax(logits, support, noise.gumbel(list(range(200)), 4))
+    g = noise.NoiseRows(4).get([(s, 0) for s in range(200)])
+    ids = noise.gumbel_argmax(torch.zeros(200, 4), support, g)
     assert set(ids.tolist()) == {1, 2}
 
 
+def test_gumbel_values_are_finite_for_every_word():
+    """The extreme words map inside (0, 1): no +inf (a token that would win whatever its probability)."""
+    words = np.array([0, 1, 2**12 - 1, 2**63, 2**64 - 2**12, 2**64 - 1], dtype=np.uint64)
+    g = noise.gumbel_of_words(words)
+    assert np.isfinite(g).all() and g.max() < 37 and g.min() > -4
+    assert g[0] == g[1] == g[2] and g[-1] == g[-2]          # the low 12 bits are dropped
+
+
 @pytest.mark.parametrize("vocab", [49152, 70001])
-def test_noise_depends_on_its_key_alone(vocab):
-    """The same rows whatever the thread count, the number of rows beside them and their order."""
-    keys = [noise.key(7, t) for t in range(3)]
+def test_noise_depends_on_seed_and_position_alone(vocab):
+    """The same rows whatever the thread count, the rows beside them, their order or the cache; full 64-bit
+    seeds and positions each change the row."""
+    keys = [(7, 0), (7, 1), (2**64 - 1, 0), (7 + 2**32, 0)]
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = noise.gumbel(keys, vocab)
+        one = noise.NoiseRows(vocab).get(keys)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(noise.gumbel(keys, vocab), one)
-    assert torch.equal(noise.gumbel(keys[::-1], vocab), one.flip(0))
-    assert torch.equal(noise.gumbel(keys[1:2], vocab)[0], one[1])
-    assert not torch.equal(one[0], one[1]) and torch.isfinite(one).all()
-    assert noise.key(7, 0) != noise.key(8, 0) and noise.key(7, 0) != noise.key(7, 1)
+    assert torch.equal(noise.NoiseRows(vocab).get(keys[::-1]), one.flip(0))
+    assert torch.equal(noise.NoiseRows(vocab, max_bytes=1).get(keys[1:2])[0], one[1])
+    assert torch.isfinite(one).all()
+    assert len({tuple(r[:8].tolist()) for r in one}) == len(keys), "seeds 7 and 7 + 2^32 must differ too"
 
 
 def test_find_stop_across_steps_and_holdback():

@@ -209,8 +209,9 @@ def test_chi2_catches_noise_shared_between_positions(tiny_vocab_engine, expected
     """Noise keyed by the seed alone (the same Gumbel draw at every position) correlates a request's tokens:
     the joint distribution is wrong, and the test sees it."""
     engine = tiny_vocab_engine
-    key = noise.key
-    monkeypatch.setattr(noise, "key", lambda seed, position: key(seed, 0))
+    row = noise.gumbel_row
+    monkeypatch.setattr(noise, "gumbel_row", lambda seed, position, vocab: row(seed, 0, vocab))
+    monkeypatch.setattr(engine.logits, "noise", noise.NoiseRows(engine.logits.noise.vocab))    # none cached yet
     samples, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
     stat, df = chi2_stat(samples, expected)
     assert stat > chi2_critical(df), (stat, df)

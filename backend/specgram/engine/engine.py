@@ -204,7 +204,7 @@ class Engine:
         if not plan.sealed:
             plan.proposals = self.planner.seal(reqs, plan.proposals)
         self.logits.mask_verify(reqs, plan.proposals, result.verify)
-        accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify, self.logits.coupled)
+        accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify, self.logits.noise, self.logits.coupled)
         if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
             rows = sum(1 + len(p.tokens) for p in plan.proposals)
             self.planner.costs.record(rows, time.perf_counter() - result.started)

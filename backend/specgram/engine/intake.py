@@ -54,8 +54,8 @@ class Intake:
                                  f"(max_seq_len {config.max_seq_len} minus one token to generate)")
         req = Request(prompt_ids=list(ids), params=params)
         if kind is not None:
-            req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop
             if params.speculates and params.drafter == "ngram" and params.guide:
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
+            req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop; last
         return req

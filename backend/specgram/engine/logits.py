@@ -10,6 +10,7 @@ from ..grammar.masks import StepMasks
 from ..request import Request
 from ..speculation import min_tokens, sampling
 from ..speculation.drafter import Proposal
+from ..speculation.noise import NoiseRows
 
 
 class LogitsProcessor:
@@ -17,6 +18,7 @@ class LogitsProcessor:
         self.masks = masks
         self.eos_ids = eos_ids
         self.coupled = coupled      # coupled verification (sampling.py); False: drafts carry q for rejection
+        self.noise = NoiseRows(masks.vocab)     # sampling noise by (seed, position), shared by drafts and verify
 
     def mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> None:
         """Mask the verify logits [B, T, V] in place: row (b, i) gets mask row (slot, i), as the drafts did,
@@ -40,7 +42,7 @@ class LogitsProcessor:
         self.masks.apply(logits, [(j, r.slot, r.guide.tentative) for j, r in guided])
         min_tokens.apply(logits, [min_tokens.eos_banned(r, o) for r, o in zip(reqs, offsets)], self.eos_ids)
         positions = [len(r.output_ids) + o for r, o in zip(reqs, offsets)]
-        ids, probs = sampling.pick(logits, reqs, positions, want_probs=tentative and not self.coupled)
+        ids, probs = sampling.pick(logits, reqs, positions, self.noise, want_probs=tentative and not self.coupled)
         if tentative:
             for j, r in guided:
                 accepted = r.guide.try_tentative(int(ids[j]))

@@ -23,7 +23,7 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, Overloaded
 from .compile import UNSUPPORTED_KEYWORDS, GuideType, compile_guide, normalize_guide_type
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
@@ -67,6 +67,8 @@ class GrammarCompiler:
         """The worker pool, started on first use; raises ModelLoadError when its workers cannot start."""
         with self._pool_lock:
             if not self._pools:
+                if not self._finalizer.alive:
+                    raise Overloaded("guided decoding is unavailable: the grammar compiler is shut down")
                 self._pools.append(CompilePool(*self._pool_args))
             return self._pools[0]
 
@@ -142,8 +144,12 @@ class GrammarCompiler:
         (self._long if slow else self._short).submit(self._compile_here, c, deadline)
 
     def _compile_here(self, c: "_Compile", deadline: threading.Timer) -> None:
+        if c.future.done():                 # expired while it waited for the lane: nobody waits for it now
+            return
+        with self._lock:
+            cached = self.cache.get(c.key)  # an earlier, expired compile of the same guide may have finished
         try:
-            compiled = self.compile(*c.key)
+            compiled = cached if cached is not None else self.compile(*c.key)
         except InvalidRequest as e:         # a worker compiled it: only a bug gets here
             deadline.cancel()
             self._forget(c)

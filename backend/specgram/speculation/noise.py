@@ -8,38 +8,56 @@ drafts were verified, which drafter proposed them, or what else was batched. A d
 accepted, as under greedy decoding; a draft model that drafts with the same noise on its own distribution is
 accepted often (coupled drafting).
 
-G for (seed, t): a CPU MT19937 generator seeded with a 64-bit mix of both, one float32 uniform per vocabulary
-entry (torch's CPU uniform kernel is serial), then -log(-log(u)); a test checks that the rows do not depend on
-the thread count or on the other rows. Drawn on the CPU and copied: the same on every device.
+G for (seed, t): Philox-4x64 (a counter-based generator, numpy's) keyed by the 128-bit pair seed * 2^64 + t,
+one raw 64-bit word per vocabulary entry (a stable stream: no sampling algorithm between the words and G), the
+top 52 bits as u = (k + 1/2) / 2^52 in (0, 1) exactly, then -log(-log u) in float64 (finite: at most ~36.7).
+Computed on the CPU, so the same on every device and thread count, and kept per (seed, t) while it may be
+needed again (NoiseRows): a draft model's row is its verify row's.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import numpy as np
 import torch
 
-_M64 = (1 << 64) - 1
-_HALF_STEP = 2.0 ** -25     # torch.rand's float32 values are multiples of 2^-24 in [0, 1): shift into (0, 1)
+_SHIFT = np.uint64(12)                  # 64-bit words -> their top 52 bits
+_SCALE = 2.0 ** -52
 
 
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser: a bijection of 64-bit ints whose output bits each depend on every input bit."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
-    return x ^ (x >> 31)
+def gumbel_of_words(raw: np.ndarray) -> np.ndarray:
+    """uint64 words -> float64 standard Gumbel values, finite for every word."""
+    u = ((raw >> _SHIFT).astype(np.float64) + 0.5) * _SCALE          # (k + 1/2) / 2^52: exact, in (0, 1)
+    return -np.log(-np.log(u))
 
 
-def key(seed: int, position: int) -> int:
-    """The generator seed for (request seed, output position): distinct pairs give unrelated streams."""
-    return _mix64((_mix64(seed & _M64) + 0x9E3779B97F4A7C15 * (position + 1)) & _M64)
+def gumbel_row(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """-> [vocab] float32 standard Gumbel noise of (seed, position): seed in [0, 2^64), position >= 0."""
+    raw = np.random.Philox(key=(seed << 64) | position).random_raw(vocab)
+    return torch.from_numpy(gumbel_of_words(raw)).float()
 
 
-def gumbel(keys: list[int], vocab: int) -> torch.Tensor:
-    """-> [len(keys), vocab] float32 standard Gumbel noise on the CPU, row i from keys[i] alone."""
-    out = torch.empty(len(keys), vocab)
-    g = torch.Generator()
-    for i, k in enumerate(keys):
-        g.manual_seed(k)
-        out[i] = torch.rand(vocab, generator=g)
-    return out.add_(_HALF_STEP).log_().neg_().log_().neg_()             # -log(-log(u)), u in (0, 1)
+class NoiseRows:
+    """Gumbel rows by (seed, position), the most recently used kept up to `max_bytes`."""
+
+    def __init__(self, vocab: int, max_bytes: int = 64 << 20):
+        self.vocab = vocab
+        self.max_rows = max(1, max_bytes // (4 * vocab))
+        self._rows: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+
+    def get(self, keys: list[tuple[int, int]]) -> torch.Tensor:
+        """keys: (seed, position) per row -> [len(keys), vocab] float32 on the CPU."""
+        out = []
+        for key in keys:
+            row = self._rows.get(key)
+            if row is None:
+                row = self._rows[key] = gumbel_row(*key, self.vocab)
+                while len(self._rows) > self.max_rows:
+                    self._rows.popitem(last=False)
+            else:
+                self._rows.move_to_end(key)
+            out.append(row)
+        return torch.stack(out) if out else torch.empty(0, self.vocab)
 
 
 def gumbel_argmax(scaled: torch.Tensor, support: torch.Tensor | None, noise: torch.Tensor) -> torch.Tensor:

@@ -124,15 +124,16 @@ def _support(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor | None:
     return probabilities(logits, *_params(reqs, logits.device)) > 0
 
 
-def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int]) -> torch.Tensor:
+def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
+                 rows: noise.NoiseRows) -> torch.Tensor:
     """logits: [N, V] (masked), row n for reqs[n]'s token at output position positions[n] -> [N] the sampled
     tokens, each a function of (seed, position, processed distribution) alone (noise.py)."""
     temperature = h2d(torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32), logits.device)
-    g = h2d(noise.gumbel([noise.key(r.seed, t) for r, t in zip(reqs, positions)], logits.shape[-1]), logits.device)
+    g = h2d(rows.get([(r.seed, t) for r, t in zip(reqs, positions)]), logits.device)
     return noise.gumbel_argmax(logits / temperature[:, None], _support(logits, reqs), g)
 
 
-def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
+def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: noise.NoiseRows,
          want_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits: [B, V], row b for reqs[b]'s token at output position positions[b] -> ([B] next tokens on CPU,
     greedy or sampled per request; with want_probs and any sampled request, [B, V] the distributions they were
@@ -141,17 +142,17 @@ def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
     sampled = [b for b, r in enumerate(reqs) if not r.params.greedy]
     if not sampled:
         return ids.cpu(), None
-    rows = [reqs[b] for b in sampled]
+    chosen = [reqs[b] for b in sampled]
     at = long_tensor(sampled, logits.device)        # a python-list index would be a blocking copy on CUDA
-    ids[at] = coupled_pick(logits[at], rows, [positions[b] for b in sampled])
+    ids[at] = coupled_pick(logits[at], chosen, [positions[b] for b in sampled], rows)
     if not want_probs:
         return ids.cpu(), None
     probs = torch.nn.functional.one_hot(ids, logits.shape[-1]).float()
-    probs[at] = probabilities(logits[at], *_params(rows, logits.device))
+    probs[at] = probabilities(logits[at], *_params(chosen, logits.device))
     return ids.cpu(), probs
 
 
-def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor,
+def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor, rows: noise.NoiseRows,
            coupled: bool = True) -> tuple[list[int], list[int]]:
     """logits: [B, K+1, V] from the verify forward (masked where guided); row (b, i) is reqs[b]'s output position
     len(output_ids) + i. -> (accepted drafts per request, the target's next token per request). Greedy rows, and
@@ -171,7 +172,7 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor,
         cells = [(b, i) for b in s_rows for i in range(1 + len(proposals[b].tokens))]    # padding rows skipped
         flat = long_tensor([b * T + i for b, i in cells], dev)
         picked = coupled_pick(logits.view(B * T, V)[flat], [reqs[b] for b, _ in cells],
-                              [len(reqs[b].output_ids) + i for b, i in cells])
+                              [len(reqs[b].output_ids) + i for b, i in cells], rows)
         choice.view(-1)[flat] = picked
     accepted = greedy_accept(choice, drafts, k)
     nxt = choice.gather(1, accepted[:, None]).squeeze(1)

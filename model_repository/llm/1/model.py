@@ -148,6 +148,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 creq = parse(read_inputs(request), read_parameters(request))
+                timeout_s = read_timeout(request)
                 req = self.engine.make_request(creq.params, text=creq.text, messages=creq.messages, chat=creq.chat)
             except InvalidRequest as e:
                 self._send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
@@ -163,7 +164,7 @@ class TritonPythonModel:
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
             # a refusal (at capacity, shutting down) comes back through the outbox as the request's final output
-            self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), read_timeout(request))
+            self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), timeout_s)
         return None
 
     def is_ready(self) -> bool:
