@@ -182,10 +182,15 @@ ALWAYS_INLINE void gemm_block(const int bf16, int64_t b, int64_t chunk, const fl
     }
 }
 
-static inline void check_args(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
+/* The parallel loop's shape: nblocks weight blocks dealt in chunks of `chunk` (after the argument checks). */
+typedef struct { int64_t nblocks, chunk; } gemm_plan;
+
+static inline gemm_plan plan(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
     assert(ldx >= K && ldy >= N);
-    (void)M, (void)K, (void)ldx, (void)N, (void)ldy, (void)nthreads;
+    (void)K, (void)ldx, (void)ldy;
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    return (gemm_plan){nblocks, chunk_blocks(nblocks, nthreads, ntiles)};
 }
 
 /* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy].
@@ -193,18 +198,14 @@ static inline void check_args(int64_t M, int64_t K, int64_t ldx, int64_t N, int6
  * inlining, and the outlined body must see the weight type as a constant. */
 void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
                        const float *bias, float *y, int64_t ldy, int nthreads) {
-    check_args(M, K, ldx, N, ldy, nthreads);
-    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
-    int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < nblocks; ++b) gemm_block(0, b, chunk, x, M, K, ldx, w, N, bias, y, ldy);
+    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(0, b, p.chunk, x, M, K, ldx, w, N, bias, y, ldy);
 }
 
 void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                         const float *bias, float *y, int64_t ldy, int nthreads) {
-    check_args(M, K, ldx, N, ldy, nthreads);
-    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
-    int64_t chunk = chunk_blocks(nblocks, nthreads, ntiles);
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < nblocks; ++b) gemm_block(1, b, chunk, x, M, K, ldx, w, N, bias, y, ldy);
+    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(1, b, p.chunk, x, M, K, ldx, w, N, bias, y, ldy);
 }
