@@ -113,3 +113,20 @@ def test_default_draft_length_depends_on_the_guide(tiny_ckpt):
     assert guided.params.num_draft_tokens == 3
     explicit = engine.make_request(SamplingParams(num_draft_tokens=0, guide_type="json"), text="hi")
     assert explicit.params.num_draft_tokens == 0
+
+
+def test_vllm_keys_at_their_neutral_value_are_accepted():
+    """What vllm_backend clients (Triton's OpenAI frontend) send on every request changes nothing here."""
+    sent = {"n": 1, "frequency_penalty": 0, "presence_penalty": "0", "repetition_penalty": 1.0, "best_of": "1",
+            "logprobs": None, "stop_token_ids": [], "skip_special_tokens": "true", "use_beam_search": False,
+            "structured_outputs": None, "max_tokens": "12", "temperature": 0}
+    c = parse({"text_input": "x", "sampling_parameters": json.dumps(sent)})
+    assert c.params.max_tokens == 12 and c.params.temperature == 0
+
+
+@pytest.mark.parametrize("key, value", [("n", 2), ("frequency_penalty", 0.5), ("presence_penalty", "1"),
+                                        ("repetition_penalty", 1.2), ("logprobs", 3), ("stop_token_ids", [7]),
+                                        ("use_beam_search", "true"), ("n", True), ("min_p", "x")])
+def test_vllm_keys_at_other_values_are_refused_by_name(key, value):
+    with pytest.raises(InvalidRequest, match=rf"sampling_parameters\.{key} = .* is not supported"):
+        parse({"text_input": "x", "sampling_parameters": json.dumps({key: value})})

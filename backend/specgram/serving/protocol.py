@@ -18,6 +18,17 @@ from .contract import OPTIONS
 # the options (inputs that may also come in sampling_parameters or as request parameters) -> SamplingParams
 _PARAMS = {name: f.param for name, f in OPTIONS.items() if f.param is not None}
 
+# vLLM sampling_parameters keys this engine does not implement, with the value that changes nothing: clients
+# built for vllm_backend (Triton's OpenAI-compatible frontend among them) send some of them on every request.
+# At that value a key is accepted and ignored; any other value is refused, naming the key. None: absent, null,
+# or empty ("", [], {}).
+NEUTRAL = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+           "min_p": 0, "length_penalty": 1, "use_beam_search": False, "early_stopping": False,
+           "include_stop_str_in_output": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+           "detokenize": True, "logprobs": None, "prompt_logprobs": None, "logit_bias": None,
+           "stop_token_ids": None, "bad_words": None, "allowed_token_ids": None, "truncate_prompt_tokens": None,
+           "structured_outputs": None, "guided_decoding": None}
+
 
 @dataclass
 class ClientRequest:
@@ -73,7 +84,24 @@ def _sampling_parameters(raw: Any) -> dict[str, Any]:
         raise InvalidRequest("sampling_parameters is nested too deeply to parse") from None
     if not isinstance(sp, dict):
         raise InvalidRequest("sampling_parameters must be a JSON object")
-    unknown = sorted(set(sp) - set(OPTIONS))
+    unknown = sorted(set(sp) - set(OPTIONS) - set(NEUTRAL))
     if unknown:
         raise InvalidRequest(f"unknown keys in sampling_parameters: {unknown}; known: {sorted(OPTIONS)}")
-    return sp
+    for key in sorted(set(sp) & set(NEUTRAL)):
+        if not _is_neutral(sp[key], NEUTRAL[key]):
+            raise InvalidRequest(f"sampling_parameters.{key} = {sp[key]!r} is not supported by this model; only "
+                                 f"{'an empty value' if NEUTRAL[key] is None else repr(NEUTRAL[key])} is accepted")
+    return {k: v for k, v in sp.items() if k in OPTIONS}
+
+
+def _is_neutral(value: Any, neutral: Any) -> bool:
+    """value (as a JSON client sends it: numbers and booleans may come as strings) means `neutral`."""
+    if neutral is None:
+        return value is None or value in ("", [], {})
+    if isinstance(neutral, bool):
+        text = str(value).strip().lower()
+        return text in (("true", "1") if neutral else ("false", "0"))
+    try:
+        return not isinstance(value, bool) and float(value) == neutral
+    except (TypeError, ValueError):
+        return False
