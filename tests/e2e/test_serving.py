@@ -129,3 +129,16 @@ def test_http_generate_stream(triton_server):
     bad = requests.post(f"{triton_server.http_url}/v2/models/llm/generate_stream",
                         json={"text_input": "x", "top_p": 3.0}, timeout=60)
     assert "top_p" in bad.text
+
+
+def test_vllm_backend_switches_are_declared_and_counts_add_up(triton_server):
+    """The inputs vllm_backend's clients send (Triton's OpenAI frontend among them): accepted, and with
+    return_num_output_tokens the per-response counts add up to the output's length."""
+    switches = {"return_num_output_tokens": True, "return_num_input_tokens": True, "return_finish_reason": True,
+                "return_logprobs": False, "return_cumulative_logprob": False}
+    resps = stream_infer(triton_server.grpc_url, {"text_input": "Count to ten.", "stream": True, "max_tokens": 20,
+                                                  "ignore_eos": True, **switches}, timeout=60)
+    assert not errors_of(resps) and len(ids_of(resps)) == 20
+    assert sum(int(r["outputs"]["num_output_tokens"][0]) for r in resps if "num_output_tokens" in r["outputs"]) == 20
+    refused = stream_infer(triton_server.grpc_url, {"text_input": "Hi", "return_logprobs": True}, timeout=60)
+    assert len(refused) == 1 and "return_logprobs" in refused[0]["error"]

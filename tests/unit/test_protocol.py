@@ -130,3 +130,15 @@ def test_vllm_keys_at_their_neutral_value_are_accepted():
 def test_vllm_keys_at_other_values_are_refused_by_name(key, value):
     with pytest.raises(InvalidRequest, match=rf"sampling_parameters\.{key} = .* is not supported"):
         parse({"text_input": "x", "sampling_parameters": json.dumps({key: value})})
+
+
+def test_vllm_backend_switches():
+    c = parse({"text_input": "x", "return_num_output_tokens": True, "return_finish_reason": True,
+               "return_num_input_tokens": False, "return_logprobs": False, "return_cumulative_logprob": False})
+    assert c.count_per_response
+    assert not parse({"text_input": "x"}).count_per_response
+    for name in ("return_logprobs", "return_cumulative_logprob"):
+        with pytest.raises(InvalidRequest, match=f"{name}: this model does not return logprobs"):
+            parse({"text_input": "x", name: True})
+    with pytest.raises(InvalidRequest, match="return_finish_reason"):
+        parse({"text_input": "x", "return_finish_reason": "maybe"})

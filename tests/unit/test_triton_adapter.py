@@ -29,7 +29,8 @@ def request(text="Hello there", **inputs):
     tensors = {"text_input": np.array([text.encode()], dtype=np.object_)}
     kinds = {"stream": np.bool_, "max_tokens": np.int32, "temperature": np.float32, "top_p": np.float32,
              "top_k": np.int32, "seed": np.uint64, "num_draft_tokens": np.int32, "ignore_eos": np.bool_,
-             "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_}
+             "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_,
+             "return_num_output_tokens": np.bool_, "return_finish_reason": np.bool_}
     params = inputs.pop("parameters", None)
     for k, v in inputs.items():
         if k == "stop":
@@ -388,3 +389,15 @@ def test_requests_are_tokenized_with_a_tokenizer_of_their_own(model):
     """The adapter's threads encode while the engine thread decodes: never the same fast tokenizer object."""
     assert model.engine.intake.tokenizer is not model.engine.output.tokenizer
     assert model.engine.intake.tokenizer._tokenizer is not model.engine.output.tokenizer._tokenizer
+
+
+def test_num_output_tokens_per_response_when_vllm_backends_switch_asks(model):
+    """vllm_backend's clients (Triton's OpenAI frontend) add num_output_tokens up over a stream."""
+    asked = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, return_num_output_tokens=True,
+                    return_finish_reason=True)
+    plain = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4)
+    asked_resps, plain_resps = finish(model, asked, plain)
+    per = [int(r.output_tensors["num_output_tokens"][0]) for r in asked_resps]
+    assert per == [len(r.output_tensors["output_ids"]) for r in asked_resps] and sum(per) == 24
+    running = [int(r.output_tensors["num_output_tokens"][0]) for r in plain_resps]
+    assert running == sorted(running) and running[-1] == 24

@@ -144,6 +144,19 @@ INPUTS: tuple[Field, ...] = (
           "false", convert=to_bool),
     Field("messages", "STRING", (1,), 'JSON list of `{"role", "content"}` rendered with the chat template', "",
           convert=to_messages),
+    # vllm_backend's switches for its additional outputs (Triton's OpenAI frontend sends them)
+    Field("return_num_output_tokens", "BOOL", (1,),
+          "vllm_backend's switch: true makes `num_output_tokens` this response's token count (its clients add them "
+          "up over a stream) instead of the running total", "false", convert=to_bool, option=False),
+    Field("return_num_input_tokens", "BOOL", (1,), "vllm_backend's switch; `num_input_tokens` is always sent",
+          "false", convert=to_bool, option=False),
+    Field("return_finish_reason", "BOOL", (1,), "vllm_backend's switch; `finish_reason` is always sent", "false",
+          convert=to_bool, option=False),
+    Field("return_logprobs", "BOOL", (1,), "vllm_backend's switch; true is refused (no logprobs output yet)",
+          "false", convert=to_bool, option=False),
+    Field("return_cumulative_logprob", "BOOL", (1,),
+          "vllm_backend's switch; true is refused (no cumulative_logprob output yet)", "false", convert=to_bool,
+          option=False),
 )
 
 OUTPUTS: tuple[Field, ...] = (
@@ -154,7 +167,8 @@ OUTPUTS: tuple[Field, ...] = (
           "or `timeout` (config `request_timeout_s` or the request's own Triton timeout passed; the text so far)",
           optional=False),
     Field("num_input_tokens", "INT32", (1,), "prompt tokens", optional=False),
-    Field("num_output_tokens", "INT32", (1,), "output tokens so far", optional=False),
+    Field("num_output_tokens", "INT32", (1,), "output tokens so far (with `return_num_output_tokens`: in this "
+          "response)", optional=False),
     Field("num_cached_tokens", "INT32", (1,), "prompt tokens whose keys and values were reused from the cache "
           "(config `prefix_cache`) instead of prefilled", optional=False),
     Field("spec_drafted_tokens", "INT32", (1,), "draft tokens proposed to the target", optional=False),

@@ -13,10 +13,14 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..request import SamplingParams
-from .contract import OPTIONS
+from .contract import INPUT, OPTIONS
 
 # the options (inputs that may also come in sampling_parameters or as request parameters) -> SamplingParams
 _PARAMS = {name: f.param for name, f in OPTIONS.items() if f.param is not None}
+
+# vllm_backend's additional-output switches: input tensors only, as vllm_backend reads them
+_SWITCHES = ("return_num_output_tokens", "return_num_input_tokens", "return_finish_reason", "return_logprobs",
+             "return_cumulative_logprob")
 
 # vLLM sampling_parameters keys this engine does not implement, with the value that changes nothing: clients
 # built for vllm_backend (Triton's OpenAI-compatible frontend among them) send some of them on every request.
@@ -38,6 +42,7 @@ class ClientRequest:
     stream: bool
     exclude_input_in_output: bool
     params: SamplingParams
+    count_per_response: bool = False    # num_output_tokens: this response's tokens, not the running total
 
 
 def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = None) -> ClientRequest:
@@ -70,8 +75,13 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
         raise InvalidRequest("text_input is required and must not be empty (or give a messages list)")
     stream = values.get("stream", False)
     params = SamplingParams(**{param: values[name] for name, param in _PARAMS.items() if name in values})
+    switches = {name: INPUT[name].convert(name, inputs[name]) for name in _SWITCHES if inputs.get(name) is not None}
+    for name in ("return_logprobs", "return_cumulative_logprob"):
+        if switches.get(name):
+            raise InvalidRequest(f"{name}: this model does not return logprobs yet; send it false or leave it out")
     return ClientRequest(text=text, messages=messages, chat=values.get("apply_chat_template", False), stream=stream,
-                         exclude_input_in_output=values.get("exclude_input_in_output", stream), params=params)
+                         exclude_input_in_output=values.get("exclude_input_in_output", stream), params=params,
+                         count_per_response=switches.get("return_num_output_tokens", False))
 
 
 def _sampling_parameters(raw: Any) -> dict[str, Any]:

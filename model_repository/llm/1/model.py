@@ -105,6 +105,7 @@ class _Stream:
     def __init__(self, sender, creq: ClientRequest, prefix: str):
         self.sender = sender
         self.stream = creq.stream
+        self.count_per_response = creq.count_per_response
         self.prefix = prefix            # the prompt text, sent first when the input is included in the output
         self.text: list[str] = []
         self.ids: list[int] = []
@@ -249,17 +250,18 @@ class TritonPythonModel:
             if not out.finished:
                 return
             text, ids = st.prefix + "".join(st.text), st.ids
-        self._send(st.sender, self._response(out, text, ids), out.finished)
+        count = len(ids) if st.count_per_response else out.num_output_tokens
+        self._send(st.sender, self._response(out, text, ids, count), out.finished)
 
     @staticmethod
-    def _response(out: RequestOutput, text: str, ids: list[int]):
+    def _response(out: RequestOutput, text: str, ids: list[int], num_output_tokens: int):
         spec = out.spec
         values = {
             "text_output": [text.encode("utf-8")],
             "output_ids": ids,
             "finish_reason": [(out.finish_reason or "").encode()],
             "num_input_tokens": [out.num_input_tokens],
-            "num_output_tokens": [out.num_output_tokens],
+            "num_output_tokens": [num_output_tokens],
             "num_cached_tokens": [out.num_cached_tokens],
             "spec_drafted_tokens": [spec.drafted if spec else 0],
             "spec_accepted_tokens": [spec.accepted if spec else 0],
