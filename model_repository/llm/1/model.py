@@ -134,7 +134,12 @@ class TritonPythonModel:
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
-        self.metrics = Metrics(pb_utils.MetricFamily, {"model": args["model_name"], "version": args["model_version"]},
+        # "instance": this instance's own series. Triton hands every instance that asks for the same family and
+        # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
+        # instance loads before the old one unloads) shared series would be freed under the new instance.
+        labels = {"model": args["model_name"], "version": args["model_version"],
+                  "instance": f"{args.get('model_instance_name', 'llm')}-{os.getpid()}"}
+        self.metrics = Metrics(pb_utils.MetricFamily, labels,
                                self.engine.config.max_draft_len, self.engine.config.max_slots,
                                self.engine.target.linear_kind)
         self.gauges_at = 0.0            # last time the sender thread looked at the load
