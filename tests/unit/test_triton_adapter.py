@@ -154,6 +154,8 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     drafted_before = metric("specgram_draft_tokens_total")[0].value()
     generated_before = metric("specgram_generated_tokens_total")[0].value()
     ttft_before = len(metric("specgram_time_to_first_token_seconds")[0].observations)
+    latency_before = list(metric("specgram_e2e_request_latency_seconds")[0].observations)
+    tpot_before = list(metric("specgram_time_per_output_token_seconds")[0].observations)
     steps_before = len(metric("specgram_accepted_drafts_per_step")[0].observations)
     length_before = metric("specgram_requests_total", finish_reason="length")[0].value()
     forced_before = metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value()
@@ -172,6 +174,9 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert metric("specgram_draft_tokens_total")[0].value() - drafted_before == drafted
     assert metric("specgram_generated_tokens_total")[0].value() - generated_before == 48
     assert len(metric("specgram_time_to_first_token_seconds")[0].observations) == ttft_before + 2
+    latency = metric("specgram_e2e_request_latency_seconds")[0].observations[len(latency_before):]
+    tpot = metric("specgram_time_per_output_token_seconds")[0].observations[len(tpot_before):]
+    assert len(latency) == len(tpot) == 2 and all(0 < t < x for t, x in zip(tpot, latency))
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2

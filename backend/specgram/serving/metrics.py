@@ -13,6 +13,8 @@ from ..wire import FinishReason
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+_LATENCY_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0]
+_TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0]
 
 
 class Metrics:
@@ -56,6 +58,12 @@ class Metrics:
         self.ttft = family("specgram_time_to_first_token_seconds",
                            "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
             labels=labels, buckets=_TTFT_BUCKETS)
+        self.latency = family("specgram_e2e_request_latency_seconds",
+                              "Time from request arrival to its final response (requests that produced output)",
+                              F.HISTOGRAM).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
+        self.tpot = family("specgram_time_per_output_token_seconds",
+                           "Per request: time from its first output token to its last, over the tokens after the "
+                           "first", F.HISTOGRAM).Metric(labels=labels, buckets=_TPOT_BUCKETS)
         gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
         self.gauges = (  # in the order of publish()'s values
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
@@ -89,6 +97,11 @@ class Metrics:
                 st.first_token_at = time.monotonic()
                 self.ttft.observe(st.first_token_at - st.arrived)
         if out.finished:
+            if st.first_token_at is not None:          # it produced output (not refused, failed or cut first)
+                now = time.monotonic()
+                self.latency.observe(now - st.arrived)
+                if out.num_output_tokens > 1:
+                    self.tpot.observe((now - st.first_token_at) / (out.num_output_tokens - 1))
             self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
             self.prompt.increment(out.num_input_tokens)
             self.reused.increment(out.num_cached_tokens)
