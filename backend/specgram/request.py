@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,6 +142,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0              # prompt tokens whose KV was reused (prefix_cache), not prefilled
     spec: SpecStats | None = None          # set on the final output
+    queue_s: float | None = None           # final output: seconds from arrival to a KV slot (None: never had one)
 
 
 @dataclass(eq=False)  # identity: two requests are never "equal"
@@ -164,6 +166,8 @@ class Request:
     guide: Guide | None = None             # once compiled (None: unconstrained)
     guide_ids: list[int] = field(default_factory=list)  # the guide's text, tokenized: a lookup source
     acceptance: RequestAcceptance | None = None   # per draft source (adaptive k), set when the engine takes it
+    arrived: float = field(default_factory=time.monotonic)     # when it was made (validated and tokenized)
+    admitted: float | None = None          # when it got its KV slot
 
     @property
     def all_ids(self) -> list[int]:

@@ -32,7 +32,8 @@ def test_speculation_metrics_on_the_metrics_port(triton_server):
     for name in ("specgram_draft_tokens_total", "specgram_accepted_draft_tokens_total",
                  "specgram_generated_tokens_total", "specgram_accepted_drafts_per_step_bucket",
                  "specgram_time_to_first_token_seconds_count", "specgram_requests_total",
-                 "specgram_e2e_request_latency_seconds_count", "specgram_time_per_output_token_seconds_count"):
+                 "specgram_e2e_request_latency_seconds_count", "specgram_time_per_output_token_seconds_count",
+                 "specgram_request_queue_time_seconds_count"):
         assert name in text, name
     drafted = [line for line in text.splitlines() if line.startswith("specgram_draft_tokens_total")]
     assert drafted and float(drafted[0].split()[-1]) > 0

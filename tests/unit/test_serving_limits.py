@@ -16,7 +16,7 @@ from specgram.request import SamplingParams
 from specgram.serving.loop import EngineLoop
 from specgram.wire import ErrorKind, FinishReason
 
-from .helpers import run
+from .helpers import run, run_to_end
 
 STEP_S = 0.01
 WAIT_S = 120        # upper bounds on waits: far above what a busy 2-core machine needs
@@ -231,5 +231,21 @@ def test_an_idle_loop_blocks_instead_of_polling(make_engine):
         slow = engine.make_request(SamplingParams(max_tokens=4, guide_type="regex", guide="[ab]{3}"), text="hi")
         engine.add(slow)
         assert slow.pending_grammar is not None and engine.only_waiting_for_grammars()   # until a step admits it
+    finally:
+        engine.close()
+
+
+def test_the_final_output_says_how_long_the_request_waited_for_a_slot(make_engine):
+    engine = make_engine(max_slots=1)
+    try:
+        first = engine.make_request(SamplingParams(max_tokens=6, ignore_eos=True), text="hi")
+        second = engine.make_request(SamplingParams(max_tokens=2, ignore_eos=True), text="there")
+        never = engine.make_request(SamplingParams(max_tokens=2), text="x")
+        outs = run_to_end(engine, [first, second])
+        engine.add(never)
+        cut = engine.abort(never.request_id)
+        q1, q2 = outs[first.request_id][-1].queue_s, outs[second.request_id][-1].queue_s
+        assert 0 <= q1 < q2, "the second waited for the first's slot"
+        assert cut.queue_s is None
     finally:
         engine.close()

@@ -156,6 +156,7 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     ttft_before = len(metric("specgram_time_to_first_token_seconds")[0].observations)
     latency_before = list(metric("specgram_e2e_request_latency_seconds")[0].observations)
     tpot_before = list(metric("specgram_time_per_output_token_seconds")[0].observations)
+    queue_before = list(metric("specgram_request_queue_time_seconds")[0].observations)
     steps_before = len(metric("specgram_accepted_drafts_per_step")[0].observations)
     length_before = metric("specgram_requests_total", finish_reason="length")[0].value()
     forced_before = metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value()
@@ -177,6 +178,8 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     latency = metric("specgram_e2e_request_latency_seconds")[0].observations[len(latency_before):]
     tpot = metric("specgram_time_per_output_token_seconds")[0].observations[len(tpot_before):]
     assert len(latency) == len(tpot) == 2 and all(0 < t < x for t, x in zip(tpot, latency))
+    queue = metric("specgram_request_queue_time_seconds")[0].observations[len(queue_before):]
+    assert len(queue) == 2 and all(0 <= q < x for q, x in zip(queue, latency))
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2

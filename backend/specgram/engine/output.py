@@ -87,6 +87,7 @@ class Outputs:
         self._text.pop(req.request_id, None)
         out = self._output(req, tokens, text)
         out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
+        out.queue_s = None if req.admitted is None else req.admitted - req.arrived
         out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
         return out
 

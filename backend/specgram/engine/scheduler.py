@@ -14,6 +14,7 @@ Where a forward costs about the same for few or many tokens (a GPU), pack_tokens
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 
 import torch
@@ -73,6 +74,7 @@ class Scheduler:
                 req.cache_len = req.cached_prompt_tokens = self.prefix.attach(req.slot, req.prompt_ids)
             else:
                 req.slot = self.free_slots.pop()
+            req.admitted = time.monotonic()
             req.seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
             req.generator = torch.Generator().manual_seed(req.seed)     # rejection sampling's uniforms
             self.running[req.request_id] = req

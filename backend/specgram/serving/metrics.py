@@ -64,6 +64,9 @@ class Metrics:
         self.tpot = family("specgram_time_per_output_token_seconds",
                            "Per request: time from its first output token to its last, over the tokens after the "
                            "first", F.HISTOGRAM).Metric(labels=labels, buckets=_TPOT_BUCKETS)
+        self.queue = family("specgram_request_queue_time_seconds",
+                            "Time from request arrival to its KV slot (requests that got one)", F.HISTOGRAM).Metric(
+            labels=labels, buckets=_LATENCY_BUCKETS)
         gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
         self.gauges = (  # in the order of publish()'s values
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
@@ -102,6 +105,8 @@ class Metrics:
                 self.latency.observe(now - st.arrived)
                 if out.num_output_tokens > 1:
                     self.tpot.observe((now - st.first_token_at) / (out.num_output_tokens - 1))
+            if out.queue_s is not None:
+                self.queue.observe(out.queue_s)
             self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
             self.prompt.increment(out.num_input_tokens)
             self.reused.increment(out.num_cached_tokens)
