@@ -117,20 +117,16 @@ def _params(reqs: list[Request], device, repeat: int = 1) -> tuple[torch.Tensor,
             rep([r.params.top_p for r in reqs], torch.float32))
 
 
-def _support(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor | None:
-    """[N, V] bool: the tokens top-k / top-p leave (masked tokens are -inf already); None = every finite one."""
-    if all(r.params.top_k == 0 and r.params.top_p == 1.0 for r in reqs):
-        return None
-    return probabilities(logits, *_params(reqs, logits.device)) > 0
-
-
 def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
                  rows: noise.NoiseRows) -> torch.Tensor:
     """logits: [N, V] (masked), row n for reqs[n]'s token at output position positions[n] -> [N] the sampled
     tokens, each a function of (seed, position, processed distribution) alone (noise.py)."""
-    temperature = h2d(torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32), logits.device)
+    temperature, top_k, top_p = _params(reqs, logits.device)
+    # the tokens top-k / top-p leave (masked ones are -inf already); None: every finite one, no sort needed
+    plain = all(r.params.top_k == 0 and r.params.top_p == 1.0 for r in reqs)
+    support = None if plain else probabilities(logits, temperature, top_k, top_p) > 0
     g = h2d(rows.get([(r.seed, t) for r, t in zip(reqs, positions)]), logits.device)
-    return noise.gumbel_argmax(logits / temperature[:, None], _support(logits, reqs), g)
+    return noise.gumbel_argmax(logits / temperature[:, None], support, g)
 
 
 def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: noise.NoiseRows,
