@@ -18,9 +18,9 @@ from .contract import INPUT, OPTIONS
 # the options (inputs that may also come in sampling_parameters or as request parameters) -> SamplingParams
 _PARAMS = {name: f.param for name, f in OPTIONS.items() if f.param is not None}
 
-# vllm_backend's additional-output switches: input tensors only, as vllm_backend reads them
-_SWITCHES = ("return_num_output_tokens", "return_num_input_tokens", "return_finish_reason", "return_logprobs",
-             "return_cumulative_logprob")
+# vllm_backend's additional-output switches (the contract's return_* inputs): input tensors only, as vllm_backend
+# reads them
+_SWITCHES = tuple(name for name in INPUT if name.startswith("return_"))
 
 # vLLM sampling_parameters keys this engine does not implement, with the value that changes nothing: clients
 # built for vllm_backend (Triton's OpenAI-compatible frontend among them) send some of them on every request.
