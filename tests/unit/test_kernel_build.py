@@ -1,6 +1,6 @@
-"""Building and finding the native kernel library (specgram/model/kernels/__init__.py, __main__.py): the cache
+"""Building and finding the native kernel libraries (specgram/model/kernels/__init__.py, __main__.py): the cache
 key, the directory order and its fall-backs, the warning when the kernels are unavailable, the debug build's
-asserts, and the sources shipping inside the wheel."""
+asserts, and the sources shipping inside the wheel. Choosing the ISA: test_kernel_isa.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +20,8 @@ from specgram.model.kernels.__main__ import main as kernels_main
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_GCC = shutil.which("gcc") is not None
-NATIVE = HAVE_GCC and kernels.cpu_has_avx512()
+CPU_ISAS = [isa for isa in kernels.ISAS if kernels.cpu_supports(isa)]
+NATIVE = HAVE_GCC and bool(CPU_ISAS)
 
 FAKE_CC = """#!/bin/sh
 # a stand-in compiler: --version prints an identity; otherwise writes a dummy file at the -o argument
@@ -52,64 +53,72 @@ def dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(d["home"]))
     monkeypatch.delenv(kernels.CACHE_ENV, raising=False)
     monkeypatch.delenv(kernels.DEBUG_ENV, raising=False)
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     monkeypatch.setenv("CC", _fake_cc(tmp_path))
     d["user"] = d["home"] / ".cache" / "specgram" / "kernels"
     return d
 
 
-def test_cache_key_covers_compiler_flags_and_sources(tmp_path, monkeypatch):
-    base = kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS)
-    assert base == kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS)
-    assert base != kernels.cache_key("/usr/bin/gcc gcc 13.1.0", kernels.FLAGS)
-    assert base != kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.DEBUG_FLAGS)
-    copies = []
-    for f in kernels.SOURCES:
-        shutil.copy(f, tmp_path / f.name)
-        copies.append(tmp_path / f.name)
-    monkeypatch.setattr(kernels, "SOURCES", copies)
-    assert kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS) == base
-    copies[1].write_text(copies[1].read_text() + "\n")
-    assert kernels.cache_key("/usr/bin/gcc gcc 12.2.0", kernels.FLAGS) != base
+def test_cache_key_covers_compiler_flags_isa_and_sources(tmp_path, monkeypatch):
+    gcc, flags = "/usr/bin/gcc gcc 12.2.0", kernels.compile_flags("avx512", False)
+    base = kernels.cache_key(gcc, flags)
+    assert base == kernels.cache_key(gcc, flags)
+    assert base != kernels.cache_key("/usr/bin/gcc gcc 13.1.0", flags)
+    assert base != kernels.cache_key(gcc, kernels.compile_flags("avx512", True))
+    assert base != kernels.cache_key(gcc, kernels.compile_flags("avx2", False))
+    for name in ("SOURCES", "HEADERS"):
+        copies = []
+        for f in getattr(kernels, name):
+            shutil.copy(f, tmp_path / f.name)
+            copies.append(tmp_path / f.name)
+        monkeypatch.setattr(kernels, name, copies)
+        assert kernels.cache_key(gcc, flags) == base
+        copies[1].write_text(copies[1].read_text() + "\n")
+        assert kernels.cache_key(gcc, flags) != base
+        base = kernels.cache_key(gcc, flags)
 
 
 def test_compiler_identity_names_path_and_version(tmp_path):
     a, b = _fake_cc(tmp_path, "1.0"), _fake_cc(tmp_path, "2.0")
     assert kernels.compiler_identity(a) == f"{os.path.realpath(a)} fakecc 1.0"
-    assert kernels.library_name(a, False) != kernels.library_name(b, False)
-    assert kernels.library_name(a, True).endswith("-debug.so")
+    assert kernels.library_name("avx512", a, False) != kernels.library_name("avx512", b, False)
+    assert kernels.library_name("avx512", a, True).endswith("-debug.so")
+    assert kernels.library_name("avx2", a, False).startswith("libspecgram_kernels-avx2-")
     with pytest.raises(kernels.KernelsUnavailable, match="no C compiler"):
         kernels.compiler_identity(str(tmp_path / "no-such-cc"))
 
 
 def test_lookup_order(dirs, monkeypatch):
-    name = kernels.library_name()
+    name = kernels.library_name("avx512")
     for d in ("env", "prebuilt", "user"):
         dirs[d].mkdir(parents=True)
         (dirs[d] / name).write_text("")
-    assert kernels.build() == dirs["prebuilt"] / name                   # no $SPECGRAM_KERNEL_CACHE
+    assert kernels.build("avx512") == dirs["prebuilt"] / name           # no $SPECGRAM_KERNEL_CACHE
     monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["env"]))
-    assert kernels.build() == dirs["env"] / name
+    assert kernels.build("avx512") == dirs["env"] / name
     (dirs["env"] / name).unlink()
-    assert kernels.build() == dirs["prebuilt"] / name                   # a prebuilt library before compiling
+    assert kernels.build("avx512") == dirs["prebuilt"] / name           # a prebuilt library before compiling
     (dirs["prebuilt"] / name).unlink()
-    assert kernels.build() == dirs["user"] / name
+    assert kernels.build("avx512") == dirs["user"] / name
+    assert kernels.build("avx2") == dirs["env"] / kernels.library_name("avx2")   # another ISA: another file
     monkeypatch.setenv(kernels.DEBUG_ENV, "1")                          # another key: compiled into $...CACHE
-    assert kernels.build() == dirs["env"] / kernels.library_name(debug=True)
+    assert kernels.build("avx512") == dirs["env"] / kernels.library_name("avx512", debug=True)
 
 
 def test_compiles_into_the_first_writable_directory(dirs, monkeypatch):
-    name = kernels.library_name()
+    name = kernels.library_name("avx2")
     monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["blocked"]))
-    assert kernels.build() == dirs["user"] / name
+    assert kernels.build("avx2") == dirs["user"] / name
     (dirs["user"] / name).unlink()
     monkeypatch.setenv("HOME", str(dirs["blocked"]))                     # no writable cache at all
-    assert kernels.build() == dirs["temp"] / name
+    assert kernels.build("avx2") == dirs["temp"] / name
 
 
 def test_compile_failure_is_reported(dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("CC", _fake_cc(tmp_path, rc=1))
-    with pytest.raises(kernels.KernelsUnavailable, match="compiling failed"):
-        kernels.build()
+    for isa in kernels.ISAS:
+        with pytest.raises(kernels.KernelsUnavailable, match="compiling failed"):
+            kernels.build(isa)
     assert kernels_main(["build", "--out", str(dirs["prebuilt"])]) == 1
 
 
@@ -117,28 +126,36 @@ def test_load_warns_when_unavailable(monkeypatch, caplog):
     def fail(*a, **k):
         raise kernels.KernelsUnavailable("no C compiler 'gcc' on PATH")
 
-    monkeypatch.setattr(kernels, "cpu_has_avx512", lambda: True)
-    monkeypatch.setattr(kernels, "build", fail)
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx2", "fma"}))
+    monkeypatch.setattr(kernels, "load_isa", fail)
     with caplog.at_level(logging.WARNING, logger=kernels.__name__):
         assert kernels.load.__wrapped__() is None                       # the uncached body of load()
+    assert "the avx512 build failed, trying avx2" in caplog.text
     assert "falls back to PyTorch" in caplog.text and "no C compiler" in caplog.text
 
 
-@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 CPU")
-def test_build_command(tmp_path, capsys):
-    assert kernels_main(["build", "--out", str(tmp_path)]) == 0
-    path = Path(capsys.readouterr().out.strip())
-    assert path.parent == tmp_path and path.name == kernels.library_name(debug=False)
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
+def test_build_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    assert kernels_main(["build", "--out", str(tmp_path)]) == 0          # every ISA, whatever this CPU runs
+    out, err = capsys.readouterr()
+    paths = [Path(line) for line in out.split()]
+    assert paths == [tmp_path / kernels.library_name(isa, debug=False) for isa in kernels.ISAS]
+    assert f"this CPU runs the {CPU_ISAS[0]} build" in err
+    assert kernels_main(["build", "--isa", "avx2", "--out", str(tmp_path)]) == int("avx2" not in CPU_ISAS)
+    assert capsys.readouterr().out.split() == [str(paths[1])]
 
 
-@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 CPU")
-def test_debug_build_asserts_bounds(tmp_path):
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
+@pytest.mark.parametrize("isa", CPU_ISAS)
+def test_debug_build_asserts_bounds(tmp_path, isa):
     """SPECGRAM_KERNEL_DEBUG=1 builds with asserts: an in-range call runs, a slot past the cache aborts."""
-    script = textwrap.dedent("""
+    script = textwrap.dedent(f"""
         import sys, torch
         from specgram.model import kernels
         lib = kernels.load()
-        assert lib is not None and kernels.build().name.endswith("-debug.so")
+        assert lib is not None and lib.isa == {isa!r} and lib.path.name.endswith("-debug.so")
         S, H, D, P = 2, 2, 16, 32
         kc, vc, q, out = torch.zeros(S, H, D, P), torch.zeros(S, H, P, D), torch.ones(1, H * D), torch.empty(1, H * D)
         def attend(slot):
@@ -150,7 +167,7 @@ def test_debug_build_asserts_bounds(tmp_path):
         attend(S)
         print("out of range: not caught", flush=True)
     """)
-    env = {**os.environ, kernels.DEBUG_ENV: "1", kernels.CACHE_ENV: str(tmp_path),
+    env = {**os.environ, kernels.DEBUG_ENV: "1", kernels.CACHE_ENV: str(tmp_path), kernels.ISA_ENV: isa,
            "PYTHONPATH": str(REPO / "backend")}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert "in range: ok" in r.stdout, r.stderr

@@ -1,5 +1,6 @@
 """The native CPU forward (specgram/native.py, kernels/*.c): agreement with transformers, and the batch and
-width invariance that makes greedy speculative output equal non-speculative output bitwise."""
+width invariance that makes greedy speculative output equal non-speculative output bitwise - for each ISA's
+build of the kernels that this CPU runs (AVX-512, AVX2), each on its own."""
 from __future__ import annotations
 
 import pytest
@@ -13,26 +14,38 @@ from specgram.model.runner import ModelRunner
 
 from .tiny import build_model
 
-pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 # transformers' eager float32 forward vs ours: the same math summed in another order
 LOGIT_ATOL = 1e-4
 
 
+@pytest.fixture(params=kernels.ISAS)
+def lib(request, monkeypatch):
+    """One ISA's kernel library, which the runners built in the test then use (kernels.load() returns it)."""
+    try:
+        chosen = kernels.load_isa(request.param)
+    except kernels.KernelsUnavailable as e:
+        pytest.skip(f"the {request.param} kernels: {e}")
+    monkeypatch.setattr(kernels, "load", lambda: chosen)
+    return chosen
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 96, True)])
-def test_linear_matches_torch_and_is_batch_invariant(n, k, bias, weight_dtype):
+def test_linear_matches_torch_and_is_batch_invariant(lib, n, k, bias, weight_dtype):
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n) if bias else None
-    lin = NativeLinear(w, b, weight_dtype, kernels.load())
+    lin = NativeLinear(w, b, weight_dtype, lib)
     x = torch.randn(130, k)                            # 17 row tiles: the prefill-sized schedule
     full = lin(x)
     ref = F.linear(x, w.to(weight_dtype).float(), b)
     assert (full - ref).abs().max().item() < 1e-4
     for i in range(41):                                # one row alone == the same row among 130
         assert torch.equal(lin(x[i:i + 1])[0], full[i])
-    for m in (2, 5, 8, 9, 16, 17, 40, 41, 64):         # every tile height and remainder, each schedule
+    for m in (2, 3, 4, 5, 7, 8, 9, 16, 17, 40, 41, 64):   # every tile height (8 / 3) and remainder, each schedule
         assert torch.equal(lin(x[:m]), full[:m])
 
 
@@ -46,10 +59,10 @@ def _runners(model, **kw):
     ("mistral", {"sliding_window": 8}),                 # attention window shorter than the prompt
     ("llama", {"num_key_value_heads": 4}),              # no grouping
 ])
-def test_forward_matches_transformers(model_type, overrides):
+def test_forward_matches_transformers(lib, model_type, overrides):
     model = build_model(model_type, seed=1, **overrides)
     native, eager = _runners(model)
-    assert native.linear_kind == "native" and eager.linear_kind == "torch"
+    assert native.linear_kind == "native" and eager.linear_kind == "torch" and native.native.lib is lib
     ids = torch.randint(3, 259, (1, 30), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ref = model(ids).logits[0]                                                  # [30, V]
@@ -60,9 +73,10 @@ def test_forward_matches_transformers(model_type, overrides):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-def test_rows_are_bitwise_independent_of_batch_and_width():
+def test_rows_are_bitwise_independent_of_batch_and_width(lib):
     model = build_model("llama", seed=2)
     runner = ModelRunner(model, 4, 96, linear="native")
+    assert runner.native.lib is lib
     prompt = list(range(10, 40))
     other = list(range(50, 62))
     runner.forward_rows([prompt], [0], [0], last_only=True)
@@ -79,7 +93,7 @@ def test_rows_are_bitwise_independent_of_batch_and_width():
     assert torch.equal(again, alone)
 
 
-def test_bfloat16_weights_run_in_float32():
+def test_bfloat16_weights_run_in_float32(lib):
     model = build_model("llama", seed=3).to(torch.bfloat16)
     runner = ModelRunner(model, 2, 64, linear="native")
     assert runner.dtype == torch.float32 and runner.cache.k.dtype == torch.float32
@@ -98,16 +112,17 @@ def test_kind_selection_and_fallbacks(monkeypatch):
         resolve_kind("fast", torch.device("cpu"), torch.float32)
     model = build_model("llama", seed=4)
     assert ModelRunner(model, 2, 32, static_width=3).linear_kind == "torch"      # the CUDA-graph path is torch's
-    monkeypatch.setattr(kernels, "load", lambda: None)                          # no AVX-512 / no compiler
+    monkeypatch.setattr(kernels, "load", lambda: None)                          # no ISA it runs / no compiler
     assert ModelRunner(model, 2, 32).linear_kind == "torch"
     with pytest.raises(ModelLoadError, match="not available"):
         ModelRunner(model, 2, 32, linear="native")
 
 
-@pytest.mark.parametrize("H,Hkv,window", [(9, 3, 0), (9, 3, 6), (4, 4, 0), (10, 2, 0), (24, 1, 5)])
-def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
+@pytest.mark.parametrize("H,Hkv,window,D", [(9, 3, 0, 64), (9, 3, 6, 64), (4, 4, 0, 64), (10, 2, 0, 64),
+                                            (24, 1, 5, 64), (6, 2, 0, 20)])     # D = 20: partial vectors
+def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
     """Tokens of one row attended together (sharing K/V loads, in groups) give bitwise what each gives alone."""
-    lib, D, P, S = kernels.load(), 64, 64, 6
+    P, S = 64, 6
     g = torch.Generator().manual_seed(H * 100 + window)
     kc, vc = torch.randn(S, Hkv, D, P, generator=g), torch.randn(S, Hkv, P, D, generator=g)
     widths, starts = [9, 1, 5, 3, 13, 2], [20, 0, 7, 40, 30, 11]      # verify rows, a decode row, prefill chunks
@@ -142,7 +157,7 @@ def test_attention_of_a_row_equals_its_tokens_alone(H, Hkv, window):
             assert torch.allclose(together[n, h * D:(h + 1) * D], ref, atol=1e-5)
 
 
-def test_out_of_range_slots_and_positions_raise_before_any_write():
+def test_out_of_range_slots_and_positions_raise_before_any_write(lib):
     runner = ModelRunner(build_model("llama", seed=5), 4, 32, linear="native")
     runner.forward_rows([[5, 6, 7]], [1], [0], last_only=True)
     k, v = runner.cache.k.clone(), runner.cache.v.clone()

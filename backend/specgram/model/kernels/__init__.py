@@ -1,19 +1,29 @@
-"""Native CPU kernels: C sources compiled with the system C compiler into one shared library, loaded by ctypes.
+"""Native CPU kernels: C sources compiled with the system C compiler into one shared library per instruction
+set, loaded by ctypes.
 
 gemm.c: the small-M matrix product (see its header for the layout and the batch invariance it guarantees);
-attention.c: rotary, KV-cache write and attention reading the cache in place; norm.c: RMSNorm with the
-residual add, and SiLU-and-multiply. Together they are the CPU forward's "native" path (native.py). They need
-an x86-64 CPU with AVX-512 and gcc (or $CC) with OpenMP; where either is missing, `load()` logs a warning and
-returns None, and the runner keeps PyTorch's own matmuls. The shared library links the same libgomp as torch
-(already loaded, so the dynamic linker reuses it): one OpenMP thread pool for both.
+rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
+the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory. Together they are the CPU
+forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
+implementations, and compiled once per ISA:
 
-Build: `python -m specgram.model.kernels build` (run by scripts/setup.sh) compiles into _build/ next to the
-sources; otherwise the first `load()` compiles. The file name carries a key over the compiler's identity (its
-resolved path and `--version` line), the flags and the sources, so a changed compiler, flag or source never
-reuses a stale library. A library is looked for in $SPECGRAM_KERNEL_CACHE (if set), then _build/, then
-~/.cache/specgram/kernels; one compiled on demand goes to the first of $SPECGRAM_KERNEL_CACHE and
-~/.cache/specgram/kernels that can be written (a container may mount either read-only), else to a private
-temporary directory of this process.
+  avx512  vec_avx512.h, 16 lanes   needs avx512f and avx512bw   -mavx512f -mavx512bw -mfma
+  avx2    vec_avx2.h, 8 lanes      needs avx2 and fma           -mavx2 -mfma
+
+`load()` takes the AVX-512 build where the CPU has it, else the AVX2 build (SPECGRAM_KERNEL_ISA=avx2|avx512
+forces one; auto, the default, picks); where neither runs, or gcc (or $CC) with OpenMP is missing, it logs a
+warning and returns None, and the runner keeps PyTorch's own matmuls. Each build is batch-invariant on its own
+(the reduction orders are fixed by the shapes and the ISA); the two builds' results differ in the last bits.
+The shared library links the same libgomp as torch (already loaded, so the dynamic linker reuses it): one
+OpenMP thread pool for both.
+
+Build: `python -m specgram.model.kernels build` (run by scripts/setup.sh) compiles both ISAs into _build/ next
+to the sources; otherwise the first `load()` compiles the one it needs. The file name carries the ISA and a key
+over the compiler's identity (its resolved path and `--version` line), the flags and the sources, so a changed
+compiler, flag or source never reuses a stale library. A library is looked for in $SPECGRAM_KERNEL_CACHE (if
+set), then _build/, then ~/.cache/specgram/kernels; one compiled on demand goes to the first of
+$SPECGRAM_KERNEL_CACHE and ~/.cache/specgram/kernels that can be written (a container may mount either
+read-only), else to a private temporary directory of this process.
 
 SPECGRAM_KERNEL_DEBUG=1: a debug build (-O1 -g, asserts on slot, position and index ranges inside the
 kernels), under its own key.
@@ -33,16 +43,19 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "gemm.c", HERE / "attention.c", HERE / "norm.c"]
-HEADERS = [HERE / "vexp.h"]
+SOURCES = [HERE / n for n in ("gemm.c", "rope.c", "attention.c", "norm.c", "scratch.c", "isa.c")]
+HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
-CACHE_ENV, DEBUG_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG"
+CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
+ISAS = ("avx512", "avx2")                # best first: what auto tries, in order
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+CPU_FLAGS = {"avx512": ("avx512f", "avx512bw"), "avx2": ("avx2", "fma")}   # /proc/cpuinfo flags each needs
 # -ffp-contract=off: no fused multiply-adds but the explicit ones (rotary and norms round like transformers')
-_COMMON = ["-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
+_COMMON = ["-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
 FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
 DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-SIGNATURES = {   # argument types of every entry point (all return void)
+SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa: a C string)
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
@@ -50,6 +63,7 @@ SIGNATURES = {   # argument types of every entry point (all return void)
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "specgram_isa": [],
 }
 
 
@@ -57,12 +71,43 @@ class KernelsUnavailable(RuntimeError):
     """The library cannot be built or loaded here; the message says why."""
 
 
-def cpu_has_avx512() -> bool:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature flags in /proc/cpuinfo (empty where there is none)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " avx512f" in flags and " avx512bw" in flags
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_supports(isa: str) -> bool:
+    return all(f in cpu_flags() for f in CPU_FLAGS[isa])
+
+
+def requested_isa() -> str:
+    """$SPECGRAM_KERNEL_ISA: "auto" (the default), or one of ISAS; KernelsUnavailable for anything else."""
+    value = os.environ.get(ISA_ENV, "").strip().lower() or "auto"
+    if value != "auto" and value not in ISAS:
+        raise KernelsUnavailable(f"{ISA_ENV} must be auto, {' or '.join(ISAS)}, got {value!r}")
+    return value
+
+
+def candidate_isas(requested: str | None = None) -> list[str]:
+    """The builds load() tries, in order: every ISA this CPU runs (auto), or the one requested; KernelsUnavailable
+    where there is none."""
+    requested = requested or requested_isa()
+    if requested != "auto":
+        if not cpu_supports(requested):
+            raise KernelsUnavailable(f"{ISA_ENV}={requested}, but this CPU lacks {' / '.join(CPU_FLAGS[requested])}")
+        return [requested]
+    found = [isa for isa in ISAS if cpu_supports(isa)]
+    if not found:
+        raise KernelsUnavailable("this CPU has neither AVX-512 (avx512f and avx512bw) nor AVX2 with FMA")
+    return found
 
 
 def debug_requested() -> bool:
@@ -95,11 +140,15 @@ def cache_key(identity: str, flags: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def library_name(cc: str | None = None, debug: bool | None = None) -> str:
+def compile_flags(isa: str, debug: bool) -> list[str]:
+    return [*(DEBUG_FLAGS if debug else FLAGS), *ISA_FLAGS[isa]]
+
+
+def library_name(isa: str, cc: str | None = None, debug: bool | None = None) -> str:
     cc = cc or compiler()
     debug = debug_requested() if debug is None else debug
-    key = cache_key(compiler_identity(cc), DEBUG_FLAGS if debug else FLAGS)
-    return f"libspecgram_kernels-{key}{'-debug' if debug else ''}.so"
+    key = cache_key(compiler_identity(cc), compile_flags(isa, debug))
+    return f"libspecgram_kernels-{isa}-{key}{'-debug' if debug else ''}.so"
 
 
 def _user_cache() -> Path | None:
@@ -126,18 +175,18 @@ def _private_temp_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="specgram-kernels-"))
 
 
-def compile_into(out_dir: Path, cc: str | None = None, debug: bool | None = None) -> Path:
-    """Compile the library into out_dir (unless a file of the same key is there) -> its path. OSError if out_dir
-    cannot be written; KernelsUnavailable if the compiler is missing or fails."""
+def compile_into(out_dir: Path, isa: str, cc: str | None = None, debug: bool | None = None) -> Path:
+    """Compile the `isa` library into out_dir (unless a file of the same key is there) -> its path. OSError if
+    out_dir cannot be written; KernelsUnavailable if the compiler is missing or fails."""
     cc = cc or compiler()
     debug = debug_requested() if debug is None else debug
-    out = Path(out_dir) / library_name(cc, debug)
+    out = Path(out_dir) / library_name(isa, cc, debug)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:   # build aside, then rename: atomic for racers
         tmp_out = Path(tmp) / out.name
-        cmd = [cc, *(DEBUG_FLAGS if debug else FLAGS), "-o", str(tmp_out), *map(str, SOURCES)]
+        cmd = [cc, *compile_flags(isa, debug), "-o", str(tmp_out), *map(str, SOURCES)]
         try:
             subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
         except subprocess.CalledProcessError as e:
@@ -148,26 +197,27 @@ def compile_into(out_dir: Path, cc: str | None = None, debug: bool | None = None
     return out
 
 
-def build(cc: str | None = None, debug: bool | None = None) -> Path:
-    """-> path of a library of the current key: found in search_dirs(), else compiled into the first writable
-    of write_dirs(), else into a private temporary directory."""
+def build(isa: str, cc: str | None = None, debug: bool | None = None) -> Path:
+    """-> path of an `isa` library of the current key: found in search_dirs(), else compiled into the first
+    writable of write_dirs(), else into a private temporary directory."""
     cc = cc or compiler()
     debug = debug_requested() if debug is None else debug
-    name = library_name(cc, debug)
+    name = library_name(isa, cc, debug)
     for d in search_dirs():
         if (d / name).is_file():
             return d / name
     for d in [*write_dirs(), None]:
         target = d if d is not None else _private_temp_dir()
         try:
-            return compile_into(target, cc, debug)
+            return compile_into(target, isa, cc, debug)
         except OSError as e:                   # read-only or missing mount: try the next place
             log.info("kernel build directory %s not writable (%s); trying the next", target, e)
     raise KernelsUnavailable("no writable directory to build the kernels in")
 
 
-def open_library(path: Path):
-    """ctypes.CDLL of a built library with every entry point typed."""
+def open_library(path: Path, isa: str):
+    """ctypes.CDLL of a built `isa` library with every entry point typed, `isa` set to its ISA (checked against
+    the library's own answer) and `path` to its file."""
     import torch  # noqa: F401  - torch's libgomp must be loaded first, so the library binds to it
 
     try:
@@ -175,23 +225,42 @@ def open_library(path: Path):
         for name, argtypes in SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = None
+            fn.restype = ctypes.c_char_p if name == "specgram_isa" else None
+        built_for = lib.specgram_isa().decode()
     except (OSError, AttributeError) as e:
         raise KernelsUnavailable(f"loading {path} failed: {e}") from e
+    if built_for != isa:
+        raise KernelsUnavailable(f"{path} is the {built_for} build, not {isa}")
+    lib.isa, lib.path = isa, Path(path)
     return lib
 
 
 @functools.cache
+def load_isa(isa: str):
+    """-> the loaded `isa` library (built if need be); KernelsUnavailable where this CPU does not run it or it
+    cannot be built or loaded. Cached: one library object per ISA per process."""
+    if not cpu_supports(isa):
+        raise KernelsUnavailable(f"this CPU lacks {' / '.join(CPU_FLAGS[isa])} (the {isa} kernels)")
+    return open_library(build(isa), isa)
+
+
+@functools.cache
 def load():
-    """-> the loaded kernel library (ctypes.CDLL with typed entry points), or None (with a warning saying why)
-    where it cannot be built or loaded."""
+    """-> the loaded kernel library of the ISA chosen (ctypes.CDLL with typed entry points; `.isa` names the
+    ISA), or None (with a warning saying why) where no candidate can be built or loaded. Under auto, a build
+    that fails is logged and the next ISA tried."""
     try:
-        if not cpu_has_avx512():
-            raise KernelsUnavailable("this CPU has no AVX-512 (avx512f and avx512bw)")
-        path = build()
-        lib = open_library(path)
+        isas = candidate_isas()
+        for i, isa in enumerate(isas):
+            try:
+                lib = load_isa(isa)
+                break
+            except KernelsUnavailable as e:
+                if i + 1 == len(isas):
+                    raise
+                log.warning("native CPU kernels: the %s build failed, trying %s: %s", isa, isas[i + 1], e)
     except KernelsUnavailable as e:
         log.warning("native CPU kernels unavailable, the CPU forward falls back to PyTorch (slower): %s", e)
         return None
-    log.info("native CPU kernels: %s", path)
+    log.info("native CPU kernels: the %s build (%s)", lib.isa, lib.path)
     return lib

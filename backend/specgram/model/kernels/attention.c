@@ -1,119 +1,40 @@
-/* Rotary embedding, KV-cache write and causal attention of one decoder layer for N new tokens of any rows
- * (no padding: a row is simply the tokens that share a slot), reading the cache in place.
+/* Causal attention of one decoder layer for N new tokens of any rows (no padding: a row is simply the tokens
+ * that share a slot), reading the KV cache in place (rope.c has written the new tokens' K and V first).
  *
- *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
- *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
- *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last (16 positions per vector load)
+ *   q     [N, H * D] fp32             the rotated queries
+ *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last (VW positions per vector load)
  *   vc [S, Hkv, P, D] fp32            this layer's V cache
- *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
+ *   slots, positions [N] int64        token n is at position positions[n] in [0, P) of slot slots[n] in [0, S)
  *   out   [N, H * D] fp32             attention output
  *
- * All N tokens are written to the cache before any attends (specgram_rope_cache_write, then
- * specgram_attention), so a token sees the earlier new tokens of its own row. Token n attends to positions
- * j <= positions[n] of its slot (and j > positions[n] - window when window > 0): it reads only its own slot
- * below its own position, and its result depends on nothing else in the batch, which makes it batch- and
- * draft-width-invariant by construction. Rotary follows transformers' apply_rotary_pos_emb,
- * x*cos + rotate_half(x)*sin, rounded the same way (compiled without contraction: multiply, multiply, add).
+ * All N tokens are written to the cache before any attends, so a token sees the earlier new tokens of its own
+ * row. Token n attends to positions j <= positions[n] of its slot (and j > positions[n] - window when
+ * window > 0): it reads only its own slot below its own position, and its result depends on nothing else in
+ * the batch, which makes it batch- and draft-width-invariant by construction.
  *
  * Tokens of one row are consecutive in the batch, in consecutive positions of their slot (the grouping below
  * relies on it). Nothing here checks ranges in a normal build (the Python caller does, once per forward); a
  * debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts them.
  */
 #include <assert.h>
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
+#include "scratch.h"
 #include "vexp.h"
 
-/* Per-thread scratch, grown on demand (doubling) and reused across calls, freed when its thread exits. The
- * OpenMP pool threads persist, so once the largest shape has run, attention allocates nothing. Two buffers
- * per thread, because the calling thread is also one of the workers: SCRATCH_PLAN (specgram_attention's
- * groups and tasks, taken on the calling thread before the parallel region) and SCRATCH_TASK (attend()'s
- * queries, outputs and scores, taken inside it). Size: Q * (2 D + len) floats for the largest task. */
-enum { SCRATCH_PLAN, SCRATCH_TASK, SCRATCH_KINDS };
-typedef struct {
-    void *p[SCRATCH_KINDS];
-    size_t cap[SCRATCH_KINDS];
-} scratch_set;
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *arg) {
-    scratch_set *s = arg;
-    for (int i = 0; i < SCRATCH_KINDS; ++i) free(s->p[i]);
-    free(s);
-}
-
-static void scratch_init(void) {
-    if (pthread_key_create(&scratch_key, scratch_free) != 0) {
-        fprintf(stderr, "specgram attention: pthread_key_create failed\n");
-        abort();
-    }
-}
-
-static void out_of_memory(size_t bytes) {
-    fprintf(stderr, "specgram attention: out of memory (%zu bytes of scratch)\n", bytes);
-    abort();
-}
-
-/* -> this thread's buffer `kind`, at least `bytes` long; contents undefined. */
-static void *scratch(int kind, size_t bytes) {
-    pthread_once(&scratch_once, scratch_init);
-    scratch_set *s = pthread_getspecific(scratch_key);
-    if (s == NULL) {
-        if ((s = calloc(1, sizeof *s)) == NULL) out_of_memory(sizeof *s);
-        pthread_setspecific(scratch_key, s);
-    }
-    if (s->cap[kind] < bytes) {
-        size_t cap = s->cap[kind] ? s->cap[kind] : 4096;
-        while (cap < bytes) cap *= 2;
-        free(s->p[kind]);
-        if ((s->p[kind] = malloc(cap)) == NULL) out_of_memory(cap);
-        s->cap[kind] = cap;
-    }
-    return s->p[kind];
-}
-
-/* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
- * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
-static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t ystride, int64_t D) {
-    int64_t h = D / 2;
-    for (int64_t j = 0; j < h; ++j) y[j * ystride] = x[j] * c[j] + (-x[j + h]) * s[j];
-    for (int64_t j = h; j < D; ++j) y[j * ystride] = x[j] * c[j] + x[j - h] * s[j];
-}
-
-void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
-                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
-                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
-    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
-    (void)S;                                                       /* read by the debug build's asserts only */
-    int64_t width = (H + 2 * Hkv) * D;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t n = 0; n < N; ++n) {
-        assert(slots[n] >= 0 && slots[n] < S);
-        assert(positions[n] >= 0 && positions[n] < P);
-        const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
-        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, 1, D);
-        for (int64_t h = 0; h < Hkv; ++h) {
-            int64_t head = slots[n] * Hkv + h;
-            rope(row + (H + h) * D, c, s, kc + head * D * P + positions[n], P, D);
-            const float *v = row + (H + Hkv + h) * D;
-            float *vd = vc + (head * P + positions[n]) * D;
-            for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
-        }
-    }
-}
-
-#define GMAX 16  /* query vectors per register pass: 16 score vectors (+ 1 load), or 16 output vectors of 16 lanes
-                    (12 x 2 of 32 lanes up to VALUES_WIDE = 12 vectors), + loads: at most 27 of the 32 vector
-                    registers. 16 = a verify row of 5 tokens (k = 4) x 3 heads per KV head in one pass */
+/* Query vectors per register pass (GMAX: one score vector each, + a K load and a broadcast) and the most that
+ * take two output vectors each in the weighted sum (VALUES_WIDE: 2 x 12 + 3 of AVX-512's 32 registers, 2 x 6
+ * + 3 of AVX2's 16). AVX-512's 16 = a verify row of 5 tokens (k = 4) x 3 heads per KV head in one pass. */
+#if VREGS == 32
+#define GMAX 16
+#define VALUES_WIDE 12
+#else
+#define GMAX 12
+#define VALUES_WIDE 6
+#endif
 #ifndef KPF
 #define KPF 32   /* K prefetch distance in positions: K is read as D strided streams (one per dimension), more
                     than the hardware prefetcher follows */
@@ -123,24 +44,24 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
  * stores them every iteration. Unused ones (g >= GN, a compile-time constant) are optimized away. */
 #define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
-/* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: 16 positions per vector, summed over d
- * in order. Meanwhile the V rows of the same 16 positions (16 * D floats = D cache lines) are pulled into L2,
- * one line per d step, so that the weighted sum that follows reads them from cache. */
-#define S_DECL(g) __m512 s##g = _mm512_setzero_ps();
-#define S_FMA(g) if (gn > g) s##g = _mm512_fmadd_ps(_mm512_set1_ps(qg[g * D + d]), kv, s##g);
-#define S_STORE(g) if (gn > g) _mm512_mask_storeu_ps(p + g * len + j0, k, _mm512_mul_ps(s##g, vscale));
+/* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: VW positions per vector, summed over d
+ * in order. Meanwhile the V rows of the same VW positions (VW * D floats) are pulled into L2, one 64-byte line
+ * per d step, so that the weighted sum that follows reads them from cache. */
+#define S_DECL(g) vf s##g = vf_zero();
+#define S_FMA(g) if (gn > g) s##g = vf_fma(vf_set1(qg[g * D + d]), kv, s##g);
+#define S_STORE(g) if (gn > g) vf_mask_store(p + g * len + j0, k, vf_mul(s##g, vscale));
 #define DEFINE_SCORES(GN)                                                                                    \
     static void scores_##GN(const float *qg, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,   \
                             float scale, float *p, const float *V) {                                         \
         enum { gn = GN };                                                                                    \
-        __m512 vscale = _mm512_set1_ps(scale);                                                               \
-        for (int64_t j0 = 0; j0 < len; j0 += 16) {                                                           \
-            __mmask16 k = len - j0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j0)) - 1);          \
+        vf vscale = vf_set1(scale);                                                                          \
+        for (int64_t j0 = 0; j0 < len; j0 += VW) {                                                           \
+            vmask k = vmask_first(len - j0);                                                                 \
             FOR_HEADS(S_DECL)                                                                                \
             for (int64_t d = 0; d < D; ++d) {                                                                \
                 _mm_prefetch((const char *)(Kt + d * P + lo + j0 + KPF), _MM_HINT_T0);                       \
-                if (V) _mm_prefetch((const char *)(V + j0 * D + d * 16), _MM_HINT_T1);                       \
-                __m512 kv = _mm512_maskz_loadu_ps(k, Kt + d * P + lo + j0);                                  \
+                if (V && d * 16 < VW * D) _mm_prefetch((const char *)(V + j0 * D + d * 16), _MM_HINT_T1);    \
+                vf kv = vf_maskz_load(k, Kt + d * P + lo + j0);                                              \
                 FOR_HEADS(S_FMA)                                                                             \
             }                                                                                                \
             FOR_HEADS(S_STORE)                                                                               \
@@ -162,65 +83,49 @@ static inline void next_k_step(next_k *f) {
     f->at += f->inc;
 }
 
-/* o[g, d0 : d0 + W] = sum_j p[g, j] V[lo + j, d0 : d0 + W] for GN heads, over j in order: W = 32 (two vectors
- * per head, 2 GN independent accumulator chains) for GN <= 12, W = 16 (one vector per head) above, where two
- * would not fit in the registers. Either way each output element is the same fma chain. */
-#define V_DECL(g) __m512 a##g = _mm512_setzero_ps(), b##g = _mm512_setzero_ps();
-#define V_FMA(g) if (gn > g) { __m512 w = _mm512_set1_ps(p[g * len + j]);                                      \
-                              a##g = _mm512_fmadd_ps(w, v0, a##g); b##g = _mm512_fmadd_ps(w, v1, b##g); }
-#define V_STORE(g) if (gn > g) { _mm512_mask_storeu_ps(o + g * D + d0, k0, a##g);                              \
-                                _mm512_mask_storeu_ps(o + g * D + d0 + 16, k1, b##g); }
+/* o[g, d0 : d0 + W] = sum_j p[g, j] V[lo + j, d0 : d0 + W] for GN heads, over j in order: W = 2 VW (two
+ * vectors per head, 2 GN independent accumulator chains) for GN <= VALUES_WIDE, W = VW (one vector per head)
+ * above, where two would not fit in the registers. Either way each output element is the same fma chain. */
+#define V_DECL(g) vf a##g = vf_zero(), b##g = vf_zero();
+#define V_FMA(g) if (gn > g) { vf w = vf_set1(p[g * len + j]);                                                \
+                              a##g = vf_fma(w, v0, a##g); if (two) b##g = vf_fma(w, v1, b##g); }
+#define V_STORE(g) if (gn > g) { vf_mask_store(o + g * D + d0, k0, a##g);                                     \
+                                if (two) vf_mask_store(o + g * D + d0 + VW, k1, b##g); }
 #define DEFINE_VALUES(GN)                                                                                    \
     static void values_##GN(const float *p, int64_t len, const float *V, int64_t D, int64_t d0, float *o,     \
                             next_k *f) {                                                                     \
-        enum { gn = GN };                                                                                    \
-        int64_t r0 = D - d0, r1 = D - d0 - 16;                                                               \
-        __mmask16 k0 = r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << r0) - 1);                           \
-        __mmask16 k1 = r1 >= 16 ? (__mmask16)0xFFFF : r1 > 0 ? (__mmask16)((1u << r1) - 1) : 0;              \
+        enum { gn = GN, two = GN <= VALUES_WIDE };                                                           \
+        vmask k0 = vmask_first(D - d0), k1 = vmask_first(D - d0 - VW);                                       \
         FOR_HEADS(V_DECL)                                                                                    \
         for (int64_t j = 0; j < len; ++j) {                                                                  \
-            __m512 v0 = _mm512_maskz_loadu_ps(k0, V + j * D + d0);                                           \
-            __m512 v1 = _mm512_maskz_loadu_ps(k1, V + j * D + d0 + 16);                                      \
+            vf v0 = vf_maskz_load(k0, V + j * D + d0), v1 = v0;                                              \
+            if (two) v1 = vf_maskz_load(k1, V + j * D + d0 + VW);                                            \
             if (f->k) { next_k_step(f); next_k_step(f); }                                                    \
             FOR_HEADS(V_FMA)                                                                                 \
         }                                                                                                    \
         FOR_HEADS(V_STORE)                                                                                   \
     }
 
-#define V16_FMA(g) if (gn > g) a##g = _mm512_fmadd_ps(_mm512_set1_ps(p[g * len + j]), v0, a##g);
-#define V16_STORE(g) if (gn > g) _mm512_mask_storeu_ps(o + g * D + d0, k0, a##g);
-#define DEFINE_VALUES16(GN)                                                                                  \
-    static void values_##GN(const float *p, int64_t len, const float *V, int64_t D, int64_t d0, float *o,     \
-                            next_k *f) {                                                                     \
-        enum { gn = GN };                                                                                    \
-        int64_t r0 = D - d0;                                                                                 \
-        __mmask16 k0 = r0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << r0) - 1);                           \
-        FOR_HEADS(V_DECL)                                                                                    \
-        for (int64_t j = 0; j < len; ++j) {                                                                  \
-            __m512 v0 = _mm512_maskz_loadu_ps(k0, V + j * D + d0);                                           \
-            if (f->k) { next_k_step(f); next_k_step(f); }                                                    \
-            FOR_HEADS(V16_FMA)                                                                               \
-        }                                                                                                    \
-        FOR_HEADS(V16_STORE)                                                                                 \
-    }
-
-DEFINE_SCORES(1) DEFINE_SCORES(2) DEFINE_SCORES(3) DEFINE_SCORES(4) DEFINE_SCORES(5) DEFINE_SCORES(6)
-DEFINE_SCORES(7) DEFINE_SCORES(8) DEFINE_SCORES(9) DEFINE_SCORES(10) DEFINE_SCORES(11) DEFINE_SCORES(12)
-DEFINE_SCORES(13) DEFINE_SCORES(14) DEFINE_SCORES(15) DEFINE_SCORES(16)
-DEFINE_VALUES(1) DEFINE_VALUES(2) DEFINE_VALUES(3) DEFINE_VALUES(4) DEFINE_VALUES(5) DEFINE_VALUES(6)
-DEFINE_VALUES(7) DEFINE_VALUES(8) DEFINE_VALUES(9) DEFINE_VALUES(10) DEFINE_VALUES(11) DEFINE_VALUES(12)
-DEFINE_VALUES16(13) DEFINE_VALUES16(14) DEFINE_VALUES16(15) DEFINE_VALUES16(16)
-#define VALUES_WIDE 12   /* the most vectors a 32-lane values pass takes */
+#define DEFINE_PASS(GN) DEFINE_SCORES(GN) DEFINE_VALUES(GN)
+DEFINE_PASS(1) DEFINE_PASS(2) DEFINE_PASS(3) DEFINE_PASS(4) DEFINE_PASS(5) DEFINE_PASS(6)
+DEFINE_PASS(7) DEFINE_PASS(8) DEFINE_PASS(9) DEFINE_PASS(10) DEFINE_PASS(11) DEFINE_PASS(12)
+#if GMAX > 12
+DEFINE_PASS(13) DEFINE_PASS(14) DEFINE_PASS(15) DEFINE_PASS(16)
+#define PASSES_PAST_12(kind) , kind##_13, kind##_14, kind##_15, kind##_16
+#else
+#define PASSES_PAST_12(kind)
+#endif
+_Static_assert(GMAX == 12 || GMAX == 16, "the pass tables below list 12 or 16 heights");
 
 typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *,
                           const float *);
 typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, next_k *);
 static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6,
-                                           scores_7, scores_8, scores_9, scores_10, scores_11, scores_12,
-                                           scores_13, scores_14, scores_15, scores_16};
+                                           scores_7, scores_8, scores_9, scores_10, scores_11, scores_12
+                                           PASSES_PAST_12(scores)};
 static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, values_4, values_5, values_6,
-                                           values_7, values_8, values_9, values_10, values_11, values_12,
-                                           values_13, values_14, values_15, values_16};
+                                           values_7, values_8, values_9, values_10, values_11, values_12
+                                           PASSES_PAST_12(values)};
 
 /* Query vectors in passes of at most GMAX; every vector's result is computed by the same instruction sequence
  * (each score and each output element is its own chain of fmas in a fixed order), whichever vectors share
@@ -237,38 +142,44 @@ static void weighted_values(const float *p, int64_t G, int64_t len, const float 
                             next_k *f) {
     int64_t steps = 0;                                             /* j steps of the whole pass */
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
-        int64_t step = G - g0 > VALUES_WIDE ? 16 : 32;
+        int64_t step = G - g0 > VALUES_WIDE ? VW : 2 * VW;
         steps += len * ((D + step - 1) / step);
     }
     if (f->k) f->inc = ((uint64_t)f->lines << 32) / (uint64_t)(2 * steps) + 1;
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
-        int64_t gn = G - g0 < GMAX ? G - g0 : GMAX, step = gn > VALUES_WIDE ? 16 : 32;
+        int64_t gn = G - g0 < GMAX ? G - g0 : GMAX, step = gn > VALUES_WIDE ? VW : 2 * VW;
         for (int64_t d0 = 0; d0 < D; d0 += step)
             VALUES[gn](p + g0 * len, len, V, D, d0, o + g0 * D, f);
     }
 }
 
-/* p[g, :len] <- softmax(p[g, :len]) */
-static void softmax_rows(float *p, int64_t G, int64_t len) {
-    for (int64_t g = 0; g < G; ++g) {
-        float *pg = p + g * len;
-        __m512 vm = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
-        for (int64_t j = 0; j < len; j += 16) {
-            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
-            vm = _mm512_mask_max_ps(vm, k, vm, _mm512_maskz_loadu_ps(k, pg + j));
-        }
-        vm = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
-        for (int64_t j = 0; j < len; j += 16) {
-            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
-            __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, pg + j), vm)));
-            _mm512_mask_storeu_ps(pg + j, k, e);
-            vsum = _mm512_add_ps(vsum, e);
-        }
-        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-        for (int64_t j = 0; j < len; j += 16) {
-            __mmask16 k = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
-            _mm512_mask_storeu_ps(pg + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, pg + j), inv));
-        }
+/* p[:len] <- softmax(p[:len]): the max and the sum lane-parallel over VW-position blocks (a block's tail lanes
+ * masked off), then a fixed tree over the lanes. */
+static void softmax_row(float *p, int64_t len) {
+    vf vm = vf_set1(-INFINITY), vsum = vf_zero();
+    int64_t full = len - len % VW;
+    for (int64_t j = 0; j < full; j += VW) vm = vf_max(vm, vf_load(p + j));
+    if (full < len) {
+        vmask k = vmask_first(len - full);
+        vm = vf_mask_max(vm, k, vf_maskz_load(k, p + full));
+    }
+    vm = vf_set1(vf_reduce_max(vm));
+    for (int64_t j = 0; j < full; j += VW) {
+        vf e = vf_exp(vf_sub(vf_load(p + j), vm));
+        vf_store(p + j, e);
+        vsum = vf_add(vsum, e);
+    }
+    if (full < len) {
+        vmask k = vmask_first(len - full);
+        vf e = vf_maskz(k, vf_exp(vf_sub(vf_maskz_load(k, p + full), vm)));
+        vf_mask_store(p + full, k, e);
+        vsum = vf_add(vsum, e);
+    }
+    vf inv = vf_set1(1.0f / vf_reduce_add(vsum));
+    for (int64_t j = 0; j < full; j += VW) vf_store(p + j, vf_mul(vf_load(p + j), inv));
+    if (full < len) {
+        vmask k = vmask_first(len - full);
+        vf_mask_store(p + full, k, vf_mul(vf_maskz_load(k, p + full), inv));
     }
 }
 
@@ -290,7 +201,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     int64_t first = positions[n0], last = positions[n0 + T - 1];
     int64_t lo = window_lo(first, window), len = last + 1 - lo;  /* the shared range [lo, last] */
     assert(T >= 1 && last == first + T - 1 && lo >= 0 && last < P);
-    float *qb = scratch(SCRATCH_TASK, sizeof(float) * (size_t)(Q * D * 2 + Q * len));
+    float *qb = specgram_scratch(SCRATCH_TASK, sizeof(float) * (size_t)(Q * D * 2 + Q * len));
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
     for (int64_t t = 0; t < T; ++t)
         memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
@@ -303,7 +214,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
         assert(slots[n0 + t] == slots[n0] && pos == first + t && off >= 0 && own >= 1 && off + own <= len);
         for (int64_t g = 0; g < G; ++g) {
             float *pg = p + (t * G + g) * len;
-            softmax_rows(pg + off, 1, own);
+            softmax_row(pg + off, own);
             memset(pg, 0, sizeof(float) * off);
             memset(pg + off + own, 0, sizeof(float) * (len - off - own));
         }
@@ -335,7 +246,7 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
      * enough or groups are single tokens, to keep both cores busy.
      * Scratch: group_n0 [groups + 1] (first token of each group, then N), then task_g, task_h, task_cost
      * [groups * Hkv] each; groups <= N. */
-    int64_t *group_n0 = scratch(SCRATCH_PLAN, sizeof(int64_t) * (size_t)(N + 1 + 3 * N * Hkv));
+    int64_t *group_n0 = specgram_scratch(SCRATCH_PLAN, sizeof(int64_t) * (size_t)(N + 1 + 3 * N * Hkv));
     int64_t G = H / Hkv, groups = 0, tasks = 0;
     for (int64_t split = 1;; split *= 2) {
         int64_t largest = 1;

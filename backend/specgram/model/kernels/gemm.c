@@ -4,23 +4,32 @@
  *
  * Decode, speculative verification and draft steps multiply a handful of rows (M = 1 .. 40) by every weight
  * matrix: the cost is streaming W from memory once, so the kernel reads each W element once per call and
- * keeps all M rows' accumulators in registers (register tile: MT <= 8 rows x 32 outputs).
+ * keeps all M rows' accumulators in registers (register tile: MT <= MT_MAX rows x 32 outputs, MT_MAX = 8 with
+ * AVX-512's 32 vector registers, 3 with AVX2's 16).
  *
  * Batch invariance: every output is accumulated as acc = fma(x[m,k], W[n,k], acc) for k = 0, 1, ..., K-1 in
  * that order, starting from 0, in the same instruction sequence whatever the tile height, M, or the thread
- * that computes it. So a row's result is bitwise the same alone, in a batch of 8, or as one of k + 1 verify
- * positions, which is what makes greedy speculative output equal non-speculative output exactly.
+ * that computes it (each output lane is its own chain: the vector width does not change the arithmetic). So a
+ * row's result is bitwise the same alone, in a batch of 8, or as one of k + 1 verify positions, which is what
+ * makes greedy speculative output equal non-speculative output exactly.
  *
  * Packed layout: W [N, K] -> blocks of NB = 32 outputs, block b = packed[b * K * 32 ...], element (k, j) at
  * k * 32 + j holds W[b * 32 + j, k] (zero for padding outputs past N). One block is one contiguous stream.
  * Weights are fp32 or bf16 (upper 16 bits of an fp32; widened exactly to fp32 before the fma).
  */
 #include <assert.h>
-#include <immintrin.h>
 #include <stdint.h>
 
+#include "vec.h"
+
 #define NB 32
-#define MT_MAX 8
+#define NV (NB / VW)        /* vectors per k step of a block: 2 (AVX-512) or 4 (AVX2) */
+#ifndef MT_MAX   /* rows per register tile: MT_MAX * NV accumulators, NV weight vectors and a broadcast fit the
+                    registers (AVX-512: 16 + 2 + 1 of 32; AVX2: 12 + 3 + 1 of 16, the fourth weight vector read
+                    as the fmas' memory operand; 4 rows would need 16 accumulators alone) */
+#define MT_MAX (VREGS == 32 ? 8 : 3)
+#endif
+_Static_assert(MT_MAX >= 1 && MT_MAX <= 8, "tile_any() dispatches heights 1 .. 8");
 #ifndef PF
 #define PF 16   /* prefetch distance in k steps of 128 bytes: keeps 2 KB of the stream in flight (measured best of 6-64) */
 #endif
@@ -32,43 +41,28 @@
                      prefetch instead (an extra far stream there cost 2-5 ms at M = 40). */
 #endif
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define ALWAYS_INLINE VINLINE
 
-/* 16 bf16 weights -> 16 fp32 (exact: the bf16 bits become the upper half of the fp32). */
-ALWAYS_INLINE __m512 load_bf16(const uint16_t *p) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* The two weight vectors (outputs j = 0..15 and 16..31) of step k of a packed block. */
-ALWAYS_INLINE void load_w(const int bf16, const void *wb, int64_t k, __m512 *w0, __m512 *w1) {
-    if (bf16) {
-        const uint16_t *w = (const uint16_t *)wb + k * NB;
-        *w0 = load_bf16(w);
-        *w1 = load_bf16(w + 16);
-    } else {
-        const float *w = (const float *)wb + k * NB;
-        *w0 = _mm512_loadu_ps(w);
-        *w1 = _mm512_loadu_ps(w + 16);
-    }
+/* The NV weight vectors (outputs j = 0 .. 31, VW per vector) of step k of a packed block. */
+ALWAYS_INLINE void load_w(const int bf16, const void *wb, int64_t k, vf w[NV]) {
+    for (int v = 0; v < NV; ++v)
+        w[v] = bf16 ? vf_load_bf16((const uint16_t *)wb + k * NB + v * VW)
+                    : vf_load((const float *)wb + k * NB + v * VW);
 }
 
 /* Adds the bias (if any) to one row's 32 accumulators and stores the outputs of the block that exist. */
-ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, __m512 a0, __m512 a1, const float *bias) {
-    int64_t n = N - n0 < NB ? N - n0 : NB;                 /* outputs of this block that exist */
-    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
-    if (bias) {
-        a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(k0, bias + n0));
-        a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps(k1, bias + n0 + 16));
+ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, const vf a[NV], const float *bias) {
+    for (int v = 0; v < NV; ++v) {
+        vmask k = vmask_first(N - n0 - v * VW);            /* outputs of this vector that exist */
+        vf out = a[v];
+        if (bias) out = vf_add(out, vf_maskz_load(k, bias + n0 + v * VW));
+        vf_mask_store(yrow + n0 + v * VW, k, out);
     }
-    _mm512_mask_storeu_ps(yrow + n0, k0, a0);
-    _mm512_mask_storeu_ps(yrow + n0 + 16, k1, a1);
 }
 
 /* One register tile: y[m0 + r, n0 .. n0 + 31] for r < MT, from x rows m0 .. m0 + MT - 1 [.., K] (row stride
  * ldx) and one packed block wb [K, 32] (fp32, or bf16 if `bf16`). MT (1 .. MT_MAX) and bf16 must be
- * compile-time constants at every call site: inlined, the row loops unroll completely and the 2 * MT
+ * compile-time constants at every call site: inlined, the row loops unroll completely and the NV * MT
  * accumulators stay in registers.
  * Prefetch only (no effect on the results): if `pf` is set, the tile also pulls a slice of the next block into
  * L2, one line every 2^32 / pf_inc k steps (32.32 fixed point), spread over the whole k loop; if `far` is set,
@@ -78,11 +72,12 @@ ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ld
                         uint64_t pf_inc, int far) {
     const int64_t step = NB * (bf16 ? 2 : 4);               /* bytes of one k step of the block */
     const char *wbytes = (const char *)wb;
-    __m512 acc0[MT_MAX], acc1[MT_MAX];
+    vf acc[MT_MAX][NV];
     uint64_t pf_at = 0;
-    for (int r = 0; r < MT; ++r) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); }
+    for (int r = 0; r < MT; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vf_zero();
     for (int64_t k = 0; k < K; ++k) {
-        __m512 w0, w1;
+        vf w[NV];
         if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }
         _mm_prefetch(wbytes + (k + PF) * step, _MM_HINT_T0);
         _mm_prefetch(wbytes + (k + PF) * step + step / 2, _MM_HINT_T0);
@@ -90,15 +85,15 @@ ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ld
             _mm_prefetch(wbytes + (k + PF_FAR) * step, _MM_HINT_T1);
             _mm_prefetch(wbytes + (k + PF_FAR) * step + step / 2, _MM_HINT_T1);
         }
-        load_w(bf16, wb, k, &w0, &w1);
+        load_w(bf16, wb, k, w);
 #pragma GCC unroll 8
         for (int r = 0; r < MT; ++r) {
-            __m512 xb = _mm512_set1_ps(x[(m0 + r) * ldx + k]);
-            acc0[r] = _mm512_fmadd_ps(xb, w0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(xb, w1, acc1[r]);
+            vf xb = vf_set1(x[(m0 + r) * ldx + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[r][v] = vf_fma(xb, w[v], acc[r][v]);
         }
     }
-    for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc0[r], acc1[r], bias);
+    for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc[r], bias);
 }
 
 /* tile() for a run-time height mt (1 .. MT_MAX): one specialised copy per height. */
@@ -106,18 +101,16 @@ ALWAYS_INLINE void tile_any(const int bf16, int mt, const float *x, int64_t ldx,
                             int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
                             const char *pf, uint64_t pf_inc, int far) {
     switch (mt) {
-    case 1: tile(1, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 2: tile(2, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 3: tile(3, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 4: tile(4, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 5: tile(5, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 6: tile(6, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    case 7: tile(7, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
-    default: tile(8, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+/* heights below MT_MAX each get their copy; MT_MAX (and, never reached, the heights past it) the default */
+#define TILE_CASE(h) case h: if (h < MT_MAX) { tile(h < MT_MAX ? h : 1, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, \
+                                                  pf, pf_inc, far); break; } __attribute__((fallthrough));
+    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
+    default: tile(MT_MAX, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+#undef TILE_CASE
     }
 }
 
-/* Out of line, one per weight type: the eight tile heights are compiled once, not at every caller. */
+/* Out of line, one per weight type: the MT_MAX tile heights are compiled once, not at every caller. */
 static void tile_f32(int mt, const float *x, int64_t ldx, int64_t m0, const float *wb, int64_t K, float *y,
                      int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
                      int far) {

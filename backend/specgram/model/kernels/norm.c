@@ -4,7 +4,8 @@
  *   for M rows of N floats; the sum of squares is accumulated in double (exact enough that the order of
  *   summation does not matter at float precision), then the rounding follows transformers' LlamaRMSNorm:
  *   h * rsqrt(var + eps), then weight * that.
- * specgram_silu_mul: out[m, j] = silu(gu[m, j]) * gu[m, I + j] for the fused gate|up output gu [M, 2I].
+ * specgram_silu_mul: out[m, j] = silu(gu[m, j]) * gu[m, I + j] for the fused gate|up output gu [M, 2I]; VW lanes
+ *   at a time (vexp.h), the last I mod VW columns with libm's expf.
  * All per row: batch-invariant.
  */
 #include <math.h>
@@ -36,10 +37,10 @@ void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nt
         const float *g = gu + m * 2 * I, *u = g + I;
         float *y = out + m * I;
         int64_t j = 0;
-        for (; j + 16 <= I; j += 16) {
-            __m512 gv = _mm512_loadu_ps(g + j);
-            __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-            _mm512_storeu_ps(y + j, _mm512_mul_ps(sig, _mm512_loadu_ps(u + j)));
+        for (; j + VW <= I; j += VW) {
+            vf gv = vf_load(g + j);
+            vf sig = vf_div(gv, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), gv))));
+            vf_store(y + j, vf_mul(sig, vf_load(u + j)));
         }
         for (; j < I; ++j) y[j] = (g[j] / (1.0f + expf(-g[j]))) * u[j];
     }

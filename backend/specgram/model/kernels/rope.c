@@ -1,0 +1,46 @@
+/* Rotary embedding and the KV-cache write of one decoder layer for N new tokens (before attention.c reads
+ * the cache):
+ *
+ *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
+ *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
+ *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last
+ *   vc [S, Hkv, P, D] fp32            this layer's V cache
+ *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
+ *   q_out [N, H * D] fp32             the rotated queries
+ *
+ * Rotary follows transformers' apply_rotary_pos_emb, x*cos + rotate_half(x)*sin, rounded the same way
+ * (compiled without contraction: multiply, multiply, add), per token: batch-invariant, and the same on every
+ * ISA. A debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts the slot and position ranges.
+ */
+#include <assert.h>
+#include <stdint.h>
+
+/* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
+ * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
+static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t ystride, int64_t D) {
+    int64_t h = D / 2;
+    for (int64_t j = 0; j < h; ++j) y[j * ystride] = x[j] * c[j] + (-x[j + h]) * s[j];
+    for (int64_t j = h; j < D; ++j) y[j * ystride] = x[j] * c[j] + x[j - h] * s[j];
+}
+
+void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
+                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
+    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
+    (void)S;                                                       /* read by the debug build's asserts only */
+    int64_t width = (H + 2 * Hkv) * D;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t n = 0; n < N; ++n) {
+        assert(slots[n] >= 0 && slots[n] < S);
+        assert(positions[n] >= 0 && positions[n] < P);
+        const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
+        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, 1, D);
+        for (int64_t h = 0; h < Hkv; ++h) {
+            int64_t head = slots[n] * Hkv + h;
+            rope(row + (H + h) * D, c, s, kc + head * D * P + positions[n], P, D);
+            const float *v = row + (H + Hkv + h) * D;
+            float *vd = vc + (head * P + positions[n]) * D;
+            for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
+        }
+    }
+}
