@@ -26,6 +26,11 @@ class StreamTimeout(TimeoutError):
         self.responses = responses
 
 
+# the outputs the model sends only when asked (vllm_backend's switches): this client asks for them unless the
+# request's inputs say otherwise (a switch given as None is not sent)
+ASK = {"return_finish_reason": True, "return_num_input_tokens": True, "return_num_output_tokens": True}
+
+
 def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
                  request_id: str = "", parameters: dict | None = None,
                  on_response: Callable[[dict], None] | None = None,
@@ -43,7 +48,7 @@ def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", time
     t0 = time.perf_counter()
     cancel = False
     try:
-        client.async_stream_infer(model, build_inputs(inputs), request_id=request_id, parameters=parameters,
+        client.async_stream_infer(model, build_inputs({**ASK, **inputs}), request_id=request_id, parameters=parameters,
                                   enable_empty_final_response=True, timeout=request_timeout_us)
         deadline = t0 + timeout
         while True:
@@ -94,7 +99,7 @@ def cut_stream(grpc_url: str, inputs: dict[str, Any], after_responses: int | Non
     client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
     t0 = time.perf_counter()
     try:
-        client.async_stream_infer(model, build_inputs(inputs), enable_empty_final_response=True)
+        client.async_stream_infer(model, build_inputs({**ASK, **inputs}), enable_empty_final_response=True)
         while after_responses is None or len(responses) < after_responses:
             try:
                 t, result, err = q.get(timeout=max(0.0, t0 + after_seconds - time.perf_counter()))
@@ -128,14 +133,20 @@ def ids_of(responses: list[dict]) -> list[int]:
 
 
 def last_value(responses: list[dict], name: str, default=None):
-    """The last non-empty scalar value of output `name` (decoded str for STRING outputs)."""
+    """The last non-empty scalar value of output `name` (decoded str for STRING outputs; a non-final
+    finish_reason, "None", counts as empty)."""
     for r in reversed(responses):
         arr = r["outputs"].get(name)
         if arr is not None and arr.size:
             v = _decode(arr.reshape(-1)[0].item() if arr.dtype != np.object_ else arr.reshape(-1)[0])
-            if v != "":
+            if v not in ("", "None"):
                 return v
     return default
+
+
+def total_of(responses: list[dict], name: str) -> int:
+    """The sum of a per-response count (num_output_tokens) over the responses."""
+    return sum(int(r["outputs"][name].reshape(-1)[0]) for r in responses if name in r["outputs"])
 
 
 def errors_of(responses: list[dict]) -> list[str]:

@@ -23,7 +23,9 @@ curl -sS -N --fail-with-body -X POST "$HTTP_URL/v2/models/$MODEL/generate_stream
   "temperature": 0.0,
   "apply_chat_template": true,
   "exclude_input_in_output": true,
-  "stop": ["</answer>"]
+  "stop": ["</answer>"],
+  "return_finish_reason": true,
+  "return_num_output_tokens": true
 }
 JSON
 echo

@@ -159,6 +159,10 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
         "sampling_parameters": args.sampling_parameters,
         "apply_chat_template": True if args.chat else None,
         "messages": args.messages,
+        # vllm_backend's switches: the model sends these outputs only when asked
+        "return_finish_reason": True,
+        "return_num_input_tokens": True,
+        "return_num_output_tokens": True,
     }
 
 
@@ -191,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
         for name in SCALAR_OUTPUTS:
             if name in outputs:
                 v = _decode(outputs[name])[0]
-                if name not in ("finish_reason", "spec_detail") or v:     # these two are set on the final one
+                if name == "num_output_tokens":       # this response's tokens
+                    scalars[name] = scalars.get(name, 0) + int(v)
+                elif name not in ("finish_reason", "spec_detail") or v not in ("", "None"):  # set on the final one
                     scalars[name] = v
         if human and delta:
             sys.stdout.write(delta)

@@ -42,6 +42,8 @@ class EngineConfig:
     speculative_sampling: str = "coupled"  # sampled requests: "coupled" = a draft is accepted when it equals the
                                            # token the seed's noise picks (output independent of k, drafter and
                                            # batch); "rejection" = classic speculative sampling (sampling.py)
+    logprobs_mode: str = "raw"      # logprobs (engine/logprobs.py): "raw" = of the model's logits before any
+                                    # processing; "processed" = of the logits the token was chosen from
     ngram_min: int = 1              # n-gram prompt lookup: shortest suffix to match (1 measured best on JME)
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
@@ -104,6 +106,8 @@ class EngineConfig:
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not -1 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise ModelLoadError(f"engine setting logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         if self.speculative_sampling not in ("coupled", "rejection"):
             raise ModelLoadError(f"engine setting speculative_sampling must be coupled or rejection, "
                                  f"got {self.speculative_sampling!r}")

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 _ids = itertools.count(1)
 MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20       # top-n logprobs per token, as OpenAI's top_logprobs allows
+MAX_TOKEN_LISTS = 1024  # entries in logit_bias, stop_token_ids, bad_words, allowed_token_ids
 UINT64_MAX = 2**64 - 1
 AUTO_DRAFT = -1     # num_draft_tokens: the engine chooses the draft length per request per step
 
@@ -39,6 +41,25 @@ class SamplingParams:
     drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
     guide_type: str | None = None   # as the client spelled it (aliases allowed); grammar.normalize_guide_type
     guide: str | None = None
+    logprobs: int | None = None     # per token: the chosen token's logprob and the top-n (None: no logprobs)
+    cumulative_logprob: bool = False    # track the sum of the chosen tokens' logprobs (needs their logprobs)
+    presence_penalty: float = 0.0   # vLLM's penalties (penalties.py)
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)     # token id -> added to its logit
+    stop_token_ids: list[int] = field(default_factory=list)        # also end the output (kept, like EOS)
+    bad_words: list[str] = field(default_factory=list)             # never generated (penalties.py)
+    allowed_token_ids: list[int] | None = None                     # only these (None: every token)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None or self.cumulative_logprob
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any logits processor beyond the grammar mask and min_tokens applies (penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.bad_words or self.allowed_token_ids is not None)
 
     @property
     def greedy(self) -> bool:
@@ -69,8 +90,10 @@ class SamplingParams:
             self.top_k = 0
         if self.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}")
-        if self.seed is not None and not 0 <= self.seed <= UINT64_MAX:
-            raise InvalidRequest(f"seed must be in [0, 2^64), got {self.seed!r}")
+        if self.seed is not None and not -2**63 <= self.seed <= UINT64_MAX:
+            raise InvalidRequest(f"seed must be in [-2^63, 2^64), got {self.seed!r}")
+        if self.seed is not None and self.seed < 0:
+            self.seed += 2**64          # OpenAI's seeds are signed 64-bit: the same bits, read unsigned
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -78,11 +101,39 @@ class SamplingParams:
         if not isinstance(self.num_draft_tokens, int) or not AUTO_DRAFT <= self.num_draft_tokens <= max_draft_len:
             raise InvalidRequest(f"num_draft_tokens must be -1 (auto) or an integer in [0, {max_draft_len}] "
                                  f"(the configured max_draft_len), got {self.num_draft_tokens!r}")
+        self._validate_processors()
         if self.guide is not None and self.guide_type is None:
             raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type")
         if self.guide_type is not None and self.guide is None:
             self.guide = ""       # fine for type "json" (any JSON); the others say what they need
         return self
+
+    def _validate_processors(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise InvalidRequest(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
+        if any(not -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
+            raise InvalidRequest("logit_bias values must be in [-100, 100]")
+        lists = (self.logit_bias, self.stop_token_ids, self.bad_words, self.allowed_token_ids or ())
+        if any(len(x) > MAX_TOKEN_LISTS for x in lists):
+            raise InvalidRequest(f"logit_bias, stop_token_ids, bad_words and allowed_token_ids take at most "
+                                 f"{MAX_TOKEN_LISTS} entries each")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise InvalidRequest("allowed_token_ids must not be empty")
+        if any(not w for w in self.bad_words):
+            raise InvalidRequest("bad_words must be non-empty strings")
+
+    def check_token_ids(self, vocab: int) -> None:
+        """Token ids the client gave must exist in the model's vocabulary [0, vocab)."""
+        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids),
+                          ("allowed_token_ids", self.allowed_token_ids or ())):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequest(f"{name}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
 
 
 @dataclass
@@ -143,6 +194,16 @@ class RequestOutput:
     num_cached_tokens: int = 0              # prompt tokens whose KV was reused (prefix_cache), not prefilled
     spec: SpecStats | None = None          # set on the final output
     queue_s: float | None = None           # final output: seconds from arrival to a KV slot (None: never had one)
+    logprobs: list[list[TokenLogprob]] | None = None    # per token: the chosen one first, then the top-n
+    cumulative_logprob: float = 0.0         # the chosen tokens' logprobs summed over the whole output so far
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int               # 1 = the most likely token of its row
+    decoded: str            # the token's text alone
 
 
 @dataclass(eq=False)  # identity: two requests are never "equal"
@@ -165,9 +226,11 @@ class Request:
     pending_grammar: PendingGrammar | None = None  # while its guide compiles
     guide: Guide | None = None             # once compiled (None: unconstrained)
     guide_ids: list[int] = field(default_factory=list)  # the guide's text, tokenized: a lookup source
+    bad_word_ids: list[list[int]] = field(default_factory=list)  # params.bad_words tokenized (penalties.py)
     acceptance: RequestAcceptance | None = None   # per draft source (adaptive k), set when the engine takes it
     arrived: float = field(default_factory=time.monotonic)     # when it was made (validated and tokenized)
     admitted: float | None = None          # when it got its KV slot
+    cumulative_logprob: float = 0.0        # the committed tokens' logprobs summed (when params.wants_logprobs)
 
     @property
     def all_ids(self) -> list[int]:

@@ -39,6 +39,8 @@ TensorRT-LLM format (`_create_trtllm_generate_request`), every tensor of shape [
 given), `exclude_input_in_output` BOOL (completions only: not `echo`), `guided_decoding_guide_type` "json_schema"
 and `guided_decoding_guide` (the tool's schema; named or "required" tool choice), `return_num_input_tokens` and
 `return_num_output_tokens` BOOL true. No `sampling_parameters`, no `min_tokens` or `ignore_eos`, no logprobs.
+This model does not take that format: Triton refuses a [1, 1] tensor for an input declared [1] before the model
+sees it, and one config cannot declare both shapes. Run the frontend with `--backend vllm` (docs/openai.md).
 
 Reading the responses (both formats; test_openai_frontend.py does the same): `text_output` must hold exactly
 one string (the delta of a stream, the whole text otherwise; the frontend raises on any other element count);
@@ -109,11 +111,10 @@ RELEASE = "26.07"
 @dataclass(frozen=True)
 class FrontendRequest:
     """One OpenAI request (`body`, to `endpoint` "chat" or "completions") and the Triton request the frontend of
-    `release` sends for it in `mode` "vllm" or "tensorrtllm": `inputs`, name -> numpy array of the exact dtype
-    and shape (strings as object arrays of UTF-8 bytes); `prompt` is its text_input."""
+    `release` sends for it in its vLLM format: `inputs`, name -> numpy array of the exact dtype and shape (strings
+    as object arrays of UTF-8 bytes); `prompt` is its text_input."""
     name: str
     endpoint: str
-    mode: str
     body: dict
     prompt: str
     inputs: dict
@@ -130,7 +131,7 @@ class FrontendRequest:
     @property
     def logprobs(self) -> int | None:
         """The top-n count sent as sampling_parameters.logprobs (None: logprobs not asked)."""
-        if self.mode != "vllm" or "return_logprobs" not in self.inputs:
+        if "return_logprobs" not in self.inputs:
             return None
         return json.loads(self.inputs["sampling_parameters"][0]).get("logprobs")
 
@@ -250,43 +251,10 @@ def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) 
     }
 
 
-def trtllm_inputs(endpoint: str, body: dict, prompt: str) -> dict[str, np.ndarray]:
-    """The TensorRT-LLM-format request (see the module docstring)."""
-    defaults = dict(_CHAT_FIELDS if endpoint == "chat" else _COMPLETION_FIELDS)
-
-    def value(name):
-        return body.get(name, defaults.get(name))
-
-    inputs = {"text_input": np.array([[prompt.encode("utf-8")]], dtype=np.object_),
-              "stream": np.array([[bool(value("stream"))]], dtype=np.bool_),
-              "max_tokens": np.array([[_max_tokens(endpoint, body)]], dtype=np.int32)}
-    if value("stop"):
-        stop = [value("stop")] if isinstance(value("stop"), str) else value("stop")
-        inputs["stop_words"] = np.array([[s.encode("utf-8") for s in stop]], dtype=np.object_)
-    for name in ("top_p", "frequency_penalty", "presence_penalty"):
-        if value(name) is not None:
-            inputs[name] = np.array([[value(name)]], dtype=np.float32)
-    if value("seed") is not None:
-        inputs["seed"] = np.array([[value("seed")]], dtype=np.uint64)
-    if value("temperature") is not None:
-        inputs["temperature"] = np.array([[value("temperature")]], dtype=np.float32)
-    if endpoint == "completions" and value("echo") is not None:
-        inputs["exclude_input_in_output"] = np.array([[not value("echo")]], dtype=np.bool_)
-    guided = _guided_json(body) if endpoint == "chat" else None
-    if guided is not None:
-        inputs["guided_decoding_guide_type"] = np.array([[b"json_schema"]], dtype=np.object_)
-        inputs["guided_decoding_guide"] = np.array([[guided.encode("utf-8")]], dtype=np.object_)
-    inputs["return_num_input_tokens"] = np.array([[True]], dtype=np.bool_)
-    inputs["return_num_output_tokens"] = np.array([[True]], dtype=np.bool_)
-    return inputs
-
-
-def frontend_request(name: str, endpoint: str, body: dict, mode: str = "vllm",
-                     release: str = RELEASE) -> FrontendRequest:
+def frontend_request(name: str, endpoint: str, body: dict, release: str = RELEASE) -> FrontendRequest:
     body = {"model": MODEL, **body}
     prompt = chat_prompt(body) if endpoint == "chat" else body["prompt"]
-    inputs = vllm_inputs(endpoint, body, prompt, release) if mode == "vllm" else trtllm_inputs(endpoint, body, prompt)
-    return FrontendRequest(name, endpoint, mode, body, prompt, inputs, release)
+    return FrontendRequest(name, endpoint, body, prompt, vllm_inputs(endpoint, body, prompt, release), release)
 
 
 # ---- the requests ------------------------------------------------------------------------------------------
@@ -450,14 +418,3 @@ def vllm_requests() -> list[FrontendRequest]:
             chat_logprobs_stream(), chat_logprobs_chosen_only(), completion_basic(), completion_stream(),
             completion_min_tokens(), completion_echo(), completion_echo(stream=True), completion_logprobs(),
             completion_logprobs(stream=True)]
-
-
-def trtllm_requests() -> list[FrontendRequest]:
-    """The TensorRT-LLM-format requests the frontend sends without `--backend vllm` (our model's config backend is
-    `python`): chat (non-streaming and streamed with stop words and a seed), completions, and a named tool."""
-    def as_trt(r: FrontendRequest, **extra) -> FrontendRequest:
-        body = {k: v for k, v in r.body.items() if k != "model"} | extra
-        return frontend_request("trtllm_" + r.name, r.endpoint, body, mode="tensorrtllm")
-
-    return [as_trt(chat_basic()), as_trt(chat_stream(), stop=["Jupiter"], seed=7), as_trt(completion_basic()),
-            as_trt(chat_named_tool())]

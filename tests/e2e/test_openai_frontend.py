@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import jsonschema
 import numpy as np
 import pytest
-from collect import errors_of, ids_of, stream_infer
+from collect import ASK, errors_of, ids_of, stream_infer
 from openai_frontend_requests import (
     FrontendRequest,
     chat_basic,
@@ -28,12 +28,10 @@ from openai_frontend_requests import (
     completion_stream,
     earlier_releases,
     tokenizer,
-    trtllm_requests,
     vllm_requests,
 )
 
 VLLM = vllm_requests() + earlier_releases()
-TRTLLM = trtllm_requests()
 
 
 # ---- what the frontend makes of the responses ---------------------------------------------------------------
@@ -168,11 +166,11 @@ def frontend_answer(req: FrontendRequest, responses: list[dict]) -> Answer:
 # ---- sending ------------------------------------------------------------------------------------------------
 
 def send(server, req: FrontendRequest) -> list[dict]:
-    """The request's tensors exactly as built (dtype and shape), over a gRPC stream."""
+    """The request's tensors exactly as built (dtype and shape), and nothing else, over a gRPC stream."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
-    inputs = {}
+    inputs = {name: None for name in ASK}          # stream_infer's own switches: not sent unless the request has them
     for name, arr in req.inputs.items():
         inputs[name] = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         inputs[name].set_data_from_numpy(arr)
@@ -231,15 +229,6 @@ def test_vllm_format_request_is_served(served, req):
         for name in ("num_input_tokens", "num_output_tokens"):
             if name in resp["outputs"]:
                 assert resp["outputs"][name].dtype == np.uint32, (name, resp["outputs"][name].dtype)
-
-
-@pytest.mark.parametrize("req", TRTLLM, ids=[r.name for r in TRTLLM])
-def test_tensorrtllm_format_request_is_served(served, req):
-    """The frontend's default format for a model whose config backend is `python`: [1, 1] tensors, stop words,
-    penalties and the guide as their own inputs, and no exclude_input_in_output on chat requests."""
-    answer = _check_served(req, served(req))
-    if req.tool_name:
-        jsonschema.validate(json.loads(answer.tool_calls[0]["arguments"]), req.tool_schema)
 
 
 # ---- what the answers say -----------------------------------------------------------------------------------

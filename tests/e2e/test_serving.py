@@ -5,8 +5,9 @@ import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
-from collect import errors_of, ids_of, last_value, stream_infer, text_of
+from collect import errors_of, ids_of, last_value, stream_infer, text_of, total_of
 from stream_client import build_inputs
 from triton_server import REPO
 
@@ -24,7 +25,7 @@ def test_stream_sends_several_responses_then_final(triton_server):
     assert not errors_of(resps)
     assert len(resps) >= 3 and resps[-1]["final"] and not any(r["final"] for r in resps[:-1])
     ids = ids_of(resps)
-    assert len(ids) == last_value(resps, "num_output_tokens") <= 24
+    assert len(ids) == total_of(resps, "num_output_tokens") <= 24
     assert last_value(resps, "finish_reason") in ("stop", "length")
     assert text_of(resps).strip()
 
@@ -89,7 +90,7 @@ def test_min_tokens_as_genai_perf_sends_it(triton_server):
         "text_input": prompt, "apply_chat_template": True, "stream": True,
         "sampling_parameters": json.dumps({"max_tokens": str(n), "min_tokens": str(n)})})
     ids = ids_of(held)
-    assert not errors_of(held) and len(ids) == last_value(held, "num_output_tokens") == n
+    assert not errors_of(held) and len(ids) == total_of(held, "num_output_tokens") == n
     assert last_value(held, "finish_reason") == "length" and free_ids[-1] not in ids     # free_ids[-1] is EOS
     assert ids[:len(free_ids) - 1] == free_ids[:-1]        # the same greedy output up to the banned EOS
 
@@ -118,27 +119,52 @@ def test_cancelled_streams_free_their_slots(triton_server):
 
 
 def test_http_generate_stream(triton_server):
-    body = {"text_input": PROMPT, "apply_chat_template": True, "max_tokens": 10, "stream": True}
+    body = {"text_input": PROMPT, "apply_chat_template": True, "max_tokens": 10, "stream": True,
+            "return_finish_reason": True}
     with requests.post(f"{triton_server.http_url}/v2/models/llm/generate_stream", json=body, stream=True,
                        timeout=120) as r:
         assert r.status_code == 200
         events = [json.loads(line[len(b"data: "):]) for line in r.iter_lines() if line.startswith(b"data: ")]
     assert len(events) >= 2
-    assert events[-1]["finish_reason"] in ("stop", "length")
+    assert events[-1]["finish_reason"] in ("stop", "length") and events[0]["finish_reason"] == "None"
     assert "".join(e["text_output"] for e in events) == text_of(greedy(triton_server, max_tokens=10))
     bad = requests.post(f"{triton_server.http_url}/v2/models/llm/generate_stream",
                         json={"text_input": "x", "top_p": 3.0}, timeout=60)
     assert "top_p" in bad.text
 
 
-def test_vllm_backend_switches_are_declared_and_counts_add_up(triton_server):
-    """The inputs vllm_backend's clients send (Triton's OpenAI frontend among them): accepted, and with
-    return_num_output_tokens the per-response counts add up to the output's length."""
-    switches = {"return_num_output_tokens": True, "return_num_input_tokens": True, "return_finish_reason": True,
-                "return_logprobs": False, "return_cumulative_logprob": False}
-    resps = stream_infer(triton_server.grpc_url, {"text_input": "Count to ten.", "stream": True, "max_tokens": 20,
-                                                  "ignore_eos": True, **switches}, timeout=60)
-    assert not errors_of(resps) and len(ids_of(resps)) == 20
-    assert sum(int(r["outputs"]["num_output_tokens"][0]) for r in resps if "num_output_tokens" in r["outputs"]) == 20
-    refused = stream_infer(triton_server.grpc_url, {"text_input": "Hi", "return_logprobs": True}, timeout=60)
-    assert len(refused) == 1 and "return_logprobs" in refused[0]["error"]
+VLLM_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens", "logprobs", "cumulative_logprob")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_vllm_backend_outputs_are_sent_when_asked_as_it_sends_them(triton_server, stream):
+    """vllm_backend's additional outputs: absent unless their return_* switch is true; then finish_reason "None"
+    until the final one, per-response counts that add up, per-token logprobs whose rank-1 tokens spell the text,
+    a cumulative logprob that moves with every response."""
+    base = {"text_input": "In this example,", "stream": stream, "max_tokens": 20, "ignore_eos": True,
+            "exclude_input_in_output": True, "sampling_parameters": json.dumps({"temperature": "0", "logprobs": 2})}
+    off = {f"return_{name}": None for name in VLLM_OUTPUTS} | {"return_finish_reason": False}
+    plain = stream_infer(triton_server.grpc_url, {**base, **off}, timeout=60)
+    assert not errors_of(plain) and len(ids_of(plain)) == 20
+    assert not any(name in r["outputs"] for r in plain for name in VLLM_OUTPUTS)
+    resps = [r for r in stream_infer(triton_server.grpc_url, {**base, **{f"return_{n}": True for n in VLLM_OUTPUTS}},
+                                     timeout=60) if r["outputs"]]
+    assert not errors_of(resps) and ids_of(resps) == ids_of(plain) and (len(resps) > 1) == stream
+    reasons = [r["outputs"]["finish_reason"][0].decode() for r in resps]
+    assert reasons[:-1] == ["None"] * (len(resps) - 1) and reasons[-1] == "length"
+    assert total_of(resps, "num_output_tokens") == 20
+    assert {r["outputs"]["num_input_tokens"].dtype.name for r in resps} == {"uint32"}
+    cumulative = []
+    for r in resps:
+        tokens = json.loads(r["outputs"]["logprobs"][0])
+        assert len(tokens) == int(r["outputs"]["num_output_tokens"][0]) == len(r["outputs"]["output_ids"])
+        for token_id, row in zip(r["outputs"]["output_ids"].tolist(), tokens):
+            assert list(row)[0] == str(token_id) and len(row) <= 3      # the chosen token first, then the top 2
+            assert row[str(token_id)]["rank"] == 1 and all(e["logprob"] <= 0 for e in row.values())
+        spelled = "".join(row[next(iter(row))]["decoded_token"] for row in tokens)
+        assert spelled == r["outputs"]["text_output"][0].decode()
+        cumulative.append(float(r["outputs"]["cumulative_logprob"][0]))
+    assert all(b < a for a, b in zip(cumulative, cumulative[1:])) and cumulative[-1] < 0
+    unasked = stream_infer(triton_server.grpc_url, {**base, "sampling_parameters": None, "return_logprobs": True},
+                           timeout=60)
+    assert all(r["outputs"]["logprobs"][0] == b"null" for r in unasked if r["outputs"])

@@ -70,7 +70,10 @@ def test_every_option_has_a_check_and_parameters_exist():
             assert f.option and f.param in sp_fields, f.name
     switches = {n for n in contract.INPUT if n.startswith("return_")}      # vllm_backend's: input tensors only
     assert switches and set(protocol._SWITCHES) == switches and all(contract.INPUT[n].convert for n in switches)
-    assert set(protocol.OPTIONS) == {f.name for f in contract.INPUTS} - {"text_input", "sampling_parameters"} - switches
+    sampling_keys = {f.name for f in contract.SAMPLING_KEYS}        # sampling_parameters keys, not inputs
+    assert sampling_keys and not sampling_keys & set(contract.INPUT)
+    assert set(protocol.OPTIONS) == ({f.name for f in contract.INPUTS} - {"text_input", "sampling_parameters"}
+                                     - switches) | sampling_keys
 
 
 def test_client_dtypes_come_from_the_contract():

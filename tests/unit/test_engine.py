@@ -250,10 +250,10 @@ def test_a_failure_while_committing_one_request_fails_that_request_alone(make_en
     broken = engine.make_request(SamplingParams(max_tokens=5), text=PROMPTS[1])
     commit = engine.output.commit
 
-    def failing(req, tokens):
+    def failing(req, tokens, logprobs=None):
         if req is broken:
             raise RuntimeError("boom")
-        return commit(req, tokens)
+        return commit(req, tokens, logprobs)
 
     monkeypatch.setattr(engine.output, "commit", failing)
     engine.add(done)

@@ -124,21 +124,69 @@ def test_vllm_keys_at_their_neutral_value_are_accepted():
     assert c.params.max_tokens == 12 and c.params.temperature == 0
 
 
-@pytest.mark.parametrize("key, value", [("n", 2), ("frequency_penalty", 0.5), ("presence_penalty", "1"),
-                                        ("repetition_penalty", 1.2), ("logprobs", 3), ("stop_token_ids", [7]),
-                                        ("use_beam_search", "true"), ("n", True), ("min_p", "x")])
+@pytest.mark.parametrize("key, value", [("n", 2), ("best_of", 3), ("prompt_logprobs", 1), ("use_beam_search", "true"),
+                                        ("n", True), ("min_p", "x"), ("include_stop_str_in_output", True)])
 def test_vllm_keys_at_other_values_are_refused_by_name(key, value):
     with pytest.raises(InvalidRequest, match=rf"sampling_parameters\.{key} = .* is not supported"):
         parse({"text_input": "x", "sampling_parameters": json.dumps({key: value})})
 
 
-def test_vllm_backend_switches():
+def test_vllm_processor_keys_reach_the_sampling_parameters():
+    sent = {"frequency_penalty": 0.5, "presence_penalty": "1", "repetition_penalty": 1.2, "logprobs": 3,
+            "stop_token_ids": [7, 9], "bad_words": ["foo"], "logit_bias": {"5": -100, "6": 2.5},
+            "allowed_token_ids": [1, 2, 3]}
+    p = parse({"text_input": "x", "sampling_parameters": json.dumps(sent)}).params
+    assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty, p.logprobs) == (0.5, 1.0, 1.2, 3)
+    assert p.stop_token_ids == [7, 9] and p.bad_words == ["foo"] and p.logit_bias == {5: -100.0, 6: 2.5}
+    assert p.allowed_token_ids == [1, 2, 3] and p.penalized
+    tensors = parse({"text_input": "x", "presence_penalty": 0.25, "stop_token_ids": [4], "bad_words": ["a", "b"],
+                     "logit_bias": '{"3": 1}'}).params
+    assert (tensors.presence_penalty, tensors.stop_token_ids, tensors.bad_words, tensors.logit_bias) == \
+        (0.25, [4], ["a", "b"], {3: 1.0})
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        parse({"text_input": "x", "sampling_parameters": json.dumps({"logit_bias": [1, 2]})})
+    with pytest.raises(InvalidRequest, match="stop_token_ids must be an integer"):
+        parse({"text_input": "x", "sampling_parameters": json.dumps({"stop_token_ids": ["a"]})})
+
+
+@pytest.mark.parametrize("spec, kind, guide", [
+    ({"json": {"type": "object"}}, "json_schema", '{"type": "object"}'),
+    ({"json": '{"type": "string"}', "backend": "xgrammar"}, "json_schema", '{"type": "string"}'),
+    ({"regex": "[a-z]+"}, "regex", "[a-z]+"),
+    ({"choice": ["yes", "no"]}, "choice", '["yes", "no"]'),
+    ({"grammar": 'root ::= "a"'}, "ebnf", 'root ::= "a"'),
+    ({"json_object": True, "disable_any_whitespace": False}, "json", ""),
+    ({"structural_tag": '{"type": "structural_tag"}'}, "structural_tag", '{"type": "structural_tag"}'),
+])
+@pytest.mark.parametrize("name", ["structured_outputs", "guided_decoding"])
+def test_vllm_structured_outputs_become_the_guide(name, spec, kind, guide):
+    p = parse({"text_input": "x", "sampling_parameters": json.dumps({name: spec})}).params
+    assert (p.guide_type, p.guide) == (kind, guide)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"json": {}, "regex": "a"}, "set exactly one"), ({"jsn": {}}, "unknown keys"), ([1], "must be an object"),
+    ({"choice": "yes"}, "list of strings"), ({"json_object": "yes"}, "json_object must be true"),
+    ({"regex": 5}, "must be a string"), ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern")])
+def test_bad_structured_outputs_are_refused_by_name(spec, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse({"text_input": "x", "sampling_parameters": json.dumps({"structured_outputs": spec})})
+
+
+def test_a_guide_given_twice_is_refused():
+    with pytest.raises(InvalidRequest, match="more than once"):
+        parse({"text_input": "x", "guided_decoding_guide_type": "regex", "guided_decoding_guide": "a",
+               "sampling_parameters": json.dumps({"structured_outputs": {"regex": "b"}})})
+    empty = parse({"text_input": "x", "sampling_parameters": json.dumps({"structured_outputs": {"json": None}})})
+    assert empty.params.guide_type is None
+
+
+def test_vllm_backend_switches_ask_for_their_outputs():
     c = parse({"text_input": "x", "return_num_output_tokens": True, "return_finish_reason": True,
-               "return_num_input_tokens": False, "return_logprobs": False, "return_cumulative_logprob": False})
-    assert c.count_per_response
-    assert not parse({"text_input": "x"}).count_per_response
-    for name in ("return_logprobs", "return_cumulative_logprob"):
-        with pytest.raises(InvalidRequest, match=f"{name}: this model does not return logprobs"):
-            parse({"text_input": "x", name: True})
+               "return_num_input_tokens": False, "return_logprobs": True, "return_cumulative_logprob": False})
+    assert c.outputs == {"num_output_tokens", "finish_reason", "logprobs"} and not c.params.cumulative_logprob
+    assert parse({"text_input": "x"}).outputs == frozenset()
+    cumulative = parse({"text_input": "x", "return_cumulative_logprob": True})
+    assert cumulative.outputs == {"cumulative_logprob"} and cumulative.params.wants_logprobs
     with pytest.raises(InvalidRequest, match="return_finish_reason"):
         parse({"text_input": "x", "return_finish_reason": "maybe"})

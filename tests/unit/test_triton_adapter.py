@@ -7,6 +7,8 @@ import time
 import numpy as np
 import pytest
 
+from specgram.serving import contract
+
 from . import fake_pb_utils as pb
 from .helpers import config_parameters, initialize_args, load_model_py
 
@@ -25,14 +27,20 @@ def model(tiny_ckpt):
     del sys.modules["triton_python_backend_utils"]
 
 
+# what the clients of these tests ask for (vllm_backend's switches; a switch given as None is not sent)
+ASK = {"return_finish_reason": True, "return_num_input_tokens": True, "return_num_output_tokens": True}
+
+
 def request(text="Hello there", **inputs):
     tensors = {"text_input": np.array([text.encode()], dtype=np.object_)}
     kinds = {"stream": np.bool_, "max_tokens": np.int32, "temperature": np.float32, "top_p": np.float32,
              "top_k": np.int32, "seed": np.uint64, "num_draft_tokens": np.int32, "ignore_eos": np.bool_,
              "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_,
-             "return_num_output_tokens": np.bool_, "return_finish_reason": np.bool_}
+             **{name: np.bool_ for name in contract.INPUT if name.startswith("return_")}}
     params = inputs.pop("parameters", None)
-    for k, v in inputs.items():
+    for k, v in {**ASK, **inputs}.items():
+        if v is None:
+            continue
         if k == "stop":
             tensors[k] = np.array([s.encode() for s in v], dtype=np.object_)
         elif k in kinds:
@@ -63,8 +71,9 @@ def test_streaming_sends_deltas_then_final(model):
     assert len(resps) == 12 and all(r.error is None for r in resps)
     assert len(joined(resps, "output_ids")) == 12
     last = resps[-1].output_tensors
-    assert last["finish_reason"][0] == b"length" and last["num_output_tokens"][0] == 12
-    assert resps[0].output_tensors["finish_reason"][0] == b""
+    assert last["finish_reason"][0] == b"length"
+    assert [r.output_tensors["num_output_tokens"][0] for r in resps] == [1] * 12
+    assert resps[0].output_tensors["finish_reason"][0] == b"None", "vllm_backend's word for not finished yet"
     assert last["spec_drafted_tokens"][0] == 0 and last["spec_acceptance_rate"][0] == 0.0
 
 
@@ -399,13 +408,25 @@ def test_requests_are_tokenized_with_a_tokenizer_of_their_own(model):
     assert model.engine.intake.tokenizer._tokenizer is not model.engine.output.tokenizer._tokenizer
 
 
-def test_num_output_tokens_per_response_when_vllm_backends_switch_asks(model):
-    """vllm_backend's clients (Triton's OpenAI frontend) add num_output_tokens up over a stream."""
-    asked = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, return_num_output_tokens=True,
-                    return_finish_reason=True)
-    plain = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4)
-    asked_resps, plain_resps = finish(model, asked, plain)
+def test_vllm_backends_outputs_only_when_asked(model):
+    """vllm_backend's clients (Triton's OpenAI frontend) ask for each additional output, and add num_output_tokens
+    up over a stream; logprobs come per response in its JSON, and a non-streaming response carries them all."""
+    switches = {f"return_{n}": True for n in ("finish_reason", "num_input_tokens", "num_output_tokens", "logprobs",
+                                              "cumulative_logprob")}
+    lp = json.dumps({"logprobs": 1})
+    asked = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, sampling_parameters=lp,
+                    **switches)
+    whole = request(max_tokens=24, ignore_eos=True, num_draft_tokens=4, sampling_parameters=lp, **switches)
+    plain = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4,
+                    **{name: None for name in ASK})
+    asked_resps, [whole_resp], plain_resps = finish(model, asked, whole, plain)
     per = [int(r.output_tensors["num_output_tokens"][0]) for r in asked_resps]
     assert per == [len(r.output_tensors["output_ids"]) for r in asked_resps] and sum(per) == 24
-    running = [int(r.output_tensors["num_output_tokens"][0]) for r in plain_resps]
-    assert running == sorted(running) and running[-1] == 24
+    assert {r.output_tensors["num_output_tokens"].dtype for r in asked_resps} == {np.dtype(np.uint32)}
+    rows = [row for r in asked_resps for row in json.loads(r.output_tensors["logprobs"][0])]
+    ids = joined(asked_resps, "output_ids")
+    assert [next(iter(row)) for row in rows] == [str(t) for t in ids] and all(1 <= len(row) <= 2 for row in rows)
+    assert json.loads(whole_resp.output_tensors["logprobs"][0]) == rows, "one response: every token's logprobs"
+    total = sum(row[str(t)]["logprob"] for row, t in zip(rows, ids))
+    assert abs(float(asked_resps[-1].output_tensors["cumulative_logprob"][0]) - total) < 1e-3
+    assert all(set(r.output_tensors) == {f.name for f in contract.OUTPUTS if f.switch is None} for r in plain_resps)

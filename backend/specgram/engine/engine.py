@@ -26,6 +26,7 @@ from ..wire import ErrorKind, FinishReason
 from . import loading
 from .intake import Intake
 from .logits import LogitsProcessor
+from .logprobs import LogprobTaker
 from .output import Outputs
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
@@ -61,6 +62,7 @@ class Engine:
         self.planner = DraftPlanner(all_drafters, masks, config.max_draft_len, config.max_seq_len,
                                     config.forced_strings)
         self.logits = LogitsProcessor(masks, eos, coupled=config.speculative_sampling == "coupled")
+        self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
         # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
         reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
         self.prefix = PrefixCache(target.cache) if reuse else None
@@ -195,22 +197,28 @@ class Engine:
         reqs = [plan.prompts[b] for b in done]
         logits = result.first[done] if len(done) < len(plan.chunks) else result.first         # [D, V]
         self.planner.admitted(reqs)
-        first = self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()
-        return self._commit_each(reqs, [[t] for t in first])
+        rows = logits[:, None]                                                                   # [D, 1, V]
+        raw = self.logprobs.capture(rows, reqs, "raw")
+        first = [[t] for t in self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()]     # masks in place
+        captured = raw if raw is not None else self.logprobs.capture(rows, reqs, "processed")
+        return self._commit_each(reqs, first, self.logprobs.entries(captured, reqs, first))
 
     def _verified(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Mask, accept and commit the verify rows (logits [B, 1 + max k, V])."""
         reqs = plan.decoding
         if not plan.sealed:
             plan.proposals = self.planner.seal(reqs, plan.proposals)
+        raw = self.logprobs.capture(result.verify, reqs, "raw")
         self.logits.mask_verify(reqs, plan.proposals, result.verify)
+        captured = raw if raw is not None else self.logprobs.capture(result.verify, reqs, "processed")
         accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify, self.logits.noise, self.logits.coupled)
         if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
             rows = sum(1 + len(p.tokens) for p in plan.proposals)
             self.planner.costs.record(rows, time.perf_counter() - result.started)
         for r, a in zip(reqs, accepted):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-        return self._commit_each(reqs, self.planner.settle(reqs, plan.proposals, plan.available, accepted, nxt))
+        tokens = self.planner.settle(reqs, plan.proposals, plan.available, accepted, nxt)
+        return self._commit_each(reqs, tokens, self.logprobs.entries(captured, reqs, tokens))
 
     # ---- endings ----------------------------------------------------------------------------------------
 
@@ -220,13 +228,13 @@ class Engine:
             self.planner.release(req)
         return out
 
-    def _commit_each(self, reqs: list[Request], tokens: list[list[int]]) -> list[RequestOutput]:
-        """Commit each request's tokens; a failure while committing one fails that request alone (the others'
-        responses, final ones included, still go out)."""
+    def _commit_each(self, reqs: list[Request], tokens: list[list[int]], logprobs: list) -> list[RequestOutput]:
+        """Commit each request's tokens (with their logprobs, None where not asked); a failure while committing
+        one fails that request alone (the others' responses, final ones included, still go out)."""
         outs = []
-        for r, toks in zip(reqs, tokens):
+        for r, toks, lps in zip(reqs, tokens, logprobs):
             try:
-                outs.append(self._finish(r, self.output.commit(r, toks)))
+                outs.append(self._finish(r, self.output.commit(r, toks, lps)))
             except Exception as e:  # noqa: BLE001 - reported to the affected client
                 outs += self._fail([r], e)
         return outs

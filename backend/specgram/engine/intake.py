@@ -52,10 +52,25 @@ class Intake:
         if len(ids) > limit:
             raise InvalidRequest(f"the prompt has {len(ids)} tokens; this model accepts at most {limit} "
                                  f"(max_seq_len {config.max_seq_len} minus one token to generate)")
+        params.check_token_ids(self.vocab_size)
         req = Request(prompt_ids=list(ids), params=params)
+        if params.bad_words:
+            with self._tokenizing:
+                req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
         if kind is not None:
             if params.speculates and params.drafter == "ngram" and params.guide:
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
             req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop; last
         return req
+
+
+def bad_word_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word tokenized alone and after a space (how it appears mid-text), as vLLM does; distinct."""
+    out: list[list[int]] = []
+    for w in words:
+        for text in (w.lstrip(), " " + w.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in out:
+                out.append(ids)
+    return out

@@ -11,7 +11,7 @@ part was never streamed (it was held back as a possible stop string), so streame
 """
 from __future__ import annotations
 
-from ..request import Request, RequestOutput
+from ..request import Request, RequestOutput, TokenLogprob
 from .detokenize import IncrementalDetokenizer
 from .stopping import find_stop, holdback
 
@@ -39,9 +39,10 @@ class Outputs:
     def start(self, req: Request) -> None:
         self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer, req.prompt_ids))
 
-    def commit(self, req: Request, tokens: list[int]) -> RequestOutput:
+    def commit(self, req: Request, tokens: list[int], logprobs: list[list[TokenLogprob]] | None = None) \
+            -> RequestOutput:
         """Append committed tokens until one finishes the request (its finish_reason set); -> this step's
-        response (a final one when the request finished)."""
+        response (a final one when the request finished). logprobs: per token (logprobs.py), when asked."""
         state = self._text[req.request_id]
         stops = req.params.stop
         new: list[int] = []
@@ -51,8 +52,9 @@ class Outputs:
             new.append(t)
             if req.guide is not None:
                 req.guide.commit(t)           # must succeed: t was chosen under this position's mask
-            if (t in self.eos_ids and not req.params.ignore_eos) or (req.guide is not None and req.guide.terminated):
-                req.finish_reason = "stop"    # EOS, or the grammar is complete (its stop token accepted)
+            if (t in self.eos_ids and not req.params.ignore_eos) or t in req.params.stop_token_ids \
+                    or (req.guide is not None and req.guide.terminated):
+                req.finish_reason = "stop"    # EOS, a stop token, or the grammar is complete (its stop token accepted)
                 break
             piece = state.detok.push(t)
             state.text += piece
@@ -66,11 +68,14 @@ class Outputs:
             if len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.max_seq_len:
                 req.finish_reason = "length"
                 break
+        if logprobs is not None:
+            logprobs = logprobs[:len(new)]
+            req.cumulative_logprob += sum(row[0].logprob for row in logprobs)
         if req.finished:
             if not stopped_by_string:
                 state.text += state.detok.flush()    # a character still held back at the very end
-            return self.final(req, new, state.take(len(state.text)))
-        return self._output(req, new, state.take(len(state.text) - holdback(state.text, stops)))
+            return self.final(req, new, state.take(len(state.text)), logprobs=logprobs)
+        return self._output(req, new, state.take(len(state.text) - holdback(state.text, stops)), logprobs)
 
     def unsent(self, req: Request) -> str:
         """The text of a started request that has not gone out yet (held back as a possible stop string, or an
@@ -82,16 +87,20 @@ class Outputs:
         return state.take(len(state.text))
 
     def final(self, req: Request, tokens: list[int], text: str, error: str | None = None,
-              error_kind: str | None = None) -> RequestOutput:
+              error_kind: str | None = None, logprobs: list[list[TokenLogprob]] | None = None) -> RequestOutput:
         """The request's last response (req.finish_reason already set); its text state is dropped."""
         self._text.pop(req.request_id, None)
-        out = self._output(req, tokens, text)
+        out = self._output(req, tokens, text, logprobs)
         out.finished, out.finish_reason, out.error, out.spec = True, req.finish_reason, error, req.spec
         out.queue_s = None if req.admitted is None else req.admitted - req.arrived
         out.error_kind = error_kind or ("internal" if error and req.finish_reason == "error" else None)
         return out
 
     @staticmethod
-    def _output(req: Request, tokens: list[int], text: str) -> RequestOutput:
+    def _output(req: Request, tokens: list[int], text: str,
+                logprobs: list[list[TokenLogprob]] | None = None) -> RequestOutput:
+        if logprobs is None and req.params.wants_logprobs:
+            logprobs = []                   # a response without tokens (an ending from outside) has none
         return RequestOutput(req.request_id, tokens, text, num_input_tokens=len(req.prompt_ids),
-                             num_output_tokens=len(req.output_ids), num_cached_tokens=req.cached_prompt_tokens)
+                             num_output_tokens=len(req.output_ids), num_cached_tokens=req.cached_prompt_tokens,
+                             logprobs=logprobs, cumulative_logprob=req.cumulative_logprob)

@@ -1,6 +1,7 @@
 """Guide kinds and one xgrammar compile (run alike in the engine process and in the compile workers)."""
 from __future__ import annotations
 
+import json
 import re
 
 from ..errors import InvalidRequest
@@ -14,6 +15,7 @@ class GuideType(WireEnum):
     REGEX = "regex"
     EBNF = "ebnf"                       # xgrammar EBNF / GBNF
     STRUCTURAL_TAG = "structural_tag"   # xgrammar's structural tag (JSON)
+    CHOICE = "choice"                   # one of a JSON list of strings, exactly (vLLM's guided choice)
 
 
 # what a client may send -> the kind (aliases as other servers spell them)
@@ -30,6 +32,22 @@ def normalize_guide_type(guide_type: str) -> GuideType:
     return kind
 
 
+def choices_of(guide: str) -> list[str]:
+    """A choice guide (a JSON list of non-empty strings) -> the strings; raises InvalidRequest."""
+    try:
+        choices = json.loads(guide)
+    except (json.JSONDecodeError, RecursionError):
+        choices = None
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequest("a choice guide must be a JSON list of non-empty strings, e.g. [\"yes\", \"no\"]")
+    return choices
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """The EBNF grammar whose language is exactly `choices` (JSON string escapes are xgrammar EBNF's too)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
 def compile_guide(compiler, kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
     """One compile with an xgrammar GrammarCompiler (in the engine process and in the workers alike).
     Raises InvalidRequest with xgrammar's reason."""
@@ -42,6 +60,8 @@ def compile_guide(compiler, kind: GuideType, guide: str, json_strict: bool, json
             return compiler.compile_regex(guide)
         if kind == GuideType.EBNF:
             return compiler.compile_grammar(guide)
+        if kind == GuideType.CHOICE:
+            return compiler.compile_grammar(choice_grammar(choices_of(guide)))
         return compiler.compile_structural_tag(guide)
     except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types with a useful message
         raise InvalidRequest(f"cannot compile the {kind} guide: {xgrammar_reason(e)[:500]}") from None

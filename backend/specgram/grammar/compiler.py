@@ -24,7 +24,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest, Overloaded
-from .compile import UNSUPPORTED_KEYWORDS, GuideType, compile_guide, normalize_guide_type
+from .compile import UNSUPPORTED_KEYWORDS, GuideType, choices_of, compile_guide, normalize_guide_type
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
 
@@ -90,6 +90,8 @@ class GrammarCompiler:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is not valid JSON: {e}") from None
             except RecursionError:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is nested too deeply") from None
+        elif kind == GuideType.CHOICE:
+            choices_of(guide)
         elif kind == GuideType.JSON and guide.strip():
             raise InvalidRequest(f"guided_decoding_guide must be empty for guide type {guide_type!r} (any JSON "
                                  "value); send a schema with guided_decoding_guide_type json_schema")

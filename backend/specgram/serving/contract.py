@@ -72,6 +72,36 @@ def to_str_list(name: str, v: Any) -> list[str]:
     return list(items)
 
 
+def to_logprobs(name: str, v: Any) -> int | None:
+    """vLLM's logprobs: a count; false (older OpenAI frontends send it on every chat request) = none, true = 1."""
+    if isinstance(v, bool):
+        return 1 if v else None
+    return to_int(name, v)
+
+
+def to_int_list(name: str, v: Any) -> list[int]:
+    items = v if isinstance(v, (list, tuple)) else [v]
+    return [to_int(name, x) for x in items]
+
+
+def to_logit_bias(name: str, v: Any) -> dict[int, float]:
+    """A JSON object (or its text) of token id -> bias, as OpenAI and vLLM take it (ids may be strings)."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except (json.JSONDecodeError, RecursionError):
+            v = None
+    if not isinstance(v, dict):
+        raise InvalidRequest(f"{name} must be a JSON object of token id -> bias")
+    return {to_int(f"{name} token id", k): to_float(f"{name}[{k}]", b) for k, b in v.items()}
+
+
+def to_structured(name: str, v: Any) -> tuple[str, str] | None:
+    from .structured import guide_of
+
+    return guide_of(name.rsplit(".", 1)[-1], v)
+
+
 def to_messages(name: str, v: Any) -> list[dict]:
     from ..engine.prompt import parse_messages
 
@@ -91,6 +121,7 @@ class Field:
     convert: Callable[[str, Any], Any] | None = None  # the check applied to a client's value (inputs only)
     option: bool = True             # also accepted inside sampling_parameters and as a request parameter
     param: str | None = None        # the SamplingParams attribute it sets (None: the parser uses it itself)
+    switch: str | None = None       # outputs: the BOOL input that asks for it (None: on every response)
 
     @property
     def client_dtype(self) -> str:
@@ -117,7 +148,8 @@ INPUTS: tuple[Field, ...] = (
     Field("top_k", "INT32", (1,), "0 or -1 = off", "0", convert=to_int, param="top_k"),
     Field("seed", "UINT64", (1,), "per-request seed: sampled output is a function of the prompt, the settings and "
           "the seed, the same for every draft length, drafter and batch (config `speculative_sampling` coupled)",
-          "unseeded", convert=to_int, param="seed"),
+          "unseeded; a negative seed (OpenAI's are signed) counts as its 64 bits read unsigned", convert=to_int,
+          param="seed"),
     Field("stop", "STRING", (-1,), "stop strings (cut from the output, never streamed partially)", "none",
           convert=to_str_list, param="stop"),
     Field("ignore_eos", "BOOL", (1,), "keep going past EOS (fixed-length load runs)", "false",
@@ -132,9 +164,24 @@ INPUTS: tuple[Field, ...] = (
           "config `drafter`", convert=to_str, param="drafter"),
     Field("guided_decoding_guide_type", "STRING", (1,),
           "`json` (any JSON; guide may be empty), `json_schema`, `regex`, `ebnf` (xgrammar EBNF/GBNF), "
-          "`structural_tag` (xgrammar's JSON format)", "unguided", convert=to_str, param="guide_type"),
+          "`structural_tag` (xgrammar's JSON format), `choice` (the guide is a JSON list of strings: exactly one of "
+          "them)", "unguided", convert=to_str, param="guide_type"),
     Field("guided_decoding_guide", "STRING", (1,), "the schema / regex / grammar / tag, as a string", "",
           convert=to_str, param="guide"),
+    Field("presence_penalty", "FP32", (1,), "in [-2, 2]: subtracted from the logit of every token already in the "
+          "output", "0", convert=to_float, param="presence_penalty"),
+    Field("frequency_penalty", "FP32", (1,), "in [-2, 2]: subtracted once per occurrence in the output", "0",
+          convert=to_float, param="frequency_penalty"),
+    Field("repetition_penalty", "FP32", (1,), "in (0, 10]: logits of tokens in the prompt or the output divided by "
+          "it where positive, multiplied where negative", "1", convert=to_float, param="repetition_penalty"),
+    Field("logit_bias", "STRING", (1,), 'JSON object `{"<token id>": bias}`, bias in [-100, 100]', "none",
+          convert=to_logit_bias, param="logit_bias"),
+    Field("stop_token_ids", "INT32", (-1,), "tokens that end the output like EOS (kept in `output_ids`, not in the "
+          "text)", "none", convert=to_int_list, param="stop_token_ids"),
+    Field("bad_words", "STRING", (-1,), "words never generated (each as tokenized alone and after a space)", "none",
+          convert=to_str_list, param="bad_words"),
+    Field("allowed_token_ids", "INT32", (-1,), "only these tokens are generated", "every token",
+          convert=to_int_list, param="allowed_token_ids"),
     Field("exclude_input_in_output", "BOOL", (1,), "false: the prompt text is prepended to the output",
           "true when streaming, else false", convert=to_bool),
     Field("sampling_parameters", "STRING", (1,),
@@ -144,31 +191,46 @@ INPUTS: tuple[Field, ...] = (
           "false", convert=to_bool),
     Field("messages", "STRING", (1,), 'JSON list of `{"role", "content"}` rendered with the chat template', "",
           convert=to_messages),
-    # vllm_backend's switches for its additional outputs (Triton's OpenAI frontend sends them)
-    Field("return_num_output_tokens", "BOOL", (1,),
-          "vllm_backend's switch: true makes `num_output_tokens` this response's token count (its clients add them "
-          "up over a stream) instead of the running total", "false", convert=to_bool, option=False),
-    Field("return_num_input_tokens", "BOOL", (1,), "vllm_backend's switch; `num_input_tokens` is always sent",
-          "false", convert=to_bool, option=False),
-    Field("return_finish_reason", "BOOL", (1,), "vllm_backend's switch; `finish_reason` is always sent", "false",
-          convert=to_bool, option=False),
-    Field("return_logprobs", "BOOL", (1,), "vllm_backend's switch; true is refused (no logprobs output yet)",
-          "false", convert=to_bool, option=False),
-    Field("return_cumulative_logprob", "BOOL", (1,),
-          "vllm_backend's switch; true is refused (no cumulative_logprob output yet)", "false", convert=to_bool,
+    # vllm_backend's switches for its additional outputs (Triton's OpenAI frontend sends them): each output is sent
+    # only when its switch is true, as vllm_backend does
+    Field("return_finish_reason", "BOOL", (1,), "send `finish_reason`", "false", convert=to_bool, option=False),
+    Field("return_num_input_tokens", "BOOL", (1,), "send `num_input_tokens`", "false", convert=to_bool,
           option=False),
+    Field("return_num_output_tokens", "BOOL", (1,), "send `num_output_tokens`", "false", convert=to_bool,
+          option=False),
+    Field("return_logprobs", "BOOL", (1,), "send `logprobs` (the top-n count is `sampling_parameters.logprobs`)",
+          "false", convert=to_bool, option=False),
+    Field("return_cumulative_logprob", "BOOL", (1,), "send `cumulative_logprob`", "false", convert=to_bool,
+          option=False),
+)
+
+# keys accepted inside sampling_parameters (and as request parameters) only, as vLLM spells them
+SAMPLING_KEYS: tuple[Field, ...] = (
+    Field("logprobs", "INT32", (1,), "0..20: with `return_logprobs`, each token's logprob and the n most likely "
+          "tokens' (0: the chosen token's alone; false: none)", "none", convert=to_logprobs, param="logprobs"),
+    Field("structured_outputs", "STRING", (1,), "vLLM's structured outputs: an object with one of `json` (a "
+          "schema), `regex`, `choice` (a list of strings), `grammar` (EBNF), `json_object` (true), `structural_tag`; "
+          "sets the guide", "unguided", convert=to_structured),
+    Field("guided_decoding", "STRING", (1,), "the older name of `structured_outputs`", "unguided",
+          convert=to_structured),
 )
 
 OUTPUTS: tuple[Field, ...] = (
     Field("text_output", "STRING", (-1,), "text delta when streaming, else the whole text", optional=False),
     Field("output_ids", "INT32", (-1,), "this response's tokens (a response may carry several)", optional=False),
     Field("finish_reason", "STRING", (1,),
-          "empty until the final response, then `stop` (EOS, a stop string, or the grammar completed), `length` "
-          "or `timeout` (config `request_timeout_s` or the request's own Triton timeout passed; the text so far)",
-          optional=False),
-    Field("num_input_tokens", "INT32", (1,), "prompt tokens", optional=False),
-    Field("num_output_tokens", "INT32", (1,), "output tokens so far (with `return_num_output_tokens`: in this "
-          "response)", optional=False),
+          "`None` until the final response, then `stop` (EOS, a stop string or stop token, or the grammar completed), "
+          "`length` or `timeout` (config `request_timeout_s` or the request's own Triton timeout passed; the text so "
+          "far)", switch="return_finish_reason", optional=False),
+    Field("num_input_tokens", "UINT32", (1,), "prompt tokens", switch="return_num_input_tokens", optional=False),
+    Field("num_output_tokens", "UINT32", (1,), "tokens in this response (a stream's sum is the output's length)",
+          switch="return_num_output_tokens", optional=False),
+    Field("logprobs", "STRING", (1,),
+          'JSON: per token of this response `{"<token id>": {"logprob", "rank", "decoded_token"}}` for the chosen '
+          "token and the `sampling_parameters.logprobs` most likely ones (docs/api.md, Logprobs); `null` when "
+          "`sampling_parameters` has no `logprobs`", switch="return_logprobs", optional=False),
+    Field("cumulative_logprob", "FP32", (1,), "sum of the chosen tokens' logprobs so far",
+          switch="return_cumulative_logprob", optional=False),
     Field("num_cached_tokens", "INT32", (1,), "prompt tokens whose keys and values were reused from the cache "
           "(config `prefix_cache`) instead of prefilled", optional=False),
     Field("spec_drafted_tokens", "INT32", (1,), "draft tokens proposed to the target", optional=False),
@@ -185,8 +247,8 @@ OUTPUTS: tuple[Field, ...] = (
 
 INPUT = {f.name: f for f in INPUTS}
 OUTPUT = {f.name: f for f in OUTPUTS}
-# the inputs that may also come inside sampling_parameters or as request parameters
-OPTIONS = {f.name: f for f in INPUTS if f.option}
+# what may come inside sampling_parameters or as a request parameter: the option inputs and the sampling keys
+OPTIONS = {f.name: f for f in (*INPUTS, *SAMPLING_KEYS) if f.option}
 
 
 def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
@@ -194,14 +256,16 @@ def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
     def code(text: str) -> str:
         return f"`{text}`" if text else ""
 
-    head = "| name | type | dims | meaning |" + (" default |" if with_default else "")
-    rule = "|---|---|---|---|" + ("---|" if with_default else "")
+    head = "| name | type | dims | meaning |" + (" default |" if with_default else " sent |")
+    rule = "|---|---|---|---|---|"
     rows = [head, rule]
     for f in fields:
         dims = "[" + ", ".join(str(d) for d in f.dims) + "]"
         row = f"| {code(f.name)} | {f.dtype} | {dims} | {f.doc} |"
         if with_default:
             row += " required |" if not f.optional else f" {f.default or '–'} |"
+        else:
+            row += f" with {code(f.switch)} true |" if f.switch else " always |"
         rows.append(row)
     return "\n".join(rows)
 
@@ -210,6 +274,7 @@ def markdown() -> str:
     """docs/api.md's contract section body (between its contract markers)."""
     return "\n".join([
         "Inputs:", "", markdown_table(INPUTS), "",
-        "Outputs (on every response; the speculative statistics are the request's totals, meaningful on the "
-        "final one):", "", markdown_table(OUTPUTS, with_default=False),
+        "Keys of `sampling_parameters` only (not input tensors):", "", markdown_table(SAMPLING_KEYS), "",
+        "Outputs (the speculative statistics are the request's totals, meaningful on the final one):", "",
+        markdown_table(OUTPUTS, with_default=False),
     ])

@@ -1,4 +1,5 @@
-"""Turn a request's inputs (the client contract, declared in contract.py) into engine terms; no Triton here.
+"""Turn a request's inputs (the client contract, declared in contract.py) into engine terms, and the engine's
+logprobs into the wire's JSON; no Triton here.
 
 Sources, highest precedence first: input tensors, the `sampling_parameters` JSON object (as vllm_backend and
 genai-perf `--backend vllm` send it), then request parameters (how HTTP generate passes extra JSON keys). A key
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..request import SamplingParams
-from .contract import INPUT, OPTIONS
+from .contract import INPUT, OPTIONS, OUTPUTS
 
 # the options (inputs that may also come in sampling_parameters or as request parameters) -> SamplingParams
 _PARAMS = {name: f.param for name, f in OPTIONS.items() if f.param is not None}
@@ -26,12 +27,10 @@ _SWITCHES = tuple(name for name in INPUT if name.startswith("return_"))
 # built for vllm_backend (Triton's OpenAI-compatible frontend among them) send some of them on every request.
 # At that value a key is accepted and ignored; any other value is refused, naming the key. None: absent, null,
 # or empty ("", [], {}).
-NEUTRAL = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-           "min_p": 0, "length_penalty": 1, "use_beam_search": False, "early_stopping": False,
+NEUTRAL = {"n": 1, "best_of": 1, "min_p": 0, "length_penalty": 1, "use_beam_search": False, "early_stopping": False,
            "include_stop_str_in_output": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
-           "detokenize": True, "logprobs": None, "prompt_logprobs": None, "logit_bias": None,
-           "stop_token_ids": None, "bad_words": None, "allowed_token_ids": None, "truncate_prompt_tokens": None,
-           "structured_outputs": None, "guided_decoding": None}
+           "detokenize": True, "prompt_logprobs": None, "truncate_prompt_tokens": None}
+_STRUCTURED = ("structured_outputs", "guided_decoding")
 
 
 @dataclass
@@ -42,7 +41,7 @@ class ClientRequest:
     stream: bool
     exclude_input_in_output: bool
     params: SamplingParams
-    count_per_response: bool = False    # num_output_tokens: this response's tokens, not the running total
+    outputs: frozenset[str] = frozenset()   # the outputs sent only when asked (contract switch) that were asked
 
 
 def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = None) -> ClientRequest:
@@ -74,14 +73,26 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
     if messages is None and not text:
         raise InvalidRequest("text_input is required and must not be empty (or give a messages list)")
     stream = values.get("stream", False)
+    _structured(values)
     params = SamplingParams(**{param: values[name] for name, param in _PARAMS.items() if name in values})
-    switches = {name: INPUT[name].convert(name, inputs[name]) for name in _SWITCHES if inputs.get(name) is not None}
-    for name in ("return_logprobs", "return_cumulative_logprob"):
-        if switches.get(name):
-            raise InvalidRequest(f"{name}: this model does not return logprobs yet; send it false or leave it out")
+    asked = frozenset(name for name in _SWITCHES if inputs.get(name) is not None
+                      and INPUT[name].convert(name, inputs[name]))
+    params.cumulative_logprob = "return_cumulative_logprob" in asked
     return ClientRequest(text=text, messages=messages, chat=values.get("apply_chat_template", False), stream=stream,
                          exclude_input_in_output=values.get("exclude_input_in_output", stream), params=params,
-                         count_per_response=switches.get("return_num_output_tokens", False))
+                         outputs=frozenset(f.name for f in OUTPUTS if f.switch in asked))
+
+
+def _structured(values: dict[str, Any]) -> None:
+    """A structured_outputs / guided_decoding object becomes the guide type and guide (given once)."""
+    given = [(k, values.pop(k)) for k in _STRUCTURED if values.get(k) is not None]
+    if not given:
+        return
+    if len(given) > 1 or "guided_decoding_guide_type" in values:
+        names = [k for k, _ in given] + (["guided_decoding_guide_type"] if "guided_decoding_guide_type" in values
+                                         else [])
+        raise InvalidRequest(f"a guide is given more than once ({', '.join(names)}); give one")
+    values["guided_decoding_guide_type"], values["guided_decoding_guide"] = given[0][1]
 
 
 def _sampling_parameters(raw: Any) -> dict[str, Any]:
@@ -115,3 +126,13 @@ def _is_neutral(value: Any, neutral: Any) -> bool:
         return not isinstance(value, bool) and float(value) == neutral
     except (TypeError, ValueError):
         return False
+
+
+def logprobs_json(rows: list | None) -> str:
+    """Per token, its [chosen, top-n...] TokenLogprobs (request.py) -> the `logprobs` output, vllm_backend's JSON:
+    a list with one object per token, {"<token id>": {"logprob", "rank", "decoded_token"}}, the chosen token
+    first. None -> "null" (the request asked for no logprobs in sampling_parameters)."""
+    if rows is None:
+        return "null"
+    return json.dumps([{str(e.token_id): {"logprob": e.logprob, "rank": e.rank, "decoded_token": e.decoded}
+                        for e in row} for row in rows])     # a row lists each token once (logprobs.py)

@@ -1,4 +1,5 @@
-"""min_tokens: the first min_tokens tokens of an output never end it (EOS here; stop strings in output.py).
+"""min_tokens: the first min_tokens tokens of an output never end it (EOS and the request's stop_token_ids here;
+stop strings in output.py).
 
 A token's output position p is its index in the request's output: the first token is p = 0; in a decode step,
 verify row i (and draft i) is p = len(output_ids) + i. Wherever p < min_tokens (and the request does not
@@ -37,13 +38,21 @@ def suppress_eos(logits: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor) ->
 
 
 @torch.inference_mode()      # the forwards' logits are inference tensors: changed in place only in this mode
-def apply(logits: torch.Tensor, banned: list[bool], eos_ids: set[int]) -> None:
-    """logits: [N, V], row n for a token whose eos_banned() is banned[n]; nothing to do (and no tensor work)
-    when no row is banned. EOS ids beyond the model's vocabulary can never be chosen anyway."""
+def apply(logits: torch.Tensor, banned: list[bool], eos_ids: set[int],
+          stop_ids: list[list[int]] | None = None) -> None:
+    """logits: [N, V], row n for a token whose eos_banned() is banned[n]; stop_ids[n]: row n's request's
+    stop_token_ids, banned with EOS. Nothing to do (and no tensor work) when no row is banned. EOS ids beyond
+    the model's vocabulary can never be chosen anyway."""
     if not any(banned):
         return
-    eos = sorted(e for e in eos_ids if e < logits.shape[-1])
-    if not eos:
+    vocab, dev = logits.shape[-1], logits.device
+    extra = [n for n, b in enumerate(banned) if b and stop_ids and stop_ids[n]]
+    for n in extra:             # rows with their own stop tokens: one at a time
+        ids = sorted({e for e in eos_ids if e < vocab} | set(stop_ids[n]))
+        suppress_eos(logits[n:n + 1], long_tensor(ids, dev), torch.ones(1, dtype=torch.bool, device=dev))
+    if extra:
+        banned = [b and n not in extra for n, b in enumerate(banned)]
+    eos = sorted(e for e in eos_ids if e < vocab)
+    if not eos or not any(banned):
         return
-    dev = logits.device
     suppress_eos(logits, long_tensor(eos, dev), h2d(torch.tensor(banned), dev))

@@ -32,11 +32,12 @@ from specgram.serving.contract import INPUTS, OUTPUTS
 from specgram.serving.loop import EngineLoop
 from specgram.serving.metrics import Metrics
 from specgram.serving.placement import resolve_device
-from specgram.serving.protocol import ClientRequest, parse
+from specgram.serving.protocol import ClientRequest, logprobs_json, parse
 from specgram.wire import ErrorKind, FinishReason
 
 # contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
-_NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
+_NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT32": np.uint32, "UINT64": np.uint64,
+          "FP32": np.float32}
 # Each is_cancelled() is a round trip to the server process; polling every stream every 20 ms cost a 2-core
 # machine ~25% of its tokens at 8 streams (CPU demo, SmolLM2-135M). Each stream is asked at most this often;
 # a cancelled request stops within about this long.
@@ -105,10 +106,12 @@ class _Stream:
     def __init__(self, sender, creq: ClientRequest, prefix: str):
         self.sender = sender
         self.stream = creq.stream
-        self.count_per_response = creq.count_per_response
+        self.outputs = creq.outputs     # the outputs sent only when asked that this request asked for
+        self.top_n = creq.params.logprobs   # None: the logprobs output (when asked) is JSON null
         self.prefix = prefix            # the prompt text, sent first when the input is included in the output
         self.text: list[str] = []
         self.ids: list[int] = []
+        self.logprobs: list = []        # non-streaming: per token, what the single response carries
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
         self.cancel_checked = time.monotonic()  # last is_cancelled() round trip for this stream
@@ -247,26 +250,28 @@ class TritonPythonModel:
             self._send_error(st.sender, out.error or "request cancelled", code)
             return
         if st.stream:
-            text, ids = st.prefix + out.text, out.token_ids
+            text, ids, logprobs = st.prefix + out.text, out.token_ids, out.logprobs
             st.prefix = ""
         else:
             st.text.append(out.text)
             st.ids.extend(out.token_ids)
+            st.logprobs.extend(out.logprobs or [])
             if not out.finished:
                 return
-            text, ids = st.prefix + "".join(st.text), st.ids
-        count = len(ids) if st.count_per_response else out.num_output_tokens
-        self._send(st.sender, self._response(out, text, ids, count), out.finished)
+            text, ids, logprobs = st.prefix + "".join(st.text), st.ids, st.logprobs
+        self._send(st.sender, self._response(st, out, text, ids, logprobs), out.finished)
 
     @staticmethod
-    def _response(out: RequestOutput, text: str, ids: list[int], num_output_tokens: int):
+    def _response(st: _Stream, out: RequestOutput, text: str, ids: list[int], logprobs: list | None):
         spec = out.spec
         values = {
             "text_output": [text.encode("utf-8")],
             "output_ids": ids,
-            "finish_reason": [(out.finish_reason or "").encode()],
+            "finish_reason": [str(out.finish_reason).encode()],     # vllm_backend's: "None" until the final one
             "num_input_tokens": [out.num_input_tokens],
-            "num_output_tokens": [num_output_tokens],
+            "num_output_tokens": [len(ids)],
+            "logprobs": [logprobs_json(logprobs if st.top_n is not None else None).encode()],
+            "cumulative_logprob": [out.cumulative_logprob],
             "num_cached_tokens": [out.num_cached_tokens],
             "spec_drafted_tokens": [spec.drafted if spec else 0],
             "spec_accepted_tokens": [spec.accepted if spec else 0],
@@ -274,7 +279,8 @@ class TritonPythonModel:
             "spec_acceptance_length": [spec.acceptance_length if spec else 0.0],
             "spec_detail": [json.dumps(spec.detail()).encode() if spec and out.finished else b""],
         }
-        tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS]
+        tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS
+                   if f.switch is None or f.name in st.outputs]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
