@@ -8,6 +8,8 @@ kernel reads each weight once per call for up to 8 rows per register tile and ac
 the same order whatever M is: bitwise batch-invariant (tests/unit/test_native.py checks both properties).
 
 Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
+Weights are packed as float32, bfloat16 or int8 (weight-only, one scale per output: int8.py): the same panel
+layout and tiling for all three, and the same accumulation order.
 """
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ import torch
 
 from ..errors import ModelLoadError
 from . import kernels
+from .int8 import quantize_rows
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 LINEAR_KINDS = ("auto", "native", "torch")
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """weight [N, K] -> packed [ceil(N / 32), K, 32] of `dtype` (float32 or bfloat16), contiguous; element
-    [b, k, j] = weight[32 b + j, k], zero past N."""
+    """weight [N, K] -> packed [ceil(N / 32), K, 32] of `dtype` (float32, bfloat16, or int8 for a weight that is
+    int8 already), contiguous; element [b, k, j] = weight[32 b + j, k], zero past N."""
     n, k = weight.shape
     blocks = -(-n // BLOCK)
     padded = torch.zeros(blocks * BLOCK, k, dtype=weight.dtype)
@@ -31,14 +34,23 @@ def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class NativeLinear(torch.nn.Module):
-    """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only."""
+    """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only. weight_dtype float32
+    or bfloat16 packs W as that dtype; int8 quantizes it (int8.quantize_rows: `packed` int8 and `scale` [N]),
+    and the kernel computes (x @ q.T) * scale (+ b)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("packed", pack(weight.float(), weight_dtype), persistent=False)
+        self.weight_dtype = weight_dtype
+        if weight_dtype == torch.int8:
+            q, scale = quantize_rows(weight)
+            packed, self._fn = pack(q, torch.int8), lib.specgram_gemm_i8
+        else:
+            packed, scale = pack(weight.float(), weight_dtype), None
+            self._fn = lib.specgram_gemm_bf16 if weight_dtype == torch.bfloat16 else lib.specgram_gemm_f32
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
-        self._fn = lib.specgram_gemm_bf16 if weight_dtype == torch.bfloat16 else lib.specgram_gemm_f32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -48,9 +60,10 @@ class NativeLinear(torch.nn.Module):
         m = x2.shape[0]
         y = torch.empty(m, self.out_features, dtype=torch.float32)
         if m:
-            self._fn(x2.data_ptr(), m, self.in_features, self.in_features, self.packed.data_ptr(),
-                     self.out_features, 0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
-                     self.out_features, torch.get_num_threads())
+            w = (self.packed.data_ptr(),) if self.scale is None else (self.packed.data_ptr(), self.scale.data_ptr())
+            self._fn(x2.data_ptr(), m, self.in_features, self.in_features, *w, self.out_features,
+                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), self.out_features,
+                     torch.get_num_threads())
         return y.view(*lead, self.out_features)
 
 
@@ -65,14 +78,16 @@ def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
     lib = kernels.load()
     if lib is None:
         if kind == "native":
-            raise ModelLoadError("the native linear kernel is not available here (needs AVX-512 and a C compiler)")
+            raise ModelLoadError("the native linear kernel is not available here (needs AVX-512 or AVX2 + FMA, "
+                                 "and a C compiler)")
         return "torch", None
     return "native", lib
 
 
 def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], lib,
                 weight_dtype: torch.dtype) -> NativeLinear:
-    """One module computing the concatenation of several projections of the same input (fused when > 1)."""
+    """One module computing the concatenation of several projections of the same input (fused when > 1), with
+    its weights packed as weight_dtype (float32, bfloat16 or int8)."""
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     if all(b is None for b in biases):
         bias = None

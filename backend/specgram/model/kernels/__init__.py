@@ -1,7 +1,8 @@
 """Native CPU kernels: C sources compiled with the system C compiler into one shared library per instruction
 set, loaded by ctypes.
 
-gemm.c: the small-M matrix product (see its header for the layout and the batch invariance it guarantees);
+gemm.c: the small-M matrix product, fp32, bf16 or int8 weights (see its header for the layout and the batch
+invariance it guarantees);
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
 the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory. Together they are the CPU
 forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
@@ -58,6 +59,7 @@ _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes
 SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa: a C string)
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
+    "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
                                   _INT],
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],

@@ -15,7 +15,11 @@
  *
  * Packed layout: W [N, K] -> blocks of NB = 32 outputs, block b = packed[b * K * 32 ...], element (k, j) at
  * k * 32 + j holds W[b * 32 + j, k] (zero for padding outputs past N). One block is one contiguous stream.
- * Weights are fp32 or bf16 (upper 16 bits of an fp32; widened exactly to fp32 before the fma).
+ * Weights are fp32 or bf16 (upper 16 bits of an fp32; widened exactly to fp32 before the fma), or int8 with
+ * one fp32 scale per output (weight-only quantization, W[n, k] ~ scale[n] * q[n, k]): each int8 is converted
+ * exactly to fp32 in the registers and the fmas run as for fp32 weights, acc = fma(x[m,k], q[n,k], acc) for
+ * k = 0 .. K-1; the scale multiplies the finished sum once, y = acc * scale[n] (+ bias[n]). The order is the
+ * fp32 one, so int8 products are batch-invariant in the same way; a quarter of the bytes to stream.
  */
 #include <assert.h>
 #include <stdint.h>
@@ -43,34 +47,45 @@ _Static_assert(MT_MAX >= 1 && MT_MAX <= 8, "tile_any() dispatches heights 1 .. 8
 
 #define ALWAYS_INLINE VINLINE
 
-/* The NV weight vectors (outputs j = 0 .. 31, VW per vector) of step k of a packed block. */
-ALWAYS_INLINE void load_w(const int bf16, const void *wb, int64_t k, vf w[NV]) {
+/* Weight types, a compile-time constant at every call site: one specialised copy of the loops each. */
+enum { WT_F32 = 0, WT_BF16 = 1, WT_I8 = 2 };
+#define WT_BYTES(wt) ((wt) == WT_F32 ? 4 : (wt) == WT_BF16 ? 2 : 1)
+
+/* The NV weight vectors (outputs j = 0 .. 31, VW per vector) of step k of a packed fp32 or bf16 block (int8
+ * blocks are loaded one vector at a time, in tile()). */
+ALWAYS_INLINE void load_w(const int wt, const void *wb, int64_t k, vf w[NV]) {
     for (int v = 0; v < NV; ++v)
-        w[v] = bf16 ? vf_load_bf16((const uint16_t *)wb + k * NB + v * VW)
-                    : vf_load((const float *)wb + k * NB + v * VW);
+        w[v] = wt == WT_BF16 ? vf_load_bf16((const uint16_t *)wb + k * NB + v * VW)
+                             : vf_load((const float *)wb + k * NB + v * VW);
 }
 
-/* Adds the bias (if any) to one row's 32 accumulators and stores the outputs of the block that exist. */
-ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, const vf a[NV], const float *bias) {
+/* Scales (int8 weights: scale != NULL) and adds the bias (if any) to one row's 32 accumulators, and stores the
+ * outputs of the block that exist: out = acc * scale[n] + bias[n], in that order. */
+ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, const vf a[NV], const float *scale,
+                              const float *bias) {
     for (int v = 0; v < NV; ++v) {
         vmask k = vmask_first(N - n0 - v * VW);            /* outputs of this vector that exist */
         vf out = a[v];
+        if (scale) out = vf_mul(out, vf_maskz_load(k, scale + n0 + v * VW));
         if (bias) out = vf_add(out, vf_maskz_load(k, bias + n0 + v * VW));
         vf_mask_store(yrow + n0 + v * VW, k, out);
     }
 }
 
 /* One register tile: y[m0 + r, n0 .. n0 + 31] for r < MT, from x rows m0 .. m0 + MT - 1 [.., K] (row stride
- * ldx) and one packed block wb [K, 32] (fp32, or bf16 if `bf16`). MT (1 .. MT_MAX) and bf16 must be
- * compile-time constants at every call site: inlined, the row loops unroll completely and the NV * MT
- * accumulators stay in registers.
+ * ldx) and one packed block wb [K, 32] of weight type wt (int8: with the call's scale [N]). MT (1 .. MT_MAX)
+ * and wt must be compile-time constants at every call site: inlined, the row loops unroll completely and the
+ * NV * MT accumulators stay in registers.
  * Prefetch only (no effect on the results): if `pf` is set, the tile also pulls a slice of the next block into
  * L2, one line every 2^32 / pf_inc k steps (32.32 fixed point), spread over the whole k loop; if `far` is set,
- * it pulls its own block into L2 PF_FAR k steps ahead. */
-ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ldx, int64_t m0, const void *wb,
-                        int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf,
-                        uint64_t pf_inc, int far) {
-    const int64_t step = NB * (bf16 ? 2 : 4);               /* bytes of one k step of the block */
+ * it pulls its own block into L2 PF_FAR k steps ahead. The distances are in k steps of fp32 and bf16 blocks;
+ * an int8 step is 32 bytes, so int8 blocks prefetch the same bytes ahead as fp32 ones (PF * 128 and
+ * PF_FAR * 128), with one prefetch per k step (two per 64-byte line). */
+ALWAYS_INLINE void tile(const int MT, const int wt, const float *x, int64_t ldx, int64_t m0, const void *wb,
+                        int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *scale,
+                        const float *bias, const char *pf, uint64_t pf_inc, int far) {
+    const int64_t step = NB * WT_BYTES(wt);                 /* bytes of one k step of the block */
+    const int64_t near = wt == WT_I8 ? PF * 128 : PF * step, away = wt == WT_I8 ? PF_FAR * 128 : PF_FAR * step;
     const char *wbytes = (const char *)wb;
     vf acc[MT_MAX][NV];
     uint64_t pf_at = 0;
@@ -79,13 +94,26 @@ ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ld
     for (int64_t k = 0; k < K; ++k) {
         vf w[NV];
         if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }
-        _mm_prefetch(wbytes + (k + PF) * step, _MM_HINT_T0);
-        _mm_prefetch(wbytes + (k + PF) * step + step / 2, _MM_HINT_T0);
+        _mm_prefetch(wbytes + k * step + near, _MM_HINT_T0);
+        if (wt != WT_I8) _mm_prefetch(wbytes + k * step + near + step / 2, _MM_HINT_T0);
         if (far) {
-            _mm_prefetch(wbytes + (k + PF_FAR) * step, _MM_HINT_T1);
-            _mm_prefetch(wbytes + (k + PF_FAR) * step + step / 2, _MM_HINT_T1);
+            _mm_prefetch(wbytes + k * step + away, _MM_HINT_T1);
+            if (wt != WT_I8) _mm_prefetch(wbytes + k * step + away + step / 2, _MM_HINT_T1);
         }
-        load_w(bf16, wb, k, w);
+        if (wt == WT_I8) {     /* one weight vector live at a time, converted from int8 (AVX2: 12 accumulators,
+                                  3 broadcasts and 1 weight vector fill the 16 registers without a spill) */
+            vf xb[MT_MAX];
+#pragma GCC unroll 8
+            for (int r = 0; r < MT; ++r) xb[r] = vf_set1(x[(m0 + r) * ldx + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+                vf wv = vf_load_i8((const int8_t *)wb + k * NB + v * VW);
+#pragma GCC unroll 8
+                for (int r = 0; r < MT; ++r) acc[r][v] = vf_fma(xb[r], wv, acc[r][v]);
+            }
+            continue;
+        }
+        load_w(wt, wb, k, w);
 #pragma GCC unroll 8
         for (int r = 0; r < MT; ++r) {
             vf xb = vf_set1(x[(m0 + r) * ldx + k]);
@@ -93,19 +121,19 @@ ALWAYS_INLINE void tile(const int MT, const int bf16, const float *x, int64_t ld
             for (int v = 0; v < NV; ++v) acc[r][v] = vf_fma(xb, w[v], acc[r][v]);
         }
     }
-    for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc[r], bias);
+    for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc[r], scale, bias);
 }
 
 /* tile() for a run-time height mt (1 .. MT_MAX): one specialised copy per height. */
-ALWAYS_INLINE void tile_any(const int bf16, int mt, const float *x, int64_t ldx, int64_t m0, const void *wb,
-                            int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
-                            const char *pf, uint64_t pf_inc, int far) {
+ALWAYS_INLINE void tile_any(const int wt, int mt, const float *x, int64_t ldx, int64_t m0, const void *wb,
+                            int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *scale,
+                            const float *bias, const char *pf, uint64_t pf_inc, int far) {
     switch (mt) {
 /* heights below MT_MAX each get their copy; MT_MAX (and, never reached, the heights past it) the default */
-#define TILE_CASE(h) case h: if (h < MT_MAX) { tile(h < MT_MAX ? h : 1, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, \
-                                                  pf, pf_inc, far); break; } __attribute__((fallthrough));
+#define TILE_CASE(h) case h: if (h < MT_MAX) { tile(h < MT_MAX ? h : 1, wt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, \
+                                                  bias, pf, pf_inc, far); break; } __attribute__((fallthrough));
     TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-    default: tile(MT_MAX, bf16, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far); break;
+    default: tile(MT_MAX, wt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, bias, pf, pf_inc, far); break;
 #undef TILE_CASE
     }
 }
@@ -114,13 +142,19 @@ ALWAYS_INLINE void tile_any(const int bf16, int mt, const float *x, int64_t ldx,
 static void tile_f32(int mt, const float *x, int64_t ldx, int64_t m0, const float *wb, int64_t K, float *y,
                      int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
                      int far) {
-    tile_any(0, mt, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far);
+    tile_any(WT_F32, mt, x, ldx, m0, wb, K, y, ldy, n0, N, NULL, bias, pf, pf_inc, far);
 }
 
 static void tile_bf16(int mt, const float *x, int64_t ldx, int64_t m0, const uint16_t *wb, int64_t K, float *y,
                       int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
                       int far) {
-    tile_any(1, mt, x, ldx, m0, wb, K, y, ldy, n0, N, bias, pf, pf_inc, far);
+    tile_any(WT_BF16, mt, x, ldx, m0, wb, K, y, ldy, n0, N, NULL, bias, pf, pf_inc, far);
+}
+
+static void tile_i8(int mt, const float *x, int64_t ldx, int64_t m0, const int8_t *wb, int64_t K, float *y,
+                    int64_t ldy, int64_t n0, int64_t N, const float *scale, const float *bias, const char *pf,
+                    uint64_t pf_inc, int far) {
+    tile_any(WT_I8, mt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, bias, pf, pf_inc, far);
 }
 
 /* Blocks go to threads in chunks of consecutive blocks (dynamic: a preempted thread - 2 cores shared with a
@@ -155,9 +189,10 @@ static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles
 /* Block b (outputs 32 b .. 32 b + 31) for all M rows, in tiles of MT_MAX rows (the last one shorter). With more
  * than one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when that block
  * is in the same chunk (so the same thread takes it next). */
-ALWAYS_INLINE void gemm_block(const int bf16, int64_t b, int64_t chunk, const float *x, int64_t M, int64_t K,
-                              int64_t ldx, const void *w, int64_t N, const float *bias, float *y, int64_t ldy) {
-    const int64_t esize = bf16 ? 2 : 4, block_bytes = K * NB * esize;
+ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int64_t chunk, const float *x, int64_t M, int64_t K,
+                              int64_t ldx, const void *w, int64_t N, const float *scale, const float *bias, float *y,
+                              int64_t ldy) {
+    const int64_t block_bytes = K * NB * WT_BYTES(wt);
     int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
     int64_t lines = block_bytes / 64, per_tile = (lines + ntiles - 1) / ntiles;
     const char *wb = (const char *)w + b * block_bytes;
@@ -168,7 +203,9 @@ ALWAYS_INLINE void gemm_block(const int bf16, int64_t b, int64_t chunk, const fl
         int64_t count = lines - first < per_tile ? lines - first : per_tile;
         const char *pf = next && count > 0 ? wb + block_bytes + first * 64 : NULL;
         uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K : 0;
-        if (bf16)
+        if (wt == WT_I8)
+            tile_i8(mt, x, ldx, m0, (const int8_t *)wb, K, y, ldy, b * NB, N, scale, bias, pf, inc, ntiles == 1);
+        else if (wt == WT_BF16)
             tile_bf16(mt, x, ldx, m0, (const uint16_t *)wb, K, y, ldy, b * NB, N, bias, pf, inc, ntiles == 1);
         else
             tile_f32(mt, x, ldx, m0, (const float *)wb, K, y, ldy, b * NB, N, bias, pf, inc, ntiles == 1);
@@ -186,19 +223,28 @@ static inline gemm_plan plan(int64_t M, int64_t K, int64_t ldx, int64_t N, int64
     return (gemm_plan){nblocks, chunk_blocks(nblocks, nthreads, ntiles)};
 }
 
-/* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy].
+/* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy]; int8
+ * weights also take scale [N] (fp32, one per output).
  * The parallel loop is written out in each (not in a shared inline function): OpenMP outlines its body before
  * inlining, and the outlined body must see the weight type as a constant. */
 void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
                        const float *bias, float *y, int64_t ldy, int nthreads) {
     gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
 #pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(0, b, p.chunk, x, M, K, ldx, w, N, bias, y, ldy);
+    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_F32, b, p.chunk, x, M, K, ldx, w, N, NULL, bias, y, ldy);
 }
 
 void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                         const float *bias, float *y, int64_t ldy, int nthreads) {
     gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
 #pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(1, b, p.chunk, x, M, K, ldx, w, N, bias, y, ldy);
+    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_BF16, b, p.chunk, x, M, K, ldx, w, N, NULL, bias, y, ldy);
+}
+
+void specgram_gemm_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *scale,
+                      int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
+    assert(scale != NULL);
+    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_I8, b, p.chunk, x, M, K, ldx, w, N, scale, bias, y, ldy);
 }

@@ -26,6 +26,11 @@ VINLINE vf vf_load_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* 8 int8 -> 8 fp32 (exact: sign-extended to int32, then converted; every int8 is a float). */
+VINLINE vf vf_load_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 VINLINE vmask vmask_first(int64_t n) {
     int c = n >= VW ? VW : n > 0 ? (int)n : 0;
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));

@@ -26,6 +26,11 @@ VINLINE vf vf_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 16 int8 -> 16 fp32 (exact: sign-extended to int32, then converted; every int8 is a float). */
+VINLINE vf vf_load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 VINLINE vmask vmask_first(int64_t n) {
     return n >= VW ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0;
 }
