@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelLoadError
+from .model.int8 import WEIGHTS
 from .model.linear import LINEAR_KINDS
 
 PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is bitwise exact (native forward)
@@ -60,6 +61,9 @@ class EngineConfig:
     linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
                                     # batch-invariant), "torch" (transformers' modules), auto = native where
                                     # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
+    weights: str = "auto"           # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
+                                    # scale per output channel on the native CPU forward (lossy against the
+                                    # checkpoint, exact with itself: batch-invariant, speculation token-identical)
     cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
     # Serving limits (loop.py). A request waits for a KV slot in a queue; past these bounds it is refused at once
@@ -116,6 +120,11 @@ class EngineConfig:
                                  f"got {self.prefix_cache!r}")
         if self.linear not in LINEAR_KINDS:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
+        if self.weights not in WEIGHTS:
+            raise ModelLoadError(f"engine setting weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.weights == "int8" and (self.torch_device().type != "cpu" or self.linear == "torch" or self.cuda_graphs):
+            raise ModelLoadError("weights int8 runs on the native CPU forward only: device cpu, linear auto or native, "
+                                 "cuda_graphs off")
         if self.grammar_compile_workers < 2:
             raise ModelLoadError(f"grammar_compile_workers must be >= 2, got {self.grammar_compile_workers}")
         for name in ("grammar_compile_timeout_s", "grammar_compile_queue"):

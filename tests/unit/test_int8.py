@@ -1,14 +1,24 @@
 """Int8 weight-only matmuls on the native kernels (model/int8.py, gemm.c's int8 product): the quantization, the
-product against a float64 reference of the same quantized weights, and its bitwise batch invariance - for
-each ISA's build of the kernels that this CPU runs."""
+product against a float64 reference of the same quantized weights and its bitwise batch invariance; an int8
+model's logits bitwise batch- and width-invariant and close to fp32's; an int8 target's greedy output the same
+with speculation on or off; the int8 native draft copy drafting for an fp32 target without changing its
+output; and the settings - for each ISA's build of the kernels that this CPU runs."""
 from __future__ import annotations
+
+from contextlib import closing
 
 import pytest
 import torch
 
+from specgram.config import EngineConfig
+from specgram.errors import ModelLoadError
 from specgram.model import kernels
 from specgram.model.int8 import dequantize_rows, quantize_rows
 from specgram.model.linear import NativeLinear
+from specgram.model.runner import ModelRunner
+
+from .helpers import PROMPTS, run, tokens_of
+from .tiny import build_model, save_checkpoint
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
                                 reason="native kernels need AVX-512 or AVX2 and a C compiler")
@@ -70,3 +80,90 @@ def test_int8_linear_is_close_to_the_float_weights(lib):
     got, exact = NativeLinear(w, None, torch.int8, lib)(x), x @ w.T
     rel = ((got - exact).norm() / exact.norm()).item()
     assert 1e-3 < rel < 2e-2                # lossy (Gaussian rows, per-row int8: ~0.8% of the norm), but close
+
+
+def _int8_runner(model, slots: int = 4, positions: int = 96) -> ModelRunner:
+    runner = ModelRunner(model, slots, positions, linear="native", weights="int8")
+    assert runner.weights == "int8" and runner.native is not None
+    assert all(lin.packed.dtype == torch.int8 for lin in runner.linear_layers())        # the lm_head's too
+    return runner
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_int8_model_rows_are_bitwise_independent_of_batch_and_width(lib, tied):
+    runner = _int8_runner(build_model("llama", seed=2, tie_word_embeddings=tied))
+    assert runner.native.lib is lib
+    prompt, other = list(range(10, 40)), list(range(50, 62))
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # its first token, width 1
+    assert torch.equal(alone[0], one[0])
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
+    assert torch.equal(mixed[:3], alone)                                             # beside a prefill row
+    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)     # prefilled in a batch
+    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1) # beside a prompt chunk
+    assert torch.equal(rest[0], alone)
+    assert torch.equal(first[0], runner.forward_rows([other], [1], [0], last_only=True)[0])
+
+
+@pytest.mark.parametrize("init,max_median,max_rel,min_agree", [
+    (0.3, 0.08, 0.25, 0.8),      # the tests' tiny model: large weights, a high-gain random network
+    (0.1, 0.04, 0.06, 0.9),      # weights at a third of that: errors grow less through the layers
+])
+def test_int8_logits_are_close_to_fp32(lib, init, max_median, max_rel, min_agree):
+    model = build_model("llama", seed=1, init=init)
+    fp32, int8 = ModelRunner(model, 2, 96, linear="native"), _int8_runner(model, 2)
+    ids = torch.randint(3, 259, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = fp32.forward_rows([ids], [0], [0], last_only=False)[0]                     # [60, V]
+    got = int8.forward_rows([ids], [0], [0], last_only=False)[0]
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)                                # per position
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert 0 < rel.median().item() < max_median and rel.max().item() < max_rel, rel
+    assert agree >= min_agree, agree            # the same top-1 token at most positions
+
+
+def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine, tmp_path):
+    draft = save_checkpoint(tmp_path / "draft", seed=11)          # other weights: its drafts are mostly wrong
+    with closing(make_engine(weights="int8", draft_checkpoint=str(draft))) as engine:
+        assert engine.target.weights == "int8" and engine.target.native.lib is lib
+        alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
+        assert [tokens_of(o) for o in run(engine, PROMPTS, max_tokens=24)] == alone
+        for k, drafter in ((1, "ngram"), (4, "ngram"), (3, "draft_model")):
+            spec = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=k, drafter=drafter)
+            assert [tokens_of(o) for o in spec] == alone, (k, drafter)
+
+
+def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_its_output(lib, make_engine):
+    with closing(make_engine(draft_quantization="int8")) as engine:
+        copy = engine.drafters["draft_model"].runner
+        assert engine.target.weights == "auto" and copy.weights == "int8" and copy.native.lib is lib
+        assert copy.model is engine.target.model and copy.cache is not engine.target.cache  # shared model, own cache
+        alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
+        spec = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=3, drafter="draft_model")
+    assert [tokens_of(o) for o in spec] == alone
+    drafted = sum(o[-1].spec.drafted for o in spec)
+    accepted = sum(o[-1].spec.accepted for o in spec)
+    assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
+
+
+def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(make_engine, monkeypatch):
+    monkeypatch.setattr(kernels, "load", lambda: None)                  # no ISA it runs / no compiler
+    with closing(make_engine(draft_quantization="int8")) as engine:
+        copy = engine.drafters["draft_model"].runner
+    assert engine.target.linear_kind == "torch" and copy.linear_kind == "torch" and copy.weights == "auto"
+    assert "quantized" in type(copy.model.model.layers[0].self_attn.q_proj).__module__
+    with pytest.raises(ModelLoadError, match="weights int8 runs on the native CPU forward only"):
+        make_engine(weights="int8")
+
+
+def test_the_weights_setting_is_validated(tiny_ckpt):
+    ok = EngineConfig(checkpoint=str(tiny_ckpt), weights="int8")
+    assert ok.weights == "int8" and EngineConfig(checkpoint=str(tiny_ckpt)).weights == "auto"
+    for bad in (dict(weights="int4"), dict(weights="int8", linear="torch"), dict(weights="int8", cuda_graphs=True)):
+        with pytest.raises(ModelLoadError, match="weights"):
+            EngineConfig(checkpoint=str(tiny_ckpt), **bad)
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8"):
+        ModelRunner(build_model("llama", seed=4), 2, 32, weights="fp8")
+    with pytest.raises(ModelLoadError, match="the torch forward would"):
+        ModelRunner(build_model("llama", seed=4), 2, 32, linear="torch", weights="int8")

@@ -1,11 +1,17 @@
-"""Loading: the target, the tokenizer, the EOS ids and the draft model a configuration names."""
+"""Loading: the target, the tokenizer, the EOS ids and the draft model a configuration names.
+
+draft_quantization int8: the draft is an int8 copy of draft_checkpoint's model, or of the target's when there is
+none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 weight-only copy on
+the native kernels (model/int8.py: a scale per output channel, fp32 activations; it shares the loaded model
+with the target rather than copying it); elsewhere it is torch's dynamic-quantized copy (model/quantize.py).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import ModelLoadError
-from ..model.runner import ModelRunner
+from ..model.runner import ModelRunner, choose_forward, load_model
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter
 
@@ -54,18 +60,27 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
     device = config.torch_device()
     static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
     target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
-                                         static, config.linear)
+                                         static, config.linear, config.weights)
     tokenizer = load_tokenizer(path)
     draft = None
+    base = target.model                              # the model the draft is (a copy of)
     if config.draft_checkpoint:
         check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
-        draft = ModelRunner.from_pretrained(config.draft_checkpoint, config.max_slots, config.max_seq_len, device,
-                                            config.torch_dtype("draft_dtype"), static, config.linear)
+        base = load_model(config.draft_checkpoint, device, config.torch_dtype("draft_dtype"))
+        if config.draft_quantization != "int8":
+            draft = ModelRunner(base, config.max_slots, config.max_seq_len, static, config.linear)
     if config.draft_quantization == "int8":
-        from ..model.quantize import quantize_dynamic_int8
-        base = (draft or target).model
-        draft = ModelRunner(quantize_dynamic_int8(base), config.max_slots, config.max_seq_len, static)
+        draft = int8_draft(base, config, static)
     drafters: dict[str, Drafter] = {}
     if draft is not None:
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     return target, tokenizer, drafters
+
+
+def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
+    """An int8 copy of `model` as a draft runner: native int8 weights where the native forward runs it, else
+    torch's dynamic quantization (which the PyTorch forward runs)."""
+    if choose_forward(model, config.linear, static)[0] == "native":
+        return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear, weights="int8")
+    from ..model.quantize import quantize_dynamic_int8
+    return ModelRunner(quantize_dynamic_int8(model), config.max_slots, config.max_seq_len, static)

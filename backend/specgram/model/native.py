@@ -11,6 +11,11 @@ the row's width or the cache length of other rows, so a token's logits are bitwi
 or as one of k + 1 verify positions. Against transformers' eager float32 forward the logits agree to about
 1e-5 (summation order of matmuls, softmax and norms; tests/unit/test_native.py measures it).
 
+Weights: the matmuls' weights are packed in the model's dtype (float32 or bfloat16), or with weights="int8"
+quantized to int8 with a scale per output channel (int8.py: q/k/v/o, gate/up/down and the lm_head; the
+embedding, norms and rotary stay as loaded). Int8 is lossy against the checkpoint but exact with itself:
+the same kernels, the same fixed orders, so the invariance above holds for an int8 model too.
+
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
 [S, Hkv, P, D], float32.
@@ -47,11 +52,13 @@ def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
 
 
 class NativeForward:
-    def __init__(self, model: torch.nn.Module, lib):
+    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
+        """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
+        matmul's weight (the lm_head's too) quantized per output channel (int8.py)."""
         cfg = model.config
         inner = model.model
-        wdt = next(model.parameters()).dtype              # matmul weights keep it (float32 or bfloat16)
-        self.lib = lib
+        wdt = torch.int8 if weights == "int8" else next(model.parameters()).dtype
+        self.lib, self.weights = lib, weights
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -1,4 +1,6 @@
-"""Cheaper copies of a model for use as a speculative draft (CPU): int8 dynamic quantization.
+"""Cheaper copies of a model for use as a speculative draft (CPU): int8 dynamic quantization, for the PyTorch
+forward. Where the native CPU kernels run the model, the int8 draft is an int8 weight-only copy on them instead
+(int8.py; engine/loading.py chooses); this is the fallback elsewhere.
 
 Dynamic quantization stores each nn.Linear's weight as int8 (per output channel) and quantizes the
 activations per call; on x86 CPUs (fbgemm / oneDNN) the int8 GEMMs read 4x fewer weight bytes than fp32.

@@ -10,7 +10,8 @@ speculative verification (T = k + 1) with one code path.
 
 Two implementations of that forward: transformers' modules with PyTorch ops (any device; the CUDA-graph
 path), and on CPU the native one (native.py: our kernels, fused projections, attention reading the cache in
-place), chosen by the `linear` setting (auto = native where its kernels build).
+place), chosen by the `linear` setting (auto = native where its kernels build). The native forward may also
+run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
+from .int8 import WEIGHTS
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
@@ -68,36 +70,66 @@ def _plain_linears(model: torch.nn.Module) -> bool:
     return all(type(m) is torch.nn.Linear for m in _projections(model))
 
 
+def choose_forward(model: torch.nn.Module, linear: str = "auto", static_width: int = 0) -> tuple[str, object]:
+    """-> ("native", the kernel library) where the native CPU forward runs `model` under these settings, else
+    ("torch", None). ModelLoadError where linear "native" was asked for and cannot run."""
+    if not (linear == "native" or (static_width == 0 and _plain_linears(model))):
+        return "torch", None
+    param = next(model.parameters())
+    kind, lib = resolve_kind(linear, param.device, param.dtype)
+    if kind == "native":
+        from .native import supports
+        why = supports(model)
+        if why is not None:
+            if linear == "native":
+                raise ModelLoadError(f"the native CPU forward does not support this model ({why}); use linear torch")
+            return "torch", None
+    return kind, lib
+
+
+def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The transformers model of a checkpoint folder, on `device` in `dtype`; ModelLoadError with the reason."""
+    from transformers import AutoModelForCausalLM
+
+    _check_checkpoint(Path(path))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    except Exception as e:  # transformers raises many types; the message is what the user needs
+        raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
+    return model.to(device)
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0,
-                 linear: str = "auto"):
+                 linear: str = "auto", weights: str = "auto"):
         """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
         positions of headroom per row (for the padded entries of a row near max_seq_len).
         linear: "auto" | "native" | "torch" (linear.py). The native CPU forward keeps activations and the KV
         cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
-        `model` itself stays as loaded (tests use it as the reference)."""
+        `model` itself stays as loaded (tests use it as the reference).
+        weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
+        elsewhere). Several runners may share one `model` (an int8 copy of a target), each with its own cache."""
+        if weights not in WEIGHTS:
+            raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        if linear == "native" or (static_width == 0 and _plain_linears(model)):
-            kind, lib = resolve_kind(linear, self.device, self.dtype)
-        else:
-            kind, lib = "torch", None
+        kind, lib = choose_forward(model, linear, static_width)
+        if weights == "int8" and kind != "native":
+            raise ModelLoadError("weights int8 runs on the native CPU forward only (x86-64 with AVX-512 or AVX2 + FMA "
+                                 "and gcc; linear auto or native, float32 or bfloat16 checkpoint, no cuda_graphs), "
+                                 f"which does not run here (the {kind} forward would)")
         self.native = None
         if kind == "native":
-            from .native import NativeForward, supports
-            why = supports(model)
-            if why is None:
-                self.native = NativeForward(model, lib)
-                self.dtype = torch.float32                   # activations and the KV cache
-            elif linear == "native":
-                raise ModelLoadError(f"the native CPU forward does not support this model ({why}); use linear torch")
-            else:
-                kind = "torch"
-        self.linear_kind = kind
+            from .native import NativeForward
+            self.native = NativeForward(model, lib, weights)
+            self.dtype = torch.float32                       # activations and the KV cache
+        self.linear_kind, self.weights = kind, weights
         self.fuse_steps = self.native is not None      # forward_step: prompt chunks and verify rows in one pass
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.num_attention_heads
@@ -126,17 +158,9 @@ class ModelRunner:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
-                        dtype: torch.dtype, static_width: int = 0, linear: str = "auto") -> "ModelRunner":
-        from transformers import AutoModelForCausalLM
-
-        _check_checkpoint(Path(path))
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        except Exception as e:  # transformers raises many types; the message is what the user needs
-            raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
-        return cls(model.to(device), max_slots, max_seq_len, static_width, linear)
+                        dtype: torch.dtype, static_width: int = 0, linear: str = "auto",
+                        weights: str = "auto") -> "ModelRunner":
+        return cls(load_model(path, device, dtype), max_slots, max_seq_len, static_width, linear, weights)
 
     def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
         """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].

@@ -3,6 +3,7 @@
     python scripts/bench.py forward                      # SmolLM2-135M, fp32, cache length 300
     python scripts/bench.py forward --linear torch       # transformers' modules with PyTorch's ops
     python scripts/bench.py forward --dtype bfloat16 --linear native
+    python scripts/bench.py forward --weights int8       # int8 weights, a scale per output channel (native only)
     python scripts/bench.py forward --quick              # 3 repeats: a smoke run
 
 Per shape (B rows of T new tokens each, every row attending to --cache-len earlier positions):
@@ -30,6 +31,8 @@ QUICK_HELP = "3 repeats"
 def add_options(ap) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--linear", default="auto", help="the runner's linear kernels (see specgram.model.linear)")
+    ap.add_argument("--weights", default="auto", choices=["auto", "int8"],
+                    help="the matmul weights: as loaded (auto) or int8 (specgram.model.int8; native forward only)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
     ap.add_argument("--cache-len", type=int, default=300)
@@ -50,12 +53,14 @@ def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5) -> float:
 
 
 def stream_bytes(runner) -> int:
-    """Bytes a forward must stream: every weight matmul's matrix once, as the runner stores it."""
+    """Bytes a forward must stream: every weight matmul's matrix once, as the runner stores it (int8: with its
+    scales)."""
     total = 0
     for lin in runner.linear_layers():
         w = getattr(lin, "packed", None)
         w = w if w is not None else lin.weight
-        total += w.numel() * w.element_size()
+        scale = getattr(lin, "scale", None)
+        total += w.numel() * w.element_size() + (scale.numel() * scale.element_size() if scale is not None else 0)
     return total
 
 
@@ -72,7 +77,7 @@ def run(args) -> None:
 
     max_b = max(args.batches)
     runner = ModelRunner.from_pretrained(args.model, max_b, args.cache_len + max(args.widths) + 8, torch.device("cpu"),
-                                         getattr(torch, args.dtype), linear=args.linear)
+                                         getattr(torch, args.dtype), linear=args.linear, weights=args.weights)
     for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
     bw = read_bandwidth_gbs()
@@ -102,7 +107,8 @@ def run(args) -> None:
         rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound_ms:.2f}",
                      report.cell(v, "{:.2f}")])
     lines = report.header("Target forward cost", args,
-                          f"{Path(args.model).name}, {args.dtype}, linear {runner.linear_kind}, torch threads "
+                          f"{Path(args.model).name}, {args.dtype}, weights {args.weights}, linear "
+                          f"{runner.linear_kind}, torch threads "
                           f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}")
     lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, read bandwidth {bw:.1f} GB/s -> bound {bound_ms:.1f} ms "
               "per forward.", "",
