@@ -79,7 +79,7 @@ if [[ -f backend/pyproject.toml ]]; then
 else
   log "backend: backend/pyproject.toml not present yet; skipping the engine install"
 fi
-"$PY" -m specgram.model.kernels build || log "WARNING: native CPU kernels NOT built (needs gcc with OpenMP and an AVX-512 CPU): the CPU forward will run on PyTorch, slower"
+"$PY" -m specgram.model.kernels build || log "WARNING: native CPU kernels NOT built (needs gcc with OpenMP and an x86-64 CPU with AVX-512 or AVX2 + FMA): the CPU forward will run on PyTorch, slower"
 
 # ---------------------------------------------------------------- Triton backends folder
 SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

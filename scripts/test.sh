@@ -12,4 +12,4 @@ python -m ruff check .
 python -m pytest tests -q -rs "$@"
 SPECGRAM_TEST_LINEAR=torch python -m pytest -q -p no:cacheprovider \
   tests/unit/test_engine.py tests/unit/test_speculative.py tests/unit/test_min_tokens.py \
-  tests/unit/test_seed_invariance.py tests/unit/test_adaptive.py
+  tests/unit/test_seed_invariance.py tests/unit/test_adaptive.py tests/unit/test_penalties.py tests/unit/test_logprobs.py

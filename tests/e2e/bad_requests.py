@@ -174,7 +174,7 @@ VALUES = [
     Case("top_k--5", {"top_k": -5}, "top_k"),
     Case("top_k--2", {"top_k": -2}, "top_k"),
     Case("top_k-fraction", sp(top_k="1.5"), "top_k"),
-    Case("seed-negative", sp(seed=-1), "seed"),
+    Case("seed-below-int64", sp(seed=-2**63 - 1), "seed"),
     Case("seed-2^64", sp(seed=2**64), "seed"),
     Case("seed-word", sp(seed="abc"), "seed"),
     Case("seed-fraction", sp(seed=1.5), "seed"),
@@ -195,6 +195,17 @@ VALUES = [
     Case("drafter-unconfigured-draft_model", {"drafter": "draft_model"}, "drafter"),
     Case("drafter-empty", {"drafter": ""}, "drafter"),
     Case("drafter-number", sp(drafter=5), "drafter"),
+    Case("presence_penalty-out-of-range", {"presence_penalty": 5.0}, "presence_penalty"),
+    Case("repetition_penalty-zero", sp(repetition_penalty=0), "repetition_penalty"),
+    Case("logit_bias-not-an-object", sp(logit_bias=[1, 2]), "logit_bias"),
+    Case("logit_bias-token-outside-the-vocabulary", sp(logit_bias={"10000000": 1}), "logit_bias"),
+    Case("logit_bias-too-large", {"logit_bias": '{"5": 500}'}, "logit_bias"),
+    Case("stop_token_ids-words", sp(stop_token_ids=["x"]), "stop_token_ids"),
+    Case("stop_token_ids-negative", {"stop_token_ids": tensor("stop_token_ids", [-3], "INT32")}, "stop_token_ids"),
+    Case("allowed_token_ids-empty", sp(allowed_token_ids=[]), "allowed_token_ids"),
+    Case("bad_words-empty-word", sp(bad_words=[""]), "bad_words"),
+    Case("logprobs-21", sp(logprobs=21), "logprobs"),
+    Case("logprobs-word", sp(logprobs="many"), "logprobs"),
 ]
 
 # ---- the model refuses: guides ------------------------------------------------------------------------------
@@ -242,6 +253,14 @@ GUIDES = [
     Case("json_object-guide-text-given", guide("json_object", '{"type": "string"}'), "guided_decoding_guide"),
     Case("schema-nested-too-deep", guide("json_schema", _deep_schema(2000)), "guided_decoding_guide"),
     Case("structural_tag-nested-too-deep", guide("structural_tag", _deep(5000)), "guided_decoding_guide"),
+    Case("choice-not-a-list", guide("choice", '"yes"'), "choice guide"),
+    Case("choice-empty-string", guide("choice", '["yes", ""]'), "choice guide"),
+    Case("structured_outputs-two-constraints", sp(structured_outputs={"regex": "a", "json": {}}), "exactly one"),
+    Case("structured_outputs-unknown-key", sp(structured_outputs={"xml": "<a/>"}), "structured_outputs"),
+    Case("structured_outputs-bad-regex", sp(structured_outputs={"regex": "a(b"}), "regex"),
+    Case("guided_decoding-choice-not-a-list", sp(guided_decoding={"choice": "yes"}), "choice"),
+    Case("structured_outputs-and-guide-inputs", {**guide("regex", "a"), **sp(structured_outputs={"regex": "b"})},
+         "more than once"),
 ]
 
 # ---- the model refuses: sampling_parameters, messages, the prompt, request parameters ------------------------
@@ -306,6 +325,12 @@ ACCEPTED = [
     Accepted("stop-empty-list", {"stop": tensor("stop", [], "BYTES")}),
     Accepted("guide_type-upper-case", guide("REGEX", "(yes|no)")),
     Accepted("request-parameter-unknown-key-ignored", {}, parameters={"bogus": 1}),
+    Accepted("vllm-keys-implemented", sp(presence_penalty=0.5, frequency_penalty="0.2", repetition_penalty=1.1,
+                                         logit_bias={"5": -100}, stop_token_ids=[7], bad_words=["the"], logprobs=3)),
+    Accepted("logprobs-false-is-none", sp(logprobs=False)),
+    Accepted("seed-negative", {"seed": None, **sp(seed=-7, temperature=0.8)}),
+    Accepted("structured_outputs-choice", {"max_tokens": 6, **sp(structured_outputs={"choice": ["yes", "no"]})},
+             finish_reasons=("stop",)),
 ]
 
 assert len({c.id for c in BAD} | {a.id for a in ACCEPTED}) == len(BAD) + len(ACCEPTED), "duplicate case ids"

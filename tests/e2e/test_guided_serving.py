@@ -77,3 +77,16 @@ def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
         # the message names what is wrong; its code (INVALID_ARG) reaches no client here: a gRPC stream carries
         # only the message and HTTP generate answers 400 for any error (test_triton_adapter checks the code)
         assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)
+
+
+def test_choice_guides_answer_with_one_of_the_choices(triton_server):
+    """A choice guide, as a guide type and as vLLM's structured_outputs / guided_decoding spell it."""
+    choices = ["Paris", "Lyon", "Marseille"]
+    prompt = "What is the capital of France?"
+    by_type = guided(triton_server, prompt, "choice", json.dumps(choices), 20)
+    for name in ("structured_outputs", "guided_decoding"):
+        by_dict = stream_infer(triton_server.grpc_url, {
+            "text_input": prompt, "apply_chat_template": True, "stream": True,
+            "sampling_parameters": json.dumps({"max_tokens": 20, name: {"choice": choices, "backend": "xgrammar"}})})
+        assert ids_of(by_dict) == ids_of(by_type)
+    assert last_value(by_type, "finish_reason") == "stop" and text_of(by_type) in choices, text_of(by_type)

@@ -26,6 +26,26 @@ def test_greedy_output_identical_with_and_without_speculation(triton_server):
         assert max(len(r["outputs"].get("output_ids", [])) for r in spec) > 1
 
 
+def test_penalties_and_logprobs_are_exact_under_speculation(triton_server):
+    """vLLM's penalties and logprobs through the server: the same tokens and the same logprobs with speculation on
+    (auto and k = 4) and off."""
+    import json
+    sp = json.dumps({"repetition_penalty": 1.3, "frequency_penalty": 0.3, "logit_bias": {"28": 2.0}, "logprobs": 2})
+    runs = [run(triton_server, k, max_tokens=32, sampling_parameters=sp, return_logprobs=True) for k in (0, 4, -1)]
+    assert not any(errors_of(r) for r in runs)
+    plain = run(triton_server, 0, max_tokens=32)
+    assert ids_of(runs[0]) != ids_of(plain), "the penalties change this output"
+    logprobs = [[row for r in rs if "logprobs" in r["outputs"] for row in json.loads(r["outputs"]["logprobs"][0])]
+                for rs in runs]
+    assert all(ids_of(r) == ids_of(runs[0]) for r in runs)
+    native = 'kind="native"' in requests.get(triton_server.metrics_url, timeout=30).text    # bitwise there
+    for lp in logprobs[1:]:
+        assert [list(row) for row in lp] == [list(row) for row in logprobs[0]]       # the same tokens listed
+        assert lp == logprobs[0] if native else all(
+            abs(row[t]["logprob"] - ref[t]["logprob"]) < 1e-4 for row, ref in zip(lp, logprobs[0]) for t in row)
+    assert len(logprobs[0]) == len(ids_of(runs[0])) and last_value(runs[1], "spec_drafted_tokens") > 0
+
+
 def test_speculation_metrics_on_the_metrics_port(triton_server):
     run(triton_server, 3, max_tokens=16)
     text = requests.get(triton_server.metrics_url, timeout=30).text

@@ -64,6 +64,8 @@ def _exported_metrics() -> dict[str, tuple[str, set[str]]]:
         if mine:
             exported[name] = (mine[0].family.kind, set().union(*(m.labels for m in mine)))
     metrics.release()           # only now: a metric's kind is its family's, which the Metrics object holds
+    for series in pb.MetricFamily.registry.values():    # the stand-in keeps every series: drop these again, so
+        series[:] = [m for m in series if m.labels.get("instance") != mark["instance"]]   # others' [0] is theirs
     return exported
 
 

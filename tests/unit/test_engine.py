@@ -183,7 +183,7 @@ def test_abort_frees_slot_and_leaves_others_unchanged(make_engine):
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_k=-5), "top_k"),
-    (dict(seed=-1), "seed"),
+    (dict(seed=-2**63 - 1), "seed"),
     (dict(stop=[""]), "stop"),
     (dict(num_draft_tokens=99), "num_draft_tokens"),
     (dict(guide="{}"), "guided_decoding_guide_type"),

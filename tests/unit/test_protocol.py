@@ -190,3 +190,14 @@ def test_vllm_backend_switches_ask_for_their_outputs():
     assert cumulative.outputs == {"cumulative_logprob"} and cumulative.params.wants_logprobs
     with pytest.raises(InvalidRequest, match="return_finish_reason"):
         parse({"text_input": "x", "return_finish_reason": "maybe"})
+
+
+def test_negative_seeds_are_their_64_bits_read_unsigned():
+    """OpenAI's seeds are signed 64-bit integers; the noise is keyed by the same bits."""
+    from specgram.request import SamplingParams
+    assert SamplingParams(seed=-5, num_draft_tokens=0).validate(16, 8).seed == 2**64 - 5
+    assert SamplingParams(seed=-2**63, num_draft_tokens=0).validate(16, 8).seed == 2**63
+    with pytest.raises(InvalidRequest, match="seed"):
+        SamplingParams(seed=-2**63 - 1, num_draft_tokens=0).validate(16, 8)
+    with pytest.raises(InvalidRequest, match="seed"):
+        SamplingParams(seed=2**64, num_draft_tokens=0).validate(16, 8)
