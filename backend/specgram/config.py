@@ -35,8 +35,9 @@ class EngineConfig:
     drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
     draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"       # dtype of the draft model
-    draft_quantization: str = "none"  # "int8": the draft is an int8 dynamic-quantized copy (of draft_checkpoint,
-                                      # or of the target when that is empty); CPU only
+    draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
+                                      # when that is empty): native int8 weights where the native forward runs,
+                                      # PyTorch's dynamic quantization elsewhere; CPU only
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
                                        # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)

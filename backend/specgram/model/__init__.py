@@ -6,5 +6,6 @@ linear       which matmul implementation runs (native kernels or PyTorch)
 kv_cache     slot x position cache, write indices
 cuda_graphs  the shape-static CUDA-graph path for small forwards
 transfer     host -> device copies that never stall the host
-quantize     the int8 dynamic-quantized draft copy
+quantize     the int8 dynamic-quantized draft copy (where the native kernels do not run)
+int8         int8 weights with a scale per output channel, for the native kernels
 """

@@ -17,7 +17,9 @@ to copy, so n-gram lookup has something to find), at each --concurrency (c = 1: 
   ideal    (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))
   exact    greedy output ids equal the no-speculation ones for every prompt
 Drafters: ngram (prompt lookup), bf16 (the target checkpoint in bfloat16), int8 (an int8 dynamic-quantized
-copy of the target, specgram.model.quantize). Every engine shares one target runner.
+copy of the target, specgram.model.quantize), int8n (the target's int8 weight-only copy on the native kernels,
+what draft_quantization int8 loads where they run). k "auto": the engine chooses k per request per step.
+--prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from .. import report
 from ..run import acceptance, cpu_config, ids, run_engine, tok_per_step, tok_s
-from ..workload import COPY_PROMPTS, choose, text_cases
+from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose, text_cases
 
 SHARED = {"prompts": len(COPY_PROMPTS), "max_tokens": 96, "concurrency": [1, 8], "repeat": 1}
 QUICK = {"prompts": 2, "max_tokens": 48, "concurrency": [1, 2]}
@@ -42,11 +44,18 @@ CONFIGS = {
     "bf16-k4": ("draft_model", "bf16", 4),
     "int8-k2": ("draft_model", "int8", 2),
     "int8-k4": ("draft_model", "int8", 4),
+    "ngram-auto": ("ngram", None, -1),
+    "int8n-k2": ("draft_model", "int8n", 2),
+    "int8n-k4": ("draft_model", "int8n", 4),
+    "int8n-auto": ("draft_model", "int8n", -1),
 }
+PROMPT_SETS = {"copy": COPY_PROMPTS, "chat": CHAT_PROMPTS}
 
 
 def add_options(ap) -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
+    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="copy",
+                    help="copy: prompts holding text to copy; chat: open-ended chat prompts (free text)")
 
 
 def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
@@ -56,6 +65,8 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
 
     if kind == "bf16":
         return ModelRunner.from_pretrained(path, slots, max_seq_len, torch.device("cpu"), torch.bfloat16)
+    if kind == "int8n":
+        return ModelRunner(target.model, slots, max_seq_len, weights="int8")
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
@@ -100,7 +111,7 @@ def run(args) -> None:
     names = choose(args.configs, CONFIGS, ("none",))     # "none": the reference for speedup and exactness
     slots = max(args.concurrency)
     tok = load_tokenizer(args.model)
-    cases = text_cases(tok, COPY_PROMPTS[:args.prompts])
+    cases = text_cases(tok, PROMPT_SETS[args.prompt_set][:args.prompts])
     lens = [len(c["prompt_ids"]) for c in cases]
     max_seq_len = max(lens) + args.max_tokens + 16
     config = cpu_config(args.model, slots, max_seq_len, args.max_tokens)
@@ -115,7 +126,7 @@ def run(args) -> None:
             run_engine(e, cases[:c], 8, c, "draft_model" if kind else "ngram", 2)
 
     context = int(statistics.mean(lens)) + args.max_tokens // 2      # cost ratios at a mid-run context length
-    ks = sorted({CONFIGS[n][2] for n in names if CONFIGS[n][2]})
+    ks = sorted({CONFIGS[n][2] for n in names if CONFIGS[n][2] > 0})
     cost, verify, notes = {}, {}, []
     for c in args.concurrency:
         ms = forward_ms([(target, 1), *((drafts[k], 1) for k in drafts), *((target, k + 1) for k in ks)], c, context)
@@ -141,12 +152,13 @@ def run(args) -> None:
             last, t = runs[n][-1], statistics.median(map(tok_s, runs[n]))
             alpha, cc = acceptance(last) or 0.0, cost.get((kind, c), 0.0)
             exact = all(ids(r) == ids(runs["none"][0]) for r in runs[n])
-            rows.append([c, n.rsplit("-k", 1)[0], k, f"{t:.1f}", f"{alpha:.2f}" if k else "–",
-                         f"{tok_per_step(last):.2f}", f"{cc:.2f}" if k else "–",
-                         f"{verify.get((k, c), 1.0):.2f}" if k else "–", f"{t / ref_tps:.2f}×",
-                         f"{ideal_speedup(alpha, k, cc):.2f}×", "yes" if exact else "NO"])
+            rows.append([c, n.rsplit("-", 1)[0] if k < 0 else n.rsplit("-k", 1)[0], "auto" if k < 0 else k,
+                         f"{t:.1f}", f"{alpha:.2f}" if k else "–", f"{tok_per_step(last):.2f}",
+                         f"{cc:.2f}" if k else "–", f"{verify.get((k, c), 1.0):.2f}" if k > 0 else "–",
+                         f"{t / ref_tps:.2f}×", f"{ideal_speedup(alpha, k, cc):.2f}×" if k >= 0 else "–",
+                         "yes" if exact else "NO"])
     lines = report.header("Speculative decoding in process", args,
-                          f"{Path(args.model).name} fp32 target; {len(cases)} prompts (mean "
+                          f"{Path(args.model).name} fp32 target; {len(cases)} {args.prompt_set} prompts (mean "
                           f"{statistics.mean(lens):.0f} tokens), max_tokens {args.max_tokens}, greedy, repeat "
                           f"{args.repeat}")
     lines += [*report.table(["c", "drafter", "k", "output tok/s", "α", "tok/step", "c (cost)", "v", "speedup",
