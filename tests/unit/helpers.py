@@ -82,6 +82,21 @@ def target_and_draft(root: Path, max_seq_len: int, max_slots: int = 4, target_se
                                            max_seq_len=max_seq_len))
 
 
+def cheap_draft_model(monkeypatch, engine) -> None:
+    """Freeze engine's step-cost model at a 30 ms step and a 2 ms draft forward: what a draft model much smaller
+    than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need
+    not draft at all)."""
+    from specgram.speculation.adaptive import StepCosts
+    costs = StepCosts()
+    for _ in range(50):
+        for n in (1, 2, 4, 8, 16):
+            costs.record(n, 0.030 + 1e-4 * n)
+    costs.draft_depth_s = 0.002
+    monkeypatch.setattr(costs, "record", lambda *a: None)
+    monkeypatch.setattr(costs, "record_draft", lambda *a: None)
+    monkeypatch.setattr(engine.planner, "costs", costs)
+
+
 # ---- sampling: exact distributions and chi-square -------------------------------------------------------------
 
 def chi2_critical(df: int, z: float = 3.09) -> float:

@@ -8,6 +8,7 @@ from specgram.speculation.adaptive import Acceptance, RequestAcceptance, StepCos
 
 from .helpers import (
     PROMPTS,
+    cheap_draft_model,
     chi2_critical,
     chi2_stat,
     exact_joint,
@@ -135,9 +136,11 @@ def engines(tmp_path_factory):
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "right"])
-def test_greedy_auto_identical_batch1_and_batch4(engines, drafter):
+def test_greedy_auto_identical_batch1_and_batch4(engines, drafter, monkeypatch):
     engine = engines["right" if drafter == "right" else "wrong"]
     name = "draft_model" if drafter == "right" else drafter
+    if drafter == "right":
+        cheap_draft_model(monkeypatch, engine)
     for prompts in (PROMPTS[:1], PROMPTS):
         base = run(engine, prompts, max_tokens=30)
         auto = run(engine, prompts, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter=name)
@@ -217,3 +220,27 @@ def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypa
     assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
     stat, df = chi2_stat(samples, expected)
     assert stat < chi2_critical(df), (stat, df)
+
+
+def test_a_probe_is_skipped_where_even_a_sure_draft_cannot_pay():
+    """A draft-model probe first feeds the draft every token it missed: only worth it where a draft could pay."""
+    costs = costs_of(0.014, 0.0008)
+    assert adaptive.probe_can_pay(8, StepCosts())           # nothing measured yet
+    costs.draft_depth_s = 0.007                             # one stream, a draft forward at ~0.45 of a step: pays
+    assert adaptive.probe_can_pay(1, costs)
+    costs.draft_depth_s = 0.012                             # eight streams: the draft forward outweighs a token
+    assert not adaptive.probe_can_pay(8, costs)
+
+
+def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkeypatch):
+    """A proposal that first feeds the draft model many missed tokens (a prefill) is not timed as a depth."""
+    engine = engines["right"]
+    recorded = []
+    monkeypatch.setattr(engine.planner.costs, "record_draft", lambda depth, s: recorded.append(depth))
+    run(engine, PROMPTS[:1], max_tokens=12, num_draft_tokens=2, drafter="draft_model")
+    steps = len(recorded)
+    assert steps > 0
+    drafter = engine.drafters["draft_model"]
+    monkeypatch.setattr(drafter, "behind", lambda req: 5)    # as after idle steps
+    run(engine, PROMPTS[:1], max_tokens=12, num_draft_tokens=2, drafter="draft_model")
+    assert len(recorded) == steps

@@ -8,7 +8,7 @@ import torch
 
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import PROMPTS, run_to_end, tokens_of, wrong_and_right
+from .helpers import PROMPTS, cheap_draft_model, run_to_end, tokens_of, wrong_and_right
 
 PROMPT = "abcabc abcabc abc the cat sat"
 TOP = 5
@@ -55,8 +55,10 @@ def test_logprobs_are_transformers_log_softmax(engines):
                                                ("wrong", 3, "draft_model"), ("right", 4, "draft_model"),
                                                ("right", AUTO_DRAFT, "draft_model")])
 @pytest.mark.parametrize("company", [0, 3])
-def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which, k, drafter, company):
+def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which, k, drafter, company, monkeypatch):
     engine = engines[which]
+    if k == AUTO_DRAFT:
+        cheap_draft_model(monkeypatch, engine)
     base_ids, base_rows, _ = generate(engine, num_draft_tokens=0)
     ids, rows, final = generate(engine, company=PROMPTS[:company], num_draft_tokens=k, drafter=drafter)
     assert ids == base_ids and final.spec.drafted > 0

@@ -7,7 +7,16 @@ import torch
 
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import PROMPTS, chi2_critical, chi2_stat, run_to_end, target_and_draft, tokens_of, wrong_and_right
+from .helpers import (
+    PROMPTS,
+    cheap_draft_model,
+    chi2_critical,
+    chi2_stat,
+    run_to_end,
+    target_and_draft,
+    tokens_of,
+    wrong_and_right,
+)
 
 PROMPT = "abcabc abcabc abc the cat sat"
 PENALTIES = {
@@ -65,8 +74,10 @@ def test_each_processor_matches_the_reference(engines, name):
 @pytest.mark.parametrize("k, drafter, which", [(2, "ngram", "wrong"), (4, "ngram", "wrong"), (8, "ngram", "wrong"),
                                                (AUTO_DRAFT, "ngram", "wrong"), (3, "draft_model", "wrong"),
                                                (4, "draft_model", "right"), (AUTO_DRAFT, "draft_model", "right")])
-def test_greedy_speculation_is_token_identical_with_processors_on(engines, name, k, drafter, which):
+def test_greedy_speculation_is_token_identical_with_processors_on(engines, name, k, drafter, which, monkeypatch):
     engine = engines[which]
+    if k == AUTO_DRAFT and drafter == "draft_model":
+        cheap_draft_model(monkeypatch, engine)
     base, _ = greedy(engine, PROMPT, num_draft_tokens=0, **PENALTIES[name])
     spec, req = greedy(engine, PROMPT, num_draft_tokens=k, drafter=drafter, **PENALTIES[name])
     assert spec == base

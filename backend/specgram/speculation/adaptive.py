@@ -159,6 +159,16 @@ class StepCosts:
         return a, b
 
 
+def probe_can_pay(rows: int, costs: StepCosts) -> bool:
+    """Whether one draft-model draft could raise tokens per second in a step of `rows` verify rows even if it
+    were surely accepted. Where it cannot (many streams: a draft forward costs more than the token it may add),
+    a probe is not worth its cost: it first feeds the draft model every token it missed while idle."""
+    if not costs.known or costs.draft_depth_s == 0:
+        return True
+    a, b = costs.line()
+    return (rows + 1) / (a + b * (rows + 1) + costs.draft_depth_s) > rows / (a + b * rows)
+
+
 def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts) -> list[int]:
     """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
     come from the draft model (each depth level costs a draft forward shared by the batch).

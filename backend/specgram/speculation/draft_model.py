@@ -67,6 +67,10 @@ class DraftModelDrafter(Drafter):
                                           torch.stack(picked)])
         return out
 
+    def behind(self, req: Request) -> int:
+        """Committed tokens the draft cache lacks: what the next proposal feeds before drafting."""
+        return req.num_tokens - self.lens.get(req.request_id, 0)
+
     def committed(self, req: Request, accepted: int) -> None:
         fed = self.fed.pop(req.request_id, None)
         if fed is not None:

@@ -73,10 +73,13 @@ class DraftPlanner:
         for name, drafter in self.drafters.items():
             idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
+                # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
+                # first, not from a catch-up after idle steps (a prefill: its cost is not a depth's)
+                timed = name == "draft_model" and max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
                 props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick,
                                         [prefixes[i] for i in idx])
-                if name == "draft_model":
+                if timed:
                     self.costs.record_draft(max(ks[i] - len(prefixes[i]) for i in idx), time.perf_counter() - start)
                 for i, prop in zip(idx, props):
                     proposals[i] = tagged(prop, len(prefixes[i]), name)
@@ -91,7 +94,8 @@ class DraftPlanner:
         chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if a else []
                    for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
         cuts = adaptive.allocate(chances, auto, self.costs)
-        return [max(c, len(pre), min(1, k) if r.acceptance.probe_due else 0) if a else k
+        probe = adaptive.probe_can_pay(len(reqs), self.costs)
+        return [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if a else k
                 for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
 
     def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
