@@ -4,6 +4,7 @@ import pytest
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
+from specgram.model import kernels
 
 from ..conftest import TEST_DEVICE
 from .tiny import save_checkpoint
@@ -26,3 +27,15 @@ def make_engine(tiny_ckpt):
         kw.setdefault("linear", os.environ.get("SPECGRAM_TEST_LINEAR", "auto"))
         return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), **kw))
     return make
+
+
+@pytest.fixture(params=kernels.ISAS)
+def lib(request, monkeypatch):
+    """One ISA's kernel library (each this CPU has, the others skipped), which the runners and engines built in
+    the test then use (kernels.load() returns it)."""
+    try:
+        chosen = kernels.load_isa(request.param)
+    except kernels.KernelsUnavailable as e:
+        pytest.skip(f"the {request.param} kernels: {e}")
+    monkeypatch.setattr(kernels, "load", lambda: chosen)
+    return chosen

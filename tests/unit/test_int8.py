@@ -26,16 +26,6 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 REL_TOL = 1e-5     # fp32 accumulation against float64, relative to the largest output
 
 
-@pytest.fixture(params=kernels.ISAS)
-def lib(request, monkeypatch):
-    """One ISA's kernel library, which the runners built in the test then use (kernels.load() returns it)."""
-    try:
-        chosen = kernels.load_isa(request.param)
-    except kernels.KernelsUnavailable as e:
-        pytest.skip(f"the {request.param} kernels: {e}")
-    monkeypatch.setattr(kernels, "load", lambda: chosen)
-    return chosen
-
 
 def test_quantization_is_symmetric_per_output_row():
     torch.manual_seed(0)

@@ -89,16 +89,6 @@ def test_load_takes_the_forced_build_which_knows_its_isa(isa, monkeypatch):
         kernels.open_library(lib.path, other)
 
 
-@pytest.fixture(params=kernels.ISAS)
-def lib(request, monkeypatch):
-    """One ISA's kernel library, which the engines built in the test then use (kernels.load() returns it)."""
-    try:
-        chosen = kernels.load_isa(request.param)
-    except kernels.KernelsUnavailable as e:
-        pytest.skip(f"the {request.param} kernels: {e}")
-    monkeypatch.setattr(kernels, "load", lambda: chosen)
-    return chosen
-
 
 def test_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine):
     engine = make_engine()

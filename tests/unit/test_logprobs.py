@@ -91,7 +91,7 @@ def processed(make_engine):
     engine.close()
 
 
-def test_processed_logprobs_are_the_masked_distribution(processed, make_engine):
+def test_processed_logprobs_are_the_masked_distribution(processed):
     guide = dict(guide_type="choice", guide='["abc", "the cat", "xyz"]')
     for k in (0, 4):
         ids, rows, final = generate(processed, num_draft_tokens=k, **guide)

@@ -21,16 +21,6 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 LOGIT_ATOL = 1e-4
 
 
-@pytest.fixture(params=kernels.ISAS)
-def lib(request, monkeypatch):
-    """One ISA's kernel library, which the runners built in the test then use (kernels.load() returns it)."""
-    try:
-        chosen = kernels.load_isa(request.param)
-    except kernels.KernelsUnavailable as e:
-        pytest.skip(f"the {request.param} kernels: {e}")
-    monkeypatch.setattr(kernels, "load", lambda: chosen)
-    return chosen
-
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 96, True)])
