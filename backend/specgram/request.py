@@ -70,6 +70,12 @@ class SamplingParams:
         return self.num_draft_tokens == AUTO_DRAFT
 
     @property
+    def looks_up(self) -> bool:
+        """Whether n-gram lookup may draft for this request: its drafter, or beside the draft model under auto
+        k (the planner takes whichever expects more tokens per second, per step)."""
+        return self.drafter == "ngram" or (self.drafter == "draft_model" and self.auto_draft)
+
+    @property
     def speculates(self) -> bool:
         return self.num_draft_tokens != 0
 

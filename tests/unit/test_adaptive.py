@@ -76,6 +76,33 @@ def test_allocate_prefers_the_likelier_drafts_across_the_batch():
     assert cuts[0] == 3 and cuts[1] == 0
 
 
+def test_allocate_drafts_nothing_when_the_gain_is_within_the_margin():
+    # 8 rows, 16 ms + 0.4 ms a row: one 30%-likely draft raises tokens/s by ~1.4%, below MIN_GAIN
+    costs = costs_of(0.016, 0.0004)
+    weak = [[0.3]] + [[]] * 7
+    assert allocate(weak, [False] * 8, costs) == [0] * 8
+    a, b = costs.line()
+    gain = (8 + 0.3) / (a + 9 * b) / (8 / (a + 8 * b)) - 1
+    assert 0 < gain <= adaptive.MIN_GAIN                     # it would pay without the margin
+    strong = [[0.9, 0.8]] * 4 + [[]] * 4                     # ~+35%: verified
+    assert allocate(strong, [False] * 8, costs) == [2] * 4 + [0] * 4
+
+
+def test_lookup_drafts_win_where_they_expect_as_many_tokens_for_less():
+    costs = costs_of(0.014, 0.0004)
+    costs.draft_depth_s = 0.006                            # a draft forward ~ 0.4 of a target step
+    model = [0.9, 0.81, 0.73]
+    assert adaptive.lookup_pays([0.9, 0.8, 0.7], model, 1, costs)          # as good and free
+    assert not adaptive.lookup_pays([0.3, 0.1], model, 1, costs)           # the model's drafts pay more
+    assert not adaptive.lookup_pays([], model, 1, costs)                   # nothing found
+    assert adaptive.lookup_pays([0.3], [], 1, costs)                       # the model would draft nothing
+    # a forced first token costs the model no draft forward: 3.85 tokens in 27.6 ms beat lookup's 2.05 in
+    # 15.2 ms only then (33.6 ms when the model drafts all three)
+    assert adaptive.lookup_pays([0.95, 0.1], [0.95] * 3, 1, costs)
+    assert not adaptive.lookup_pays([0.95, 0.1], [0.95] * 3, 1, costs, forced=1)
+    assert adaptive.lookup_pays([0.1], model, 1, StepCosts())              # before any timing: lookup found one
+
+
 def test_allocate_counts_draft_model_depth():
     chances = [[0.7, 0.5]]
     cheap = costs_of(0.030, 0.001)
@@ -149,6 +176,42 @@ def test_greedy_auto_identical_batch1_and_batch4(engines, drafter, monkeypatch):
         assert sum(o[-1].spec.accepted for o in auto) > 0, "with always-right drafts auto must draft"
 
 
+def test_a_draft_model_request_under_auto_drafts_by_lookup_where_the_model_does_not_pay(engines, monkeypatch):
+    """Auto k with the draft model also looks up n-grams: with a draft forward dearer than a target step the
+    model never drafts, never even sees the prompt (fed lazily), and lookup drafts still run; output exact."""
+    engine = engines["right"]
+    costs = costs_of(0.030, 1e-5)
+    costs.draft_depth_s = 0.050
+    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs))
+    fed = []
+    drafter = engine.drafters["draft_model"]
+    monkeypatch.setattr(drafter, "propose", lambda reqs, *a: fed.append(reqs) or [])
+    base = run(engine, PROMPTS, max_tokens=30)
+    auto = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    assert [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
+    by_source = [o[-1].spec.by_source for o in auto]
+    assert not fed and all("draft_model" not in s for s in by_source)
+    assert sum(s.get("prompt", (0, 0))[0] + s.get("output", (0, 0))[0] for s in by_source) > 0
+
+
+def test_lookup_drafts_that_lost_to_the_model_are_observed_against_what_was_committed():
+    from specgram.request import Request
+    from specgram.speculation.drafter import Proposal
+    from specgram.speculation.planner import DraftPlanner
+
+    planner = DraftPlanner({}, None, 8, 96, False)
+    r = Request(prompt_ids=[1, 2], params=SamplingParams())
+    planner.start(r)
+    planner.shadows[r.request_id] = Proposal([5, 6, 7], sources=["prompt"] * 3)
+    planner._observe_shadow(r, [5, 6, 9, 4])               # first two right, the third wrong
+    first, follow = r.acceptance.get("prompt"), r.acceptance.get("prompt", follows=True)
+    assert (first.successes, first.trials, follow.successes, follow.trials) == (1, 1, 1, 2)
+    assert r.request_id not in planner.shadows
+    planner.shadows[r.request_id] = Proposal([3], sources=["forced"])
+    planner._observe_shadow(r, [3])                        # a forced prefix: counted by the verified proposal
+    assert r.acceptance.get("forced").trials == 0
+
+
 def test_auto_mixed_with_fixed_k_and_no_speculation(engines):
     engine = engines["wrong"]
     prompts = PROMPTS * 2
@@ -208,8 +271,8 @@ def tiny_vocab(tmp_path_factory):
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
 def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypatch):
     engine = tiny_vocab
-    # 64 rows: drafts with a chance above ~0.2 pay
-    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs_of(0.030, 0.0001)))
+    # 64 rows, rows nearly free: drafts pay (above MIN_GAIN for the batch) wherever lookup finds some
+    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs_of(0.030, 0.000001)))
     expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
     reqs = [engine.make_request(SamplingParams(max_tokens=3, ignore_eos=True, seed=i, num_draft_tokens=AUTO_DRAFT,
                                                drafter=drafter, **SAMPLE_PARAMS), prompt_ids=PROMPT)

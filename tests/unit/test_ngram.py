@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specgram.grammar.guide import Guide
-from specgram.speculation.ngram import lookup
+from specgram.speculation.ngram import candidates, lookup
 
 from .helpers import target_and_draft
 
@@ -30,6 +30,33 @@ def test_own_tokens_before_the_extra_corpus_at_equal_length_and_longer_extra_mat
     assert lookup(seq, 2, 1, 4, extra) == ([6, 4], 2, False)
     seq = ids(9, 4, 5, 6, 3, 4, 5)
     assert lookup(seq, 2, 1, 4, ids(3, 4, 5, 7, 7)) == ([7, 7], 3, True)   # (3, 4, 5) only in extra
+
+
+def brute_candidates(seq: list[int], k: int, n_min: int, n_max: int, extra: list[int] | None, limit: int):
+    """The lookup's contract written out plainly: for n from the longest down, the latest `limit` earlier
+    occurrences of the last n tokens in seq (ending before seq's end), then in extra; non-empty continuations."""
+    out = []
+    L = len(seq)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = seq[L - n:]
+        for corpus, in_extra, searched in ((seq, False, seq[:L - 1]), (extra, True, extra)):
+            if not corpus:
+                continue
+            starts = [s for s in range(len(searched) - n, -1, -1) if searched[s:s + n] == suffix][:limit]
+            out += [(n, corpus[s + n:s + n + k], s + n, in_extra) for s in starts if s + n < len(corpus)]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_candidates_equal_a_plain_search(seed):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(2, 6))             # a small vocabulary: many repeated n-grams
+    seq = rng.integers(0, vocab, int(rng.integers(0, 40))).tolist()
+    extra = rng.integers(0, vocab, int(rng.integers(0, 12))).tolist() if seed % 3 else None
+    k, n_min, n_max, limit = int(rng.integers(1, 6)), int(rng.integers(1, 3)), int(rng.integers(2, 6)), 1 + seed % 4
+    got = list(candidates(np.asarray(seq, dtype=np.int64), k, n_min, n_max,
+                          None if extra is None else np.asarray(extra, dtype=np.int64), limit))
+    assert got == brute_candidates(seq, k, n_min, n_max, extra, limit)
 
 
 def test_grammar_ranking_skips_illegal_continuations_and_prefers_the_longest_legal_one():

@@ -58,7 +58,7 @@ class Intake:
             with self._tokenizing:
                 req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
         if kind is not None:
-            if params.speculates and params.drafter == "ngram" and params.guide:
+            if params.speculates and params.looks_up and params.guide:
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
             req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop; last

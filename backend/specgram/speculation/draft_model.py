@@ -1,8 +1,8 @@
 """A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
-tokens it lacks (1–2 after a step, the prompt at admission) plus any forced prefix, then its own drafts
-one at a time; after verification the valid length is the committed prefix the draft actually fed. Rows
+tokens it lacks (1–2 after a step; the prompt and every token since, at a request's first draft or after
+steps that drafted otherwise) plus any forced prefix, then its own drafts one at a time; after verification the valid length is the committed prefix the draft actually fed. Rows
 are batched across requests; requests with a smaller k drop out of later draft iterations.
 """
 from __future__ import annotations
@@ -35,7 +35,13 @@ class DraftModelDrafter(Drafter):
         return fit_vocab(logits, self.vocab)
 
     def admit(self, reqs: list[Request]) -> None:
-        # the prompt goes in now, in one padded forward, rather than padding a later draft step to its length
+        if self.runner.native is not None:
+            # rows are packed (never padded to the longest): the prompt goes in with the request's first draft,
+            # so a request that never drafts with the model (many streams, lookup drafts) never pays for it
+            for r in reqs:
+                self.lens[r.request_id] = 0
+            return
+        # padded forwards: the prompt goes in now, rather than padding a later draft step to its length
         self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs))
         for r in reqs:
             self.lens[r.request_id] = len(r.prompt_ids)

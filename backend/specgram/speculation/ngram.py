@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..request import Request
 from .drafter import Drafter, PickFn, Proposal
@@ -27,29 +26,41 @@ from .drafter import Drafter, PickFn, Proposal
 MAX_OCCURRENCES = 4
 
 
-def latest_hits(corpus: np.ndarray, suffix: np.ndarray, limit: int) -> np.ndarray:
-    """-> the starts of the latest `limit` occurrences of suffix in corpus (both int64 1-D), latest first."""
-    n = len(suffix)
-    if len(corpus) < n:
-        return np.empty(0, dtype=np.int64)
-    hits = np.flatnonzero((sliding_window_view(corpus, n) == suffix).all(axis=1))
-    return hits[::-1][:limit]
+def match_ends(corpus: np.ndarray, ids: np.ndarray, searched: int, n_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (e, m): the positions e < searched of corpus where ids' last token occurs, latest first, and per e the
+    length m (<= n_max) of the longest suffix of ids that ends at corpus[e]. One comparison over the corpus,
+    then one per extra suffix token over the hits only (not a sliding window per n)."""
+    ends = np.flatnonzero(corpus[:searched] == ids[-1])[::-1]
+    m = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for j in range(1, n_max):
+        back = ends - j
+        alive &= back >= 0
+        alive[alive] = corpus[back[alive]] == ids[-1 - j]
+        if not alive.any():
+            break
+        m += alive
+    return ends, m
 
 
 def candidates(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None = None,
                limit: int = MAX_OCCURRENCES) -> Iterator[tuple[int, list[int], int, bool]]:
     """ids: [L] int64 -> (n, up to k tokens that followed an earlier occurrence of the last n ids, where they
     start in their corpus, whether that corpus is `extra` rather than ids), longest n first, then ids' own
-    occurrences latest first, then extra's. Only non-empty continuations."""
+    occurrences latest first (the latest `limit` per n), then extra's. Only non-empty continuations."""
     L = len(ids)
-    for n in range(min(n_max, L - 1), n_min - 1, -1):
-        suffix = ids[L - n:]
-        for corpus, in_extra, searched in ((ids, False, ids[:L - 1]), (extra, True, extra)):
-            if corpus is None or not len(corpus):
-                continue
-            for at in latest_hits(searched, suffix, limit).tolist():  # in ids: ending before the suffix itself
-                if at + n < len(corpus):
-                    yield n, corpus[at + n:at + n + k].tolist(), at + n, in_extra
+    top = min(n_max, L - 1)
+    if top < n_min:
+        return
+    # an occurrence in ids ends before the suffix itself does (it may overlap it)
+    corpora = [(ids, False, *match_ends(ids, ids, L - 1, top))]
+    if extra is not None and len(extra):
+        corpora.append((extra, True, *match_ends(extra, ids, len(extra), top)))
+    for n in range(top, n_min - 1, -1):
+        for corpus, in_extra, ends, m in corpora:
+            for e in ends[m >= n][:limit].tolist():
+                if e + 1 < len(corpus):
+                    yield n, corpus[e + 1:e + 1 + k].tolist(), e + 1, in_extra
 
 
 def lookup(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None = None,

@@ -1,7 +1,9 @@
 """Draft planning: which drafts each decoding request verifies in a step, and what the verify outcome teaches.
 
 For a step's decoding requests: grammar-forced tokens first (free), then each drafter continues the proposals
-of the requests that use it, batched across them (draft logits masked with the rows the target will use);
+of the requests that use it, batched across them (draft logits masked with the rows the target will use); a
+draft-model request under auto k also looks up n-grams first and drafts with the model only where that expects
+more tokens per second than the lookup's drafts (adaptive.lookup_pays);
 auto requests are then cut by adaptive.allocate over the whole batch; guided proposals are sealed by their
 grammar (cut at the first illegal draft, the bonus row filled, the matcher rolled back). After the verify,
 settle() records what was accepted: statistics, acceptance estimates, the drafters' own state.
@@ -39,6 +41,8 @@ class DraftPlanner:
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
+        # request id -> this step's lookup drafts that lost to the draft model's (settle() observes them for free)
+        self.shadows: dict[int, Proposal] = {}
 
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
@@ -68,26 +72,52 @@ class DraftPlanner:
         ks = [self.draft_len(r) for r in reqs]
         prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, self.forced_strings) if r.guide and k else []
                     for r, k in zip(reqs, ks)]
-        ks = self._draft_model_depths(reqs, ks, prefixes)
+        lookups = self._lookups(reqs, ks, prefixes, pick)
+        depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
         proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
-            idx = [i for i, r in enumerate(reqs) if ks[i] > len(prefixes[i]) and r.params.drafter == name]
+            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
                 # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
-                # first, not from a catch-up after idle steps (a prefill: its cost is not a depth's)
+                # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
                 timed = name == "draft_model" and max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
-                props = drafter.propose([reqs[i] for i in idx], [ks[i] for i in idx], pick,
+                props = drafter.propose([reqs[i] for i in idx], [depths[i] for i in idx], pick,
                                         [prefixes[i] for i in idx])
                 if timed:
-                    self.costs.record_draft(max(ks[i] - len(prefixes[i]) for i in idx), time.perf_counter() - start)
+                    self.costs.record_draft(max(depths[i] - len(prefixes[i]) for i in idx),
+                                            time.perf_counter() - start)
                 for i, prop in zip(idx, props):
                     proposals[i] = tagged(prop, len(prefixes[i]), name)
-        return [cut(p, k) for p, k in zip(proposals, ks)]
+        self.shadows = {}
+        for i, found in enumerate(lookups):
+            if found is None:
+                continue
+            if depths[i] > len(prefixes[i]):
+                self.shadows[reqs[i].request_id] = found
+            else:
+                proposals[i], depths[i] = found, ks[i]
+        return [cut(p, k) for p, k in zip(proposals, depths)]
 
-    def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]]) -> list[int]:
+    def _lookups(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn) -> list:
+        """Draft-model requests under auto k: their n-gram lookup drafts (a Proposal continuing the forced
+        prefix; None where lookup finds nothing more, and for every other request)."""
+        both = [i for i, r in enumerate(reqs)
+                if r.params.drafter == "draft_model" and r.params.looks_up and ks[i] > len(prefixes[i])]
+        out: list[Proposal | None] = [None] * len(reqs)
+        if both:
+            found = self.drafters["ngram"].propose([reqs[i] for i in both], [ks[i] for i in both], pick,
+                                                   [prefixes[i] for i in both])
+            for i, p in zip(both, found):
+                out[i] = p if len(p.tokens) > len(prefixes[i]) else None
+        return out
+
+    def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]],
+                            lookups: list) -> list[int]:
         """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
-        draft forward), from their acceptance estimates; the other requests count as one verify row each."""
+        draft forward), from their acceptance estimates; the other requests count as one verify row each. Where
+        a request's lookup drafts pay at least as well (lookups[i]), its depth is its forced prefix: the model
+        drafts nothing for it this step."""
         auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
         if not any(auto):
             return ks
@@ -95,8 +125,14 @@ class DraftPlanner:
                    for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
         cuts = adaptive.allocate(chances, auto, self.costs)
         probe = adaptive.probe_can_pay(len(reqs), self.costs)
-        return [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if a else k
-                for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
+        depths = [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if a else k
+                  for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
+        for i, found in enumerate(lookups):
+            if found is not None and adaptive.lookup_pays(reqs[i].acceptance.chances(found.sources),
+                                                          chances[i][:depths[i]], len(reqs), self.costs,
+                                                          len(prefixes[i])):
+                depths[i] = len(prefixes[i])
+        return depths
 
     def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
@@ -105,12 +141,12 @@ class DraftPlanner:
             return proposals
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
                    for r, p in zip(reqs, proposals)]
-        cuts = adaptive.allocate(chances, [r.params.drafter == "draft_model" for r in reqs], self.costs)
+        cuts = adaptive.allocate(chances, ["draft_model" in p.sources for p in proposals], self.costs)
         out = []
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
-                probe = r.params.drafter == "draft_model" and r.acceptance.probe_due
+                probe = "draft_model" in p.sources and r.acceptance.probe_due
                 p = cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
             out.append(p)
@@ -136,4 +172,16 @@ class DraftPlanner:
             r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
             self.drafters[r.params.drafter].committed(r, a)
             out.append(p.tokens[:a] + [t])
+            self._observe_shadow(r, out[-1])
         return out
+
+    def _observe_shadow(self, r: Request, committed: list[int]) -> None:
+        """The lookup drafts that lost to the draft model's this step, judged against the committed tokens (what
+        the target would have accepted of them): the lookup estimate stays current while the model drafts.
+        Skipped after a forced prefix, which the verified proposal's own observation already counted."""
+        shadow = self.shadows.pop(r.request_id, None)
+        if shadow is None or shadow.sources[0] == "forced":
+            return
+        n = min(len(shadow.tokens), len(committed))
+        hits = next((j for j in range(n) if shadow.tokens[j] != committed[j]), n)
+        r.acceptance.observe(shadow.sources[:n], n, hits, None)
