@@ -37,7 +37,9 @@ class EngineConfig:
     draft_dtype: str = "auto"       # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
                                       # when that is empty): native int8 weights where the native forward runs,
-                                      # PyTorch's dynamic quantization elsewhere; CPU only
+                                      # PyTorch's dynamic quantization elsewhere; CPU only. "auto": the target's
+                                      # int8 copy where the native forward runs the target (no draft_checkpoint,
+                                      # weights not int8 already), else none
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
                                        # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
@@ -102,10 +104,10 @@ class EngineConfig:
         if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
             raise ModelLoadError(f"engine setting drafter must be auto, draft_model, ngram or grammar; "
                                  f"got {self.drafter!r}")
-        if self.drafter == "draft_model" and not self.has_draft_model:
+        if self.drafter == "draft_model" and not (self.has_draft_model or self.draft_quantization == "auto"):
             raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint or draft_quantization setting")
-        if self.draft_quantization not in ("none", "int8"):
-            raise ModelLoadError(f"draft_quantization must be none or int8, got {self.draft_quantization!r}")
+        if self.draft_quantization not in ("none", "int8", "auto"):
+            raise ModelLoadError(f"draft_quantization must be none, int8 or auto, got {self.draft_quantization!r}")
         if self.draft_quantization == "int8" and self.torch_device().type != "cpu":
             raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
@@ -200,7 +202,8 @@ class EngineConfig:
 
     @property
     def has_draft_model(self) -> bool:
-        return bool(self.draft_checkpoint) or self.draft_quantization != "none"
+        """Whether a draft model is surely configured ("auto" quantization decides at load: loading.py)."""
+        return bool(self.draft_checkpoint) or self.draft_quantization == "int8"
 
     @property
     def default_drafter(self) -> str:

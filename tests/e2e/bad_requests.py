@@ -192,7 +192,6 @@ VALUES = [
     Case("exclude_input_in_output-word", sp(exclude_input_in_output="no"), "exclude_input_in_output"),
     Case("apply_chat_template-word", sp(apply_chat_template="yes"), "apply_chat_template"),
     Case("drafter-unknown", {"drafter": "magic"}, "drafter"),
-    Case("drafter-unconfigured-draft_model", {"drafter": "draft_model"}, "drafter"),
     Case("drafter-empty", {"drafter": ""}, "drafter"),
     Case("drafter-number", sp(drafter=5), "drafter"),
     Case("presence_penalty-out-of-range", {"presence_penalty": 5.0}, "presence_penalty"),

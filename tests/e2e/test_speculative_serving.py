@@ -26,6 +26,18 @@ def test_greedy_output_identical_with_and_without_speculation(triton_server):
         assert max(len(r["outputs"].get("output_ids", [])) for r in spec) > 1
 
 
+def test_the_served_int8_copy_drafts_and_output_stays_exact(triton_server):
+    """The served default on CPU (draft_quantization auto): the target's int8 copy as the draft model, alone
+    (fixed k) and beside lookup (auto k) - the target's greedy tokens either way."""
+    plain = run(triton_server, 0)
+    for k in (3, -1):
+        spec = run(triton_server, k, drafter="draft_model")
+        assert not errors_of(spec) and ids_of(spec) == ids_of(plain), k
+    fixed = run(triton_server, 3, drafter="draft_model")
+    assert last_value(fixed, "spec_drafted_tokens") > 0 and last_value(fixed, "spec_accepted_tokens") > 0
+    assert '"draft_model"' in last_value(fixed, "spec_detail")
+
+
 def test_penalties_and_logprobs_are_exact_under_speculation(triton_server):
     """vLLM's penalties and logprobs through the server: the same tokens and the same logprobs with speculation on
     (auto and k = 4) and off."""

@@ -16,6 +16,7 @@ from specgram.model import kernels
 from specgram.model.int8 import dequantize_rows, quantize_rows
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
+from specgram.request import SamplingParams
 
 from .helpers import PROMPTS, run, tokens_of
 from .tiny import build_model, save_checkpoint
@@ -145,6 +146,24 @@ def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(mak
     assert "quantized" in type(copy.model.model.layers[0].self_attn.q_proj).__module__
     with pytest.raises(ModelLoadError, match="weights int8 runs on the native CPU forward only"):
         make_engine(weights="int8")
+
+
+def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(lib, make_engine, tiny_ckpt,
+                                                                                monkeypatch):
+    with closing(make_engine(draft_quantization="auto")) as engine:
+        assert engine.drafters["draft_model"].runner.weights == "int8"
+        req = engine.make_request(SamplingParams(), text="hi")
+        assert req.params.drafter == "draft_model"                # drafter auto: the loaded draft model
+    with closing(make_engine(draft_quantization="auto", weights="int8")) as engine:
+        assert "draft_model" not in engine.drafters               # an int8 target: its copy would be itself
+        assert engine.make_request(SamplingParams(), text="hi").params.drafter == "ngram"
+    with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
+        assert engine.drafters["draft_model"].runner.weights == "auto"     # the named draft, as it is
+    monkeypatch.setattr(kernels, "load", lambda: None)
+    with closing(make_engine(draft_quantization="auto")) as engine:
+        assert "draft_model" not in engine.drafters               # the PyTorch forward: no int8 copy
+    with pytest.raises(ModelLoadError, match="draft_quantization auto found no draft model"):
+        make_engine(draft_quantization="auto", drafter="draft_model")
 
 
 def test_the_weights_setting_is_validated(tiny_ckpt):

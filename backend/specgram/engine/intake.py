@@ -35,8 +35,9 @@ class Intake:
         kind = None
         if params.guide_type is not None:
             kind = self.grammar.check(params.guide_type, params.guide)
-        if params.drafter is None:
-            params.drafter = config.default_drafter
+        if params.drafter is None:       # auto: the draft model where one was loaded
+            params.drafter = "draft_model" if config.drafter == "auto" and "draft_model" in self.drafters \
+                else config.default_drafter
         if params.drafter not in self.drafters:
             raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
                                  f"available: {sorted(self.drafters)}")

@@ -4,6 +4,8 @@ draft_quantization int8: the draft is an int8 copy of draft_checkpoint's model, 
 none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 weight-only copy on
 the native kernels (model/int8.py: a scale per output channel, fp32 activations; it shares the loaded model
 with the target rather than copying it); elsewhere it is torch's dynamic-quantized copy (model/quantize.py).
+draft_quantization auto: the target's int8 copy where the native forward runs the target (its drafts are ~0.4
+of a target step and agree with it on ~94% of tokens: docs/performance.md), else no draft model.
 """
 from __future__ import annotations
 
@@ -69,12 +71,24 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
         base = load_model(config.draft_checkpoint, device, config.torch_dtype("draft_dtype"))
         if config.draft_quantization != "int8":
             draft = ModelRunner(base, config.max_slots, config.max_seq_len, static, config.linear)
-    if config.draft_quantization == "int8":
+    if draft_quantization(config, target) == "int8":
         draft = int8_draft(base, config, static)
     drafters: dict[str, Drafter] = {}
     if draft is not None:
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
+    elif config.drafter == "draft_model":
+        raise ModelLoadError("drafter 'draft_model': draft_quantization auto found no draft model to load here "
+                             "(the native CPU forward does not run the target); set draft_checkpoint")
     return target, tokenizer, drafters
+
+
+def draft_quantization(config: EngineConfig, target: ModelRunner) -> str:
+    """config.draft_quantization with auto resolved: int8 where the native forward runs an fp32 / bf16 target
+    and no draft checkpoint is named, else none."""
+    if config.draft_quantization != "auto":
+        return config.draft_quantization
+    native = target.native is not None and target.weights != "int8"
+    return "int8" if native and not config.draft_checkpoint else "none"
 
 
 def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:

@@ -2,8 +2,9 @@
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
 tokens it lacks (1–2 after a step; the prompt and every token since, at a request's first draft or after
-steps that drafted otherwise) plus any forced prefix, then its own drafts one at a time; after verification the valid length is the committed prefix the draft actually fed. Rows
-are batched across requests; requests with a smaller k drop out of later draft iterations.
+steps that drafted otherwise) plus any forced prefix, then its own drafts one at a time; after
+verification the valid length is the committed prefix the draft actually fed. Rows are batched across
+requests; requests with a smaller k drop out of later draft iterations.
 """
 from __future__ import annotations
 

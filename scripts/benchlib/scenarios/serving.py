@@ -4,10 +4,17 @@
     python scripts/bench.py serving --url localhost:8001 --concurrency 1 8 --prompts 8 --max-tokens 64
     python scripts/bench.py serving --extra '{"num_draft_tokens": 4}'
     python scripts/bench.py serving --quick               # c = 1 and 2, 2 requests, 16 tokens
+    python scripts/bench.py serving --configs k0,served --repeat 3 --prompt-set chat   # speculation's gain
 
 Every request produces exactly --max-tokens tokens (ignore_eos), greedy, chat-templated prompts; each
 concurrency level sends max(--prompts, c) requests in a closed loop. Per concurrency: aggregate output tok/s,
 per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and the ratio to the first row.
+--configs: request settings compared on one server, interleaved --repeat times per concurrency (medians):
+  served      no num_draft_tokens / drafter inputs: the server's defaults (config.pbtxt)
+  k0          num_draft_tokens 0: no speculation
+  ngram-auto  drafter ngram, num_draft_tokens auto
+then the ratio column is tok/s ÷ the first config's at the same concurrency, and the outputs of every config
+are compared with the first's (greedy: they must be identical).
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import statistics
 
 from .. import report
 from ..run import run_triton, served, tok_s
-from ..workload import CHAT_PROMPTS
+from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose
 
 SHARED = {"concurrency": [1, 8], "prompts": 8, "max_tokens": 64}
 QUICK = {"concurrency": [1, 2], "prompts": 2, "max_tokens": 16}
@@ -24,12 +31,24 @@ QUICK_HELP = "concurrency 1 and 2, 2 requests, 16 tokens"
 ENGINE = False
 
 
+# name -> the inputs a request of that config carries (None: the input is not sent)
+CONFIGS = {"served": {"num_draft_tokens": None, "drafter": None}, "k0": {"num_draft_tokens": 0},
+           "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"}}
+PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS}
+
+
 def add_options(ap) -> None:
     ap.add_argument("--url", default="", help="gRPC url of a running server (default: start one here)")
     ap.add_argument("--extra", default="{}", help="JSON of extra inputs, e.g. '{\"num_draft_tokens\": 4}'")
+    ap.add_argument("--configs", default="", help=f"comma-separated request settings to compare, from {list(CONFIGS)}")
+    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="chat",
+                    help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
 
 
 def run(args) -> None:
+    if args.configs:
+        return compare_configs(args)
     extra = {"ignore_eos": True, **json.loads(args.extra)}
     recs = []
     with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
@@ -49,4 +68,41 @@ def run(args) -> None:
                           ("tritonclient", "nvidia-pytriton"))
     lines += report.table(["concurrency", "output tok/s (aggregate)", "per-stream tok/s", "mean TTFT ms",
                            f"ratio to c={recs[0]['concurrency']}"], rows)
+    report.write(args, lines, dict(records=recs))
+
+
+def compare_configs(args) -> None:
+    """--configs: each config's closed-loop run per concurrency on one server, interleaved --repeat times."""
+    names = choose(args.configs, CONFIGS)
+    prompts = PROMPT_SETS[args.prompt_set]
+    base = {"ignore_eos": True, **json.loads(args.extra)}
+    rows, recs = [], []
+    with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
+        for n in names:                                                       # warm-up: every config
+            run_triton(url, [dict(prompt=p) for p in prompts[:2]], 8, 2, extra={**base, **CONFIGS[n]})
+        for c in args.concurrency:
+            cases = [dict(prompt=prompts[i % len(prompts)]) for i in range(max(args.prompts, c))]
+            runs: dict[str, list[dict]] = {n: [] for n in names}
+            for _ in range(args.repeat):
+                for n in names:
+                    runs[n].append(run_triton(url, cases, args.max_tokens, c, extra={**base, **CONFIGS[n]},
+                                              system="ours via Triton", config=n))
+                    report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
+            recs += [r for rs in runs.values() for r in rs]
+            ref = statistics.median(map(tok_s, runs[names[0]]))
+            ref_ids = [q["ids"] for q in runs[names[0]][0]["requests"]]
+            for n in names:
+                last = runs[n][-1]
+                drafted, accepted = last["drafted"] or 0, last["accepted"] or 0
+                t = statistics.median(map(tok_s, runs[n]))
+                exact = all([q["ids"] for q in r["requests"]] == ref_ids for r in runs[n])
+                rows.append([c, n, f"{t:.1f}", " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
+                             f"{accepted / drafted:.2f}" if drafted else "–", f"{t / ref:.2f}×",
+                             "yes" if exact else "NO"])
+    lines = report.header("Serving: request settings side by side over gRPC streaming", args,
+                          f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens each "
+                          f"(ignore_eos), greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
+                          f"{'server at ' + args.url if args.url else 'own server'}", ("tritonclient",))
+    lines += report.table(["c", "config", "output tok/s (median)", "runs", "α", f"÷ {names[0]}",
+                           f"same output as {names[0]}"], rows)
     report.write(args, lines, dict(records=recs))
