@@ -124,8 +124,9 @@ def run_triton(url: str, cases: list[dict], max_tokens: int, concurrency: int, d
                k: int = 0, guided: bool = False, extra: dict | None = None, **meta) -> dict:
     """One timed closed-loop run of the cases through a server -> its record."""
     def one(i: int) -> dict:
-        return dict(case=i, **stream_request(url, triton_inputs(cases[i], max_tokens, drafter, k, guided,
-                                                                **(extra or {}))))
+        # extra last: it may also replace (or, as None, drop) the drafter and num_draft_tokens inputs
+        return dict(case=i, **stream_request(url, {**triton_inputs(cases[i], max_tokens, drafter, k, guided),
+                                                   **(extra or {})}))
     reqs, wall = closed_loop(one, range(len(cases)), concurrency)
     return record(reqs, wall, concurrency, drafter=drafter, k=k, guided=guided, **meta)
 

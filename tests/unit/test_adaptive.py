@@ -130,6 +130,17 @@ def test_acceptance_observations_and_the_free_one():
     assert chances[2] == pytest.approx(chances[1] * follow.rate)
 
 
+def test_an_idle_request_looks_up_every_few_steps_only():
+    est = RequestAcceptance()
+    rests = []
+    for idle in range(2 * adaptive.LOOKUP_EVERY + 1):
+        est.idle_steps = idle
+        rests.append(est.lookup_rests)
+    every = adaptive.LOOKUP_EVERY
+    assert rests == [idle > 0 and idle % every != 0 for idle in range(2 * every + 1)]
+    assert rests[0] is False and rests[every] is False and rests[1] is True      # drafting: every step
+
+
 def test_acceptance_rate_follows_recent_steps():
     s = Acceptance(prior=0.5)
     for _ in range(20):

@@ -32,6 +32,10 @@ POPULATION_FORGET = 0.999   # per observation: the engine-wide rate follows the 
 # a draft-model request that drafted nothing this many steps in a row verifies one draft (its estimate's only
 # evidence; lookup and forced drafts are observed for free even when cut)
 PROBE_AFTER = 16
+# a request whose last steps verified no drafts looks up n-grams only every LOOKUP_EVERY-th step (its free
+# observation then still comes, a few steps apart): at 8 streams of free text the lookups cost ~3% of a step
+# while their drafts are nearly all cut
+LOOKUP_EVERY = 4
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
 SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
@@ -93,6 +97,11 @@ class RequestAcceptance:
     def probe_due(self) -> bool:
         """Drafted nothing for PROBE_AFTER steps: a draft-model request then verifies one draft."""
         return self.idle_steps >= PROBE_AFTER
+
+    @property
+    def lookup_rests(self) -> bool:
+        """Idle (no drafts verified lately) and not a LOOKUP_EVERY-th idle step: no lookup this step."""
+        return self.idle_steps > 0 and self.idle_steps % LOOKUP_EVERY != 0
 
     def get(self, source: str, follows: bool = False) -> Acceptance:
         """The estimate for a draft from `source`: the first of a step's drafts, or (follows) one after an

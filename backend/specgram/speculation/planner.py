@@ -72,11 +72,14 @@ class DraftPlanner:
         ks = [self.draft_len(r) for r in reqs]
         prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, self.forced_strings) if r.guide and k else []
                     for r, k in zip(reqs, ks)]
-        lookups = self._lookups(reqs, ks, prefixes, pick)
+        # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
+        rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
+        lookups = self._lookups(reqs, ks, prefixes, pick, rests)
         depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
         proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
-            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name]
+            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name
+                   and not (name == "ngram" and rests[i])]
             if idx:
                 # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
@@ -99,11 +102,12 @@ class DraftPlanner:
                 proposals[i], depths[i] = found, ks[i]
         return [cut(p, k) for p, k in zip(proposals, depths)]
 
-    def _lookups(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn) -> list:
+    def _lookups(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn,
+                 rests: list[bool]) -> list:
         """Draft-model requests under auto k: their n-gram lookup drafts (a Proposal continuing the forced
-        prefix; None where lookup finds nothing more, and for every other request)."""
-        both = [i for i, r in enumerate(reqs)
-                if r.params.drafter == "draft_model" and r.params.looks_up and ks[i] > len(prefixes[i])]
+        prefix; None where lookup finds nothing more or rests this step, and for every other request)."""
+        both = [i for i, r in enumerate(reqs) if r.params.drafter == "draft_model" and r.params.looks_up
+                and ks[i] > len(prefixes[i]) and not rests[i]]
         out: list[Proposal | None] = [None] * len(reqs)
         if both:
             found = self.drafters["ngram"].propose([reqs[i] for i in both], [ks[i] for i in both], pick,

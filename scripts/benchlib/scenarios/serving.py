@@ -13,8 +13,8 @@ per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and th
   served      no num_draft_tokens / drafter inputs: the server's defaults (config.pbtxt)
   k0          num_draft_tokens 0: no speculation
   ngram-auto  drafter ngram, num_draft_tokens auto
-then the ratio column is tok/s ÷ the first config's at the same concurrency, and the outputs of every config
-are compared with the first's (greedy: they must be identical).
+k0 always runs; the ratio column is tok/s ÷ k0's at the same concurrency, and every config's outputs are
+compared with k0's (greedy: they must be identical).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ ENGINE = False
 
 
 # name -> the inputs a request of that config carries (None: the input is not sent)
-CONFIGS = {"served": {"num_draft_tokens": None, "drafter": None}, "k0": {"num_draft_tokens": 0},
+CONFIGS = {"k0": {"num_draft_tokens": 0}, "served": {"num_draft_tokens": None, "drafter": None},
            "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"}}
 PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS}
 
@@ -73,7 +73,7 @@ def run(args) -> None:
 
 def compare_configs(args) -> None:
     """--configs: each config's closed-loop run per concurrency on one server, interleaved --repeat times."""
-    names = choose(args.configs, CONFIGS)
+    names = choose(args.configs, CONFIGS, ("k0",))       # k0: the reference
     prompts = PROMPT_SETS[args.prompt_set]
     base = {"ignore_eos": True, **json.loads(args.extra)}
     rows, recs = [], []
