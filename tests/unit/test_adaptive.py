@@ -205,6 +205,25 @@ def test_a_draft_model_request_under_auto_drafts_by_lookup_where_the_model_does_
     assert sum(s.get("prompt", (0, 0))[0] + s.get("output", (0, 0))[0] for s in by_source) > 0
 
 
+def test_the_draft_model_reads_an_auto_prompt_at_admission_only_where_a_draft_could_pay(engines, monkeypatch):
+    engine = engines["right"]
+    drafter = engine.drafters["draft_model"]
+    seen = []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    cheap_draft_model(monkeypatch, engine)                   # a draft forward 2 ms, a step 30 ms: drafts pay
+    base = run(engine, PROMPTS[:1], max_tokens=20)
+    auto = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    assert seen == [True] and tokens_of(auto[0]) == tokens_of(base[0])
+    assert auto[0][-1].spec.by_source.get("draft_model", (0, 0))[0] > 0
+    engine.planner.costs.draft_depth_s = 0.050               # dearer than a step: not even a sure draft pays
+    auto = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    assert seen == [True, False] and tokens_of(auto[0]) == tokens_of(base[0])
+    assert "draft_model" not in auto[0][-1].spec.by_source   # never read: never drafts under auto
+    fixed = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=3, drafter="draft_model")
+    assert seen == [True, False, True] and tokens_of(fixed[0]) == tokens_of(base[0])   # a fixed k: read now
+
+
 def test_lookup_drafts_that_lost_to_the_model_are_observed_against_what_was_committed():
     from specgram.request import Request
     from specgram.speculation.drafter import Proposal

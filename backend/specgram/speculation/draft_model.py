@@ -1,10 +1,10 @@
 """A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
-tokens it lacks (1–2 after a step; the prompt and every token since, at a request's first draft or after
-steps that drafted otherwise) plus any forced prefix, then its own drafts one at a time; after
-verification the valid length is the committed prefix the draft actually fed. Rows are batched across
-requests; requests with a smaller k drop out of later draft iterations.
+tokens it lacks (1–2 after a step; more after steps that drafted otherwise; the prompt and every token
+since at a first draft, where the prompt was not fed at admission) plus any forced prefix, then its own
+drafts one at a time; after verification the valid length is the committed prefix the draft actually
+fed. Rows are batched across requests; requests with a smaller k drop out of later draft iterations.
 """
 from __future__ import annotations
 
@@ -35,17 +35,21 @@ class DraftModelDrafter(Drafter):
         logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, last_only=True)
         return fit_vocab(logits, self.vocab)
 
-    def admit(self, reqs: list[Request]) -> None:
-        if self.runner.native is not None:
-            # rows are packed (never padded to the longest): the prompt goes in with the request's first draft,
-            # so a request that never drafts with the model (many streams, lookup drafts) never pays for it
+    def admit(self, reqs: list[Request], now: bool = True) -> None:
+        """The requests' prompts go into the draft cache now, in one forward; now=False (native runners only,
+        whose rows are packed, never padded to the longest): later, with a request's first draft, if ever (the
+        planner drafts with the model only for requests it has seen: many streams rarely pay for a draft)."""
+        if not now and self.runner.native is not None:
             for r in reqs:
                 self.lens[r.request_id] = 0
             return
-        # padded forwards: the prompt goes in now, rather than padding a later draft step to its length
         self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs))
         for r in reqs:
             self.lens[r.request_id] = len(r.prompt_ids)
+
+    def started(self, req: Request) -> bool:
+        """Whether the draft cache holds any of req's tokens (its prompt went in at admission or since)."""
+        return self.lens.get(req.request_id, 0) > 0
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
         out = [Proposal(list(p)) for p in prefixes]

@@ -23,13 +23,18 @@ class Proposal:
 
 
 class Drafter:
-    def admit(self, reqs: list[Request]) -> None:
-        """New requests got their slots and their prompt is in the target cache."""
+    def admit(self, reqs: list[Request], now: bool = True) -> None:
+        """New requests got their slots and their prompt is in the target cache. now=False: the planner expects
+        no draft for them soon (a drafter may defer work until one comes)."""
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
         """Up to ks[i] tokens continuing reqs[i]'s committed tokens (fewer is fine). Each proposal starts with
         prefixes[i]: tokens already drafted for free (grammar-forced), which the drafter continues."""
         raise NotImplementedError
+
+    def started(self, req: Request) -> bool:
+        """Whether this drafter has read req's prompt (a draft model that deferred it has not)."""
+        return True
 
     def committed(self, req: Request, accepted: int) -> None:
         """The target accepted `accepted` of the tokens proposed to req in this step."""

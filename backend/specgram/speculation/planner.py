@@ -47,12 +47,17 @@ class DraftPlanner:
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
 
-    def admitted(self, reqs: list[Request]) -> None:
-        """reqs' prompts are now complete in the target cache: their drafters see them."""
+    def admitted(self, reqs: list[Request], running: int) -> None:
+        """reqs' prompts are now complete in the target cache: their drafters see them. running: requests
+        holding a slot. A draft model reads an auto request's prompt now only where a draft could pay at this
+        many streams (adaptive.probe_can_pay); else it never drafts for that request under auto (at many
+        streams reading the prompt, a prefill, costs more than the drafts it may ever win)."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if users:
-                drafter.admit(users)
+                now = name != "draft_model" or not all(r.params.auto_draft for r in users) \
+                    or adaptive.probe_can_pay(running, self.costs)
+                drafter.admit(users, now)
 
     def release(self, req: Request) -> None:
         self.drafters[req.params.drafter].release(req)
@@ -120,17 +125,22 @@ class DraftPlanner:
                             lookups: list) -> list[int]:
         """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
         draft forward), from their acceptance estimates; the other requests count as one verify row each. Where
-        a request's lookup drafts pay at least as well (lookups[i]), its depth is its forced prefix: the model
-        drafts nothing for it this step."""
+        a request's lookup drafts pay at least as well (lookups[i]), and for a request whose prompt the model
+        never read (admitted among many streams), its depth is its forced prefix: the model drafts nothing for
+        it this step."""
         auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
         if not any(auto):
             return ks
+        model = self.drafters["draft_model"]
+        unseen = [a and not model.started(r) for r, a in zip(reqs, auto)]   # never read by the model: no drafts
         chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if a else []
                    for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
+        chances = [[] if u else c for c, u in zip(chances, unseen)]
         cuts = adaptive.allocate(chances, auto, self.costs)
         probe = adaptive.probe_can_pay(len(reqs), self.costs)
         depths = [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if a else k
                   for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
+        depths = [len(pre) if u else d for d, pre, u in zip(depths, prefixes, unseen)]
         for i, found in enumerate(lookups):
             if found is not None and adaptive.lookup_pays(reqs[i].acceptance.chances(found.sources),
                                                           chances[i][:depths[i]], len(reqs), self.costs,
