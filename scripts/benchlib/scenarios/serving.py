@@ -23,7 +23,7 @@ import statistics
 
 from .. import report
 from ..run import run_triton, served, tok_s
-from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose
+from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose, is_valid, load_jme
 
 SHARED = {"concurrency": [1, 8], "prompts": 8, "max_tokens": 64}
 QUICK = {"concurrency": [1, 2], "prompts": 2, "max_tokens": 16}
@@ -34,7 +34,21 @@ ENGINE = False
 # name -> the inputs a request of that config carries (None: the input is not sent)
 CONFIGS = {"k0": {"num_draft_tokens": 0}, "served": {"num_draft_tokens": None, "drafter": None},
            "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"}}
-PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS}
+PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None}
+
+
+def guided_cases(n: int) -> list[dict]:
+    """n JME schemas (evenly spaced), each as a guided request whose prompt names the record but does not quote
+    its schema (lookup finds nothing there to copy; only the guide knows the keys)."""
+    schemas = load_jme()
+    picked = [schemas[i * len(schemas) // n] for i in range(n)]
+    out = []
+    for c in picked:
+        title = c["schema"].get("title") if isinstance(c["schema"], dict) else None
+        what = f" of a {title}" if isinstance(title, str) and title else ""
+        out.append(dict(prompt=f"Write a realistic example record{what} as a JSON object. Respond with the JSON "
+                               "object only.", guide=c["guide"]))
+    return out
 
 
 def add_options(ap) -> None:
@@ -42,7 +56,8 @@ def add_options(ap) -> None:
     ap.add_argument("--extra", default="{}", help="JSON of extra inputs, e.g. '{\"num_draft_tokens\": 4}'")
     ap.add_argument("--configs", default="", help=f"comma-separated request settings to compare, from {list(CONFIGS)}")
     ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="chat",
-                    help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy")
+                    help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy; "
+                         "guided: JSON-schema guided requests whose prompt does not quote the schema (--configs)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
 
 
@@ -74,19 +89,21 @@ def run(args) -> None:
 def compare_configs(args) -> None:
     """--configs: each config's closed-loop run per concurrency on one server, interleaved --repeat times."""
     names = choose(args.configs, CONFIGS, ("k0",))       # k0: the reference
-    prompts = PROMPT_SETS[args.prompt_set]
-    base = {"ignore_eos": True, **json.loads(args.extra)}
+    guided = args.prompt_set == "guided"
+    pool = guided_cases(max(args.prompts, 8)) if guided else [dict(prompt=p) for p in PROMPT_SETS[args.prompt_set]]
+    # guided answers end with their JSON (a grammar allows only EOS there); the others run --max-tokens
+    base = {**({} if guided else {"ignore_eos": True}), **json.loads(args.extra)}
     rows, recs = [], []
     with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
         for n in names:                                                       # warm-up: every config
-            run_triton(url, [dict(prompt=p) for p in prompts[:2]], 8, 2, extra={**base, **CONFIGS[n]})
+            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **CONFIGS[n]})   # compiles the guides
         for c in args.concurrency:
-            cases = [dict(prompt=prompts[i % len(prompts)]) for i in range(max(args.prompts, c))]
+            cases = [pool[i % len(pool)] for i in range(max(args.prompts, c))]
             runs: dict[str, list[dict]] = {n: [] for n in names}
             for _ in range(args.repeat):
                 for n in names:
-                    runs[n].append(run_triton(url, cases, args.max_tokens, c, extra={**base, **CONFIGS[n]},
-                                              system="ours via Triton", config=n))
+                    runs[n].append(run_triton(url, cases, args.max_tokens, c, guided=guided,
+                                              extra={**base, **CONFIGS[n]}, system="ours via Triton", config=n))
                     report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
             recs += [r for rs in runs.values() for r in rs]
             ref = statistics.median(map(tok_s, runs[names[0]]))
@@ -96,13 +113,14 @@ def compare_configs(args) -> None:
                 drafted, accepted = last["drafted"] or 0, last["accepted"] or 0
                 t = statistics.median(map(tok_s, runs[n]))
                 exact = all([q["ids"] for q in r["requests"]] == ref_ids for r in runs[n])
+                valid = sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"])
                 rows.append([c, n, f"{t:.1f}", " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
                              f"{accepted / drafted:.2f}" if drafted else "–", f"{t / ref:.2f}×",
-                             "yes" if exact else "NO"])
+                             "yes" if exact else "NO", f"{valid}/{len(cases)}" if guided else "–"])
     lines = report.header("Serving: request settings side by side over gRPC streaming", args,
-                          f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens each "
-                          f"(ignore_eos), greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
+                          f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens at most "
+                          f"each, greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
                           f"{'server at ' + args.url if args.url else 'own server'}", ("tritonclient",))
     lines += report.table(["c", "config", "output tok/s (median)", "runs", "α", f"÷ {names[0]}",
-                           f"same output as {names[0]}"], rows)
+                           f"same output as {names[0]}", "valid JSON (guided)"], rows)
     report.write(args, lines, dict(records=recs))
