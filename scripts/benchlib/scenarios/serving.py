@@ -113,7 +113,8 @@ def compare_configs(args) -> None:
                 drafted, accepted = last["drafted"] or 0, last["accepted"] or 0
                 t = statistics.median(map(tok_s, runs[n]))
                 exact = all([q["ids"] for q in r["requests"]] == ref_ids for r in runs[n])
-                valid = sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"])
+                valid = sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"]) \
+                    if guided else 0
                 rows.append([c, n, f"{t:.1f}", " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
                              f"{accepted / drafted:.2f}" if drafted else "–", f"{t / ref:.2f}×",
                              "yes" if exact else "NO", f"{valid}/{len(cases)}" if guided else "–"])
