@@ -189,7 +189,7 @@ def test_greedy_auto_identical_batch1_and_batch4(engines, drafter, monkeypatch):
 
 def test_a_draft_model_request_under_auto_drafts_by_lookup_where_the_model_does_not_pay(engines, monkeypatch):
     """Auto k with the draft model also looks up n-grams: with a draft forward dearer than a target step the
-    model never drafts, never even sees the prompt (fed lazily), and lookup drafts still run; output exact."""
+    model never drafts (its propose is never called), and lookup drafts still run; output exact."""
     engine = engines["right"]
     costs = costs_of(0.030, 1e-5)
     costs.draft_depth_s = 0.050
@@ -222,6 +222,18 @@ def test_the_draft_model_reads_an_auto_prompt_at_admission_only_where_a_draft_co
     assert "draft_model" not in auto[0][-1].spec.by_source   # never read: never drafts under auto
     fixed = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=3, drafter="draft_model")
     assert seen == [True, False, True] and tokens_of(fixed[0]) == tokens_of(base[0])   # a fixed k: read now
+
+
+def test_an_auto_request_whose_prompt_the_draft_model_did_not_read_gets_no_model_drafts(engines, monkeypatch):
+    engine = engines["right"]
+    drafter = engine.drafters["draft_model"]
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: admit(reqs, False))     # deferred, whatever
+    cheap_draft_model(monkeypatch, engine)                   # where model drafts would pay (the test above)
+    base = run(engine, PROMPTS[:1], max_tokens=20)
+    auto = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    assert tokens_of(auto[0]) == tokens_of(base[0])
+    assert "draft_model" not in auto[0][-1].spec.by_source  # a late prompt read would be a prefill
 
 
 def test_lookup_drafts_that_lost_to_the_model_are_observed_against_what_was_committed():

@@ -39,7 +39,8 @@ LOOKUP_EVERY = 4
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
 SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
-# a step's drafts are verified only when they raise its expected goodput by more than this share: below it the
+# allocate() keeps a step's drafts only when they raise its expected goodput by more than this share (fixed-k
+# requests in the batch count with all their drafts, which can carry the others past it): below it the
 # gain is within the cost line's error (a verify row's measured cost varies 2-5x with the rows' shapes: eight
 # 2-token rows cost less per row than one 5-token row) and the per-draft work the line does not time (lookup,
 # masks, commit). Measured: free text at 8 streams, lookup auto verified 30%-accepted drafts whose predicted gain

@@ -1,10 +1,11 @@
 """A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
-tokens it lacks (1–2 after a step; more after steps that drafted otherwise; the prompt and every token
-since at a first draft, where the prompt was not fed at admission) plus any forced prefix, then its own
-drafts one at a time; after verification the valid length is the committed prefix the draft actually
-fed. Rows are batched across requests; requests with a smaller k drop out of later draft iterations.
+tokens it lacks (1–2 after a step; more after steps that drafted otherwise) plus any forced prefix, then
+its own drafts one at a time; after verification the valid length is the committed prefix the draft
+actually fed. Rows are batched across requests; requests with a smaller k drop out of later draft
+iterations. A prompt is read at admission, or (admit(now=False), auto requests among many streams) not at
+all: the planner then never drafts for that request with the model.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ class DraftModelDrafter(Drafter):
 
     def admit(self, reqs: list[Request], now: bool = True) -> None:
         """The requests' prompts go into the draft cache now, in one forward; now=False (native runners only,
-        whose rows are packed, never padded to the longest): later, with a request's first draft, if ever (the
-        planner drafts with the model only for requests it has seen: many streams rarely pay for a draft)."""
+        whose rows are packed, never padded to the longest): not now (the planner passes it for auto requests
+        admitted where no draft could pay, and then never drafts for them with the model)."""
         if not now and self.runner.native is not None:
             for r in reqs:
                 self.lens[r.request_id] = 0

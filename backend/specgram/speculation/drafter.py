@@ -32,6 +32,10 @@ class Drafter:
         prefixes[i]: tokens already drafted for free (grammar-forced), which the drafter continues."""
         raise NotImplementedError
 
+    def behind(self, req: Request) -> int:
+        """Committed tokens of req this drafter has not read yet (0: it reads them for free)."""
+        return 0
+
     def started(self, req: Request) -> bool:
         """Whether this drafter has read req's prompt (a draft model that deferred it has not)."""
         return True
