@@ -86,6 +86,10 @@ def test_allocate_drafts_nothing_when_the_gain_is_within_the_margin():
     assert 0 < gain <= adaptive.MIN_GAIN                     # it would pay without the margin
     strong = [[0.9, 0.8]] * 4 + [[]] * 4                     # ~+35%: verified
     assert allocate(strong, [False] * 8, costs) == [2] * 4 + [0] * 4
+    # a fixed-k request's sure drafts are the step's base, not a gain that carries the weak draft past the margin
+    mixed = [[0.3], [1.0, 1.0]] + [[]] * 6
+    assert allocate(mixed, [False] * 8, costs) == [1, 2] + [0] * 6
+    assert allocate(mixed, [False] * 8, costs, [False, True] + [False] * 6) == [0, 2] + [0] * 6
 
 
 def test_lookup_drafts_win_where_they_expect_as_many_tokens_for_less():

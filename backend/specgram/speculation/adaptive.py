@@ -39,8 +39,8 @@ LOOKUP_EVERY = 4
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
 SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
-# allocate() keeps a step's drafts only when they raise its expected goodput by more than this share (fixed-k
-# requests in the batch count with all their drafts, which can carry the others past it): below it the
+# allocate() keeps a step's drafts (beyond fixed-k requests' own) only when they raise its expected goodput by
+# more than this share: below it the
 # gain is within the cost line's error (a verify row's measured cost varies 2-5x with the rows' shapes: eight
 # 2-token rows cost less per row than one 5-token row) and the per-draft work the line does not time (lookup,
 # masks, commit). Measured: free text at 8 streams, lookup auto verified 30%-accepted drafts whose predicted gain
@@ -212,23 +212,26 @@ def lookup_pays(lookup: list[float], model: list[float], rows: int, costs: StepC
     return best_ratio(lookup, rows, step, b) >= (rows + sum(model)) / model_cost
 
 
-def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts) -> list[int]:
+def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts,
+             fixed: list[bool] | None = None) -> list[int]:
     """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
-    come from the draft model (each depth level costs a draft forward shared by the batch).
+    come from the draft model (each depth level costs a draft forward shared by the batch); fixed[i]: all of
+    request i's drafts are verified whatever this decides (a fixed k), so they are part of the step's base.
     -> cuts c_i maximising expected committed tokens / predicted step seconds. Pure, greedy: take the best
     marginal draft next; a draft is kept while it raises the ratio (with a linear cost and nonincreasing
-    marginals, a request's later drafts cannot pay once one does not). No drafts at all when the kept ones
-    raise the ratio by MIN_GAIN or less."""
+    marginals, a request's later drafts cannot pay once one does not). No drafts beyond the fixed ones when
+    the kept ones raise the ratio by MIN_GAIN or less."""
     if not costs.known:
         return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
     a, b = costs.line()
     d = costs.draft_depth_s
-    rows = len(chances)
-    tokens = float(rows)
-    depth = 0
-    base = tokens / (a + b * rows)
-    cuts = [0] * rows
-    heap = [(-c[0], i) for i, c in enumerate(chances) if c]
+    fixed = fixed or [False] * len(chances)
+    cuts = [len(c) if f else 0 for c, f in zip(chances, fixed)]
+    rows = len(chances) + sum(cuts)
+    tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed) if f)
+    depth = max([n for n, m in zip(cuts, draft_model) if m], default=0)
+    base = tokens / (a + b * rows + d * depth)
+    heap = [(-c[0], i) for i, c in enumerate(chances) if c and not fixed[i]]
     heapq.heapify(heap)
     while heap:
         neg, i = heapq.heappop(heap)
@@ -243,5 +246,5 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
         if j + 1 < len(chances[i]):
             heapq.heappush(heap, (-chances[i][j + 1], i))
     if tokens / (a + b * rows + d * depth) <= (1 + MIN_GAIN) * base:
-        return [0] * len(cuts)
+        return [len(c) if f else 0 for c, f in zip(chances, fixed)]
     return cuts

@@ -155,7 +155,8 @@ class DraftPlanner:
             return proposals
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
                    for r, p in zip(reqs, proposals)]
-        cuts = adaptive.allocate(chances, ["draft_model" in p.sources for p in proposals], self.costs)
+        cuts = adaptive.allocate(chances, ["draft_model" in p.sources for p in proposals], self.costs,
+                                 [not r.params.auto_draft for r in reqs])
         out = []
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
