@@ -160,8 +160,11 @@ INPUTS: tuple[Field, ...] = (
           "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
           convert=to_draft_len, param="num_draft_tokens"),
     Field("drafter", "STRING", (1,),
-          "`ngram` (prompt lookup), `draft_model` (if configured), `grammar` (grammar-forced tokens only)",
-          "config `drafter`", convert=to_str, param="drafter"),
+          "`ngram` (prompt lookup), `draft_model` (configured, or on CPU the target's int8 copy: config "
+          "`draft_quantization` auto; under `num_draft_tokens` auto it drafts beside lookup), `grammar` "
+          "(grammar-forced tokens only)",
+          "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
+          param="drafter"),
     Field("guided_decoding_guide_type", "STRING", (1,),
           "`json` (any JSON; guide may be empty), `json_schema`, `regex`, `ebnf` (xgrammar EBNF/GBNF), "
           "`structural_tag` (xgrammar's JSON format), `choice` (the guide is a JSON list of strings: exactly one of "
