@@ -313,8 +313,16 @@ def test_cancellation_storm_leaves_no_trace(triton_server, reference):
     storm_s = time.perf_counter() - t0
     ended = [(i, rs[-1]["error"] or last_value(rs, "finish_reason"), len(rs)) for i, rs in enumerate(cut)
              if any(r["final"] for r in rs)]
-    assert not ended, f"storm streams that ended by themselves or with an error (stream, why, responses): {ended[:5]}"
-    reached = sum(1 for rs in cut if rs)       # these surely reached the model (others may have been cut earlier)
+    # a cut stream is counted as waiting until the model notices its cancellation (polled, 0.25 s): on a busy
+    # machine 16 clients that reconnect at once can fill the waiting bound, and the server then refuses at once
+    # (UNAVAILABLE, its documented bound) - not a trace; every other ending is
+    refused = [e for e in ended if isinstance(e[1], str) and e[1].startswith("the server is at capacity")]
+    others = [e for e in ended if e not in refused]
+    assert not others, f"storm streams that ended by themselves or with an error (stream, why, responses): {others[:5]}"
+    assert len(refused) < n // 4, f"{len(refused)} of {n} storm streams refused at capacity"
+    refused_ids = {i for i, _, _ in refused}
+    # these surely reached the engine (others may have been cut earlier; a refusal never reaches it)
+    reached = sum(1 for i, rs in enumerate(cut) if rs and i not in refused_ids)
 
     delta = settle(triton_server, before, reached)
     # every request the model saw ended cancelled: none ran on to its max_tokens, none failed
