@@ -204,9 +204,3 @@ class EngineConfig:
     def has_draft_model(self) -> bool:
         """Whether a draft model is surely configured ("auto" quantization decides at load: loading.py)."""
         return bool(self.draft_checkpoint) or self.draft_quantization == "int8"
-
-    @property
-    def default_drafter(self) -> str:
-        if self.drafter == "auto":
-            return "draft_model" if self.has_draft_model else "ngram"
-        return self.drafter

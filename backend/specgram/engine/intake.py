@@ -25,6 +25,13 @@ class Intake:
         self._tokenizing = threading.Lock()
         self.drafters, self.vocab_size = drafters, vocab_size     # drafters: name -> Drafter (the engine's own dict)
 
+    def default_drafter(self) -> str:
+        """The config's drafter; auto = the draft model where one was loaded (draft_checkpoint, or
+        draft_quantization int8 / auto), else n-gram lookup."""
+        if self.config.drafter != "auto":
+            return self.config.drafter
+        return "draft_model" if "draft_model" in self.drafters else "ngram"
+
     def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
         config = self.config
@@ -35,9 +42,8 @@ class Intake:
         kind = None
         if params.guide_type is not None:
             kind = self.grammar.check(params.guide_type, params.guide)
-        if params.drafter is None:       # auto: the draft model where one was loaded
-            params.drafter = "draft_model" if config.drafter == "auto" and "draft_model" in self.drafters \
-                else config.default_drafter
+        if params.drafter is None:
+            params.drafter = self.default_drafter()
         if params.drafter not in self.drafters:
             raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
                                  f"available: {sorted(self.drafters)}")

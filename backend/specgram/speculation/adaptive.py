@@ -188,8 +188,8 @@ def probe_can_pay(rows: int, costs: StepCosts) -> bool:
 def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:
     """Tokens per second of a step of `rows` verify rows costing a + b * rows (a here: that whole cost), with
     one request's first n drafts added at per_draft seconds each, for the best n (0 included)."""
-    best = tokens = float(rows)
-    best /= a
+    tokens = float(rows)
+    best = tokens / a
     for n, p in enumerate(chances, 1):
         tokens += p
         best = max(best, tokens / (a + per_draft * n))

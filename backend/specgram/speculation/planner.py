@@ -132,15 +132,14 @@ class DraftPlanner:
         if not any(auto):
             return ks
         model = self.drafters["draft_model"]
-        unseen = [a and not model.started(r) for r, a in zip(reqs, auto)]   # never read by the model: no drafts
-        chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if a else []
-                   for r, k, pre, a in zip(reqs, ks, prefixes, auto)]
-        chances = [[] if u else c for c, u in zip(chances, unseen)]
+        seen = [a and model.started(r) for r, a in zip(reqs, auto)]     # a prompt the model never read: no drafts
+        chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
+                   for r, k, pre, s in zip(reqs, ks, prefixes, seen)]
         cuts = adaptive.allocate(chances, auto, self.costs)
         probe = adaptive.probe_can_pay(len(reqs), self.costs)
-        depths = [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if a else k
-                  for r, k, pre, a, c in zip(reqs, ks, prefixes, auto, cuts)]
-        depths = [len(pre) if u else d for d, pre, u in zip(depths, prefixes, unseen)]
+        depths = [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if s
+                  else len(pre) if a else k
+                  for r, k, pre, a, s, c in zip(reqs, ks, prefixes, auto, seen, cuts)]
         for i, found in enumerate(lookups):
             if found is not None and adaptive.lookup_pays(reqs[i].acceptance.chances(found.sources),
                                                           chances[i][:depths[i]], len(reqs), self.costs,

@@ -22,7 +22,7 @@ import json
 import statistics
 
 from .. import report
-from ..run import run_triton, served, tok_s
+from ..run import acceptance, ids, run_triton, served, tok_s
 from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose, is_valid, load_jme
 
 SHARED = {"concurrency": [1, 8], "prompts": 8, "max_tokens": 64}
@@ -107,16 +107,15 @@ def compare_configs(args) -> None:
                     report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
             recs += [r for rs in runs.values() for r in rs]
             ref = statistics.median(map(tok_s, runs[names[0]]))
-            ref_ids = [q["ids"] for q in runs[names[0]][0]["requests"]]
+            ref_ids = ids(runs[names[0]][0])
             for n in names:
-                last = runs[n][-1]
-                drafted, accepted = last["drafted"] or 0, last["accepted"] or 0
+                last, alpha = runs[n][-1], acceptance(runs[n][-1])
                 t = statistics.median(map(tok_s, runs[n]))
-                exact = all([q["ids"] for q in r["requests"]] == ref_ids for r in runs[n])
+                exact = all(ids(r) == ref_ids for r in runs[n])
                 valid = sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"]) \
                     if guided else 0
                 rows.append([c, n, f"{t:.1f}", " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
-                             f"{accepted / drafted:.2f}" if drafted else "–", f"{t / ref:.2f}×",
+                             "–" if alpha is None else f"{alpha:.2f}", f"{t / ref:.2f}×",
                              "yes" if exact else "NO", f"{valid}/{len(cases)}" if guided else "–"])
     lines = report.header("Serving: request settings side by side over gRPC streaming", args,
                           f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens at most "
