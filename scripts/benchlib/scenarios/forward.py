@@ -5,6 +5,7 @@
     python scripts/bench.py forward --dtype bfloat16 --linear native
     python scripts/bench.py forward --weights int8       # int8 weights, a scale per output channel (native only)
     python scripts/bench.py forward --quick              # 3 repeats: a smoke run
+    python scripts/bench.py forward --shape llama-3.2-1b # random weights of a 1B-class shape (benchlib/shapes.py)
 
 Per shape (B rows of T new tokens each, every row attending to --cache-len earlier positions):
   forward ms   ModelRunner.forward_rows, the engine's call (median of --repeat interleaved runs)
@@ -13,6 +14,8 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
   bound ms     weight bytes / the read bandwidth measured in this run: a forward cannot be faster
   x bound      forward ms / bound ms (1.0 = at the memory bound)
   v            forward(B, T) / forward(B, 1): what verifying T tokens costs relative to decoding one
+  of peak      the matmuls' flops (2 per weight per row) per second, against the measured fp32 FMA peak of
+               the machine (benchlib/peak.py: register-only fmas on every thread, the kernels' ISA)
 Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor) and the torch thread count.
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from pathlib import Path
 
 from .. import report
+from ..peak import fma_peak_gflops
+from ..shapes import SHAPES, random_model
 
 SHARED = {"repeat": 15}
 QUICK = {"repeat": 3}
@@ -36,6 +41,8 @@ def add_options(ap) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
     ap.add_argument("--cache-len", type=int, default=300)
+    ap.add_argument("--shape", default="", choices=["", *SHAPES],
+                    help="a random-weight model of this public shape, built in memory, instead of --model")
 
 
 def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5) -> float:
@@ -73,11 +80,17 @@ def timed_ms(fn, *a, **kw) -> float:
 def run(args) -> None:
     import torch
 
+    from specgram.model import kernels
     from specgram.model.runner import ModelRunner
 
     max_b = max(args.batches)
-    runner = ModelRunner.from_pretrained(args.model, max_b, args.cache_len + max(args.widths) + 8, torch.device("cpu"),
-                                         getattr(torch, args.dtype), linear=args.linear, weights=args.weights)
+    positions = args.cache_len + max(args.widths) + 8
+    if args.shape:
+        runner = ModelRunner(random_model(args.shape, args.dtype), max_b, positions, linear=args.linear,
+                             weights=args.weights)
+    else:
+        runner = ModelRunner.from_pretrained(args.model, max_b, positions, torch.device("cpu"),
+                                             getattr(torch, args.dtype), linear=args.linear, weights=args.weights)
     for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
     bw = read_bandwidth_gbs()
@@ -100,19 +113,25 @@ def run(args) -> None:
                                                                               dtype=runner.dtype)
                                                  for lin in linears}))
     med = {s: statistics.median(v) for s, v in fwd.items()}
+    isa = runner.native.lib.isa if runner.native is not None else ("avx512" if kernels.cpu_supports("avx512")
+                                                                    else "avx2")
+    peak = fma_peak_gflops(isa, torch.get_num_threads())
+    weights_n = sum(lin.in_features * lin.out_features for lin in linears)
     rows = []
     for b, t in shapes:
         f, m = med[(b, t)], statistics.median(mm[(b, t)])
         v = f / med[(b, 1)] if (b, 1) in med else None
+        gflops = 2 * b * t * weights_n / m / 1e6
         rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound_ms:.2f}",
-                     report.cell(v, "{:.2f}")])
+                     report.cell(v, "{:.2f}"), f"{gflops / peak:.0%}"])
+    model = f"{args.shape} (random weights)" if args.shape else Path(args.model).name
     lines = report.header("Target forward cost", args,
-                          f"{Path(args.model).name}, {args.dtype}, weights {args.weights}, linear "
+                          f"{model}, {args.dtype}, weights {args.weights}, linear "
                           f"{runner.linear_kind}, torch threads "
                           f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}")
     lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, read bandwidth {bw:.1f} GB/s -> bound {bound_ms:.1f} ms "
-              "per forward.", "",
-              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "v"], rows)]
-    report.write(args, lines, dict(bandwidth_gbs=bw, bound_ms=bound_ms, forward_ms={f"{b}x{t}": v for (b, t), v in
-                                                                                  fwd.items()},
+              f"per forward. fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.", "",
+              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "v", "of peak"], rows)]
+    report.write(args, lines, dict(bandwidth_gbs=bw, bound_ms=bound_ms, fma_peak_gflops=peak,
+                                   forward_ms={f"{b}x{t}": v for (b, t), v in fwd.items()},
                                    matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()}))
