@@ -130,7 +130,7 @@ class CompilePool:
                 return
             self._closed = True
         self._wake()
-        self._thread.join(10)
+        self._thread.join(5)
 
     def _wake(self) -> None:
         try:

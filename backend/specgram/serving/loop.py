@@ -33,6 +33,7 @@ from .admission import Admission, Deadlines, Limit
 log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput], None]
 _SHUTTING_DOWN = "the server is shutting down; the request was not started"
+STEP_WAIT_S = 10       # on shutdown, how long past the grace period the engine thread may take to end (one step)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ class EngineLoop:
             if self._admission.closed is None:
                 self._admission.closed = _SHUTTING_DOWN
             self._inbox.put(("stop", grace, None))
-        self._thread.join(grace + 30)   # + one step, however slow
+        # + one step: with the grammar workers' 5 s and the sender's 5 s the whole unload stays within
+        # shutdown_grace_s + 20 s, inside tritonserver's default exit timeout (30 s) at the default grace
+        self._thread.join(grace + STEP_WAIT_S)
         if self.engine is not None:
             self.engine.close()         # the grammar compile workers
 

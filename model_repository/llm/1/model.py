@@ -183,7 +183,7 @@ class TritonPythonModel:
     def finalize(self):
         self.loop.shutdown()          # every request ends: its final output lands in the outbox
         self.running = False
-        self.sender_thread.join(timeout=10)
+        self.sender_thread.join(timeout=5)
         self.metrics.release()
 
     # ---- sender thread ----------------------------------------------------------------------------------
