@@ -1,11 +1,11 @@
 """Loading: the target, the tokenizer, the EOS ids and the draft model a configuration names.
 
 draft_quantization int8: the draft is an int8 copy of draft_checkpoint's model, or of the target's when there is
-none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 weight-only copy on
-the native kernels (model/int8.py: a scale per output channel, fp32 activations; it shares the loaded model
-with the target rather than copying it); elsewhere it is torch's dynamic-quantized copy (model/quantize.py).
-draft_quantization auto: the target's int8 copy where the native forward runs the target (its drafts are ~0.4
-of a target step and agree with it on ~94% of tokens: docs/performance.md), else no draft model.
+none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 copy on the native
+kernels (model/int8.py: a scale per output channel; it shares the loaded model with the target rather than
+copying it): int8 weights and activations (weights "int8-dynamic") where the CPU has VNNI, else int8 weights
+with fp32 activations ("int8"); elsewhere it is torch's dynamic-quantized copy (model/quantize.py).
+draft_quantization auto: the target's int8 copy where the native forward runs the target, else no draft model.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import ModelLoadError
+from ..model import kernels
+from ..model.int8 import DYNAMIC
 from ..model.runner import ModelRunner, choose_forward, load_model
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter
@@ -92,9 +94,12 @@ def draft_quantization(config: EngineConfig, target: ModelRunner) -> str:
 
 
 def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
-    """An int8 copy of `model` as a draft runner: native int8 weights where the native forward runs it, else
-    torch's dynamic quantization (which the PyTorch forward runs)."""
-    if choose_forward(model, config.linear, static)[0] == "native":
-        return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear, weights="int8")
+    """An int8 copy of `model` as a draft runner: where the native forward runs it, int8 weights and activations
+    on a CPU with VNNI, else int8 weights; elsewhere torch's dynamic quantization (which the PyTorch forward
+    runs)."""
+    kind, lib = choose_forward(model, config.linear, static)
+    if kind == "native":
+        weights = DYNAMIC if kernels.has_vnni(lib) else "int8"
+        return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear, weights=weights)
     from ..model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(model), config.max_slots, config.max_seq_len, static)

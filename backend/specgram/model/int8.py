@@ -1,4 +1,5 @@
-"""Int8 weight-only quantization for the native kernels (gemm.c's int8 product).
+"""Int8 quantization for the native kernels: weight-only (gemm.c's int8 product) or weights and activations
+(gemm_i8a8.c's, "int8-dynamic").
 
 Symmetric, one fp32 scale per output channel: for a weight W [N, K], scale[n] = max_k |W[n, k]| / 127 and
 q[n, k] = round(W[n, k] / scale[n]) in [-127, 127] (round half to even; a row of zeros gets scale 0 and
@@ -11,6 +12,13 @@ gate|up) quantize row by row, so fusing changes nothing. Norms, rotary and the K
 
 Lossy against the fp32 weights: each weight moves by up to scale / 2. Exact with itself: an int8 model's
 logits are bitwise the same alone, batched or as verify positions.
+
+int8-dynamic (W8A8, the native int8 draft copy where the CPU has VNNI: engine/loading.py): the same weights and
+scales, and each matmul's input quantized per row in the call, xs[m] = max_k |x[m, k]| / 127 and
+xq = round(x / xs) in [-127, 127]; the kernel sums xq * q exactly in int32 and scales once,
+y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]). Lossier than weight-only (the activations
+move by up to xs / 2 too), as exact with itself: integer sums have no order, so it is batch-invariant as well.
+Not a `weights` setting of the engine: a runner's weights value only.
 """
 from __future__ import annotations
 
@@ -18,6 +26,8 @@ import torch
 
 QMAX = 127
 WEIGHTS = ("auto", "int8")   # the `weights` setting: auto = the checkpoint's dtype, int8 = this quantization
+DYNAMIC = "int8-dynamic"     # int8 weights and per-row int8 activations (W8A8); runners only
+RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,3 +42,8 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The float32 weight that (q, scale) stand for: q * scale[:, None]."""
     return q.float() * scale[:, None]
+
+
+def column_sums(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] -> int32 [N]: sum_k q[n, k] (gemm_i8a8.c's correction for its unsigned activations)."""
+    return q.sum(dim=1, dtype=torch.int32).contiguous()

@@ -9,7 +9,9 @@ the same order whatever M is: bitwise batch-invariant (tests/unit/test_native.py
 
 Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
 Weights are packed as float32, bfloat16 or int8 (weight-only, one scale per output: int8.py): the same panel
-layout and tiling for all three, and the same accumulation order.
+layout and tiling for all three, and the same accumulation order. With int8 activations too (W8A8, on VNNI:
+kernels/gemm_i8a8.c) the int8 weights are packed in steps of 4 k (pack_k4) and the input is quantized per row
+inside the call.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 from ..errors import ModelLoadError
 from . import kernels
-from .int8 import quantize_rows
+from .int8 import column_sums, quantize_rows
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 LINEAR_KINDS = ("auto", "native", "torch")
@@ -33,16 +35,38 @@ def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous().to(dtype)
 
 
+def pack_k4(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] -> packed int8 [ceil(N / 32), ceil(K / 4), 32, 4] (gemm_i8a8.c), contiguous; element
+    [b, k4, j, kk] = q[32 b + j, 4 k4 + kk], zero past N and past K."""
+    n, k = q.shape
+    blocks, steps = -(-n // BLOCK), -(-k // 4)
+    padded = torch.zeros(blocks * BLOCK, steps * 4, dtype=torch.int8)
+    padded[:n, :k] = q.detach().cpu()
+    return padded.view(blocks, BLOCK, steps, 4).transpose(1, 2).contiguous()
+
+
 class NativeLinear(torch.nn.Module):
     """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only. weight_dtype float32
     or bfloat16 packs W as that dtype; int8 quantizes it (int8.quantize_rows: `packed` int8 and `scale` [N]),
-    and the kernel computes (x @ q.T) * scale (+ b)."""
+    and the kernel computes (x @ q.T) * scale (+ b).
+    activations "int8" (int8 weights only; needs VNNI, kernels.has_vnni): the W8A8 product of gemm_i8a8.c
+    instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
+    the call."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib,
+                 activations: str = "float32"):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.weight_dtype = weight_dtype
-        if weight_dtype == torch.int8:
+        self.weight_dtype, self.activations = weight_dtype, activations
+        colsum = None
+        if activations == "int8":
+            if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
+                raise ValueError("int8 activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
+            q, scale = quantize_rows(weight)
+            packed, colsum, self._fn = pack_k4(q), column_sums(q), lib.specgram_gemm_i8a8
+        elif activations != "float32":
+            raise ValueError(f"activations must be float32 or int8, got {activations!r}")
+        elif weight_dtype == torch.int8:
             q, scale = quantize_rows(weight)
             packed, self._fn = pack(q, torch.int8), lib.specgram_gemm_i8
         else:
@@ -50,6 +74,7 @@ class NativeLinear(torch.nn.Module):
             self._fn = lib.specgram_gemm_bf16 if weight_dtype == torch.bfloat16 else lib.specgram_gemm_f32
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("colsum", colsum, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +90,12 @@ class NativeLinear(torch.nn.Module):
         m = x2.shape[0]
         y = torch.empty(m, self.out_features, dtype=torch.float32)
         if m:
-            w = (packed.data_ptr(),) if scale is None else (packed.data_ptr(), scale.data_ptr())
+            if scale is None:
+                w = (packed.data_ptr(),)
+            elif (colsum := buffers["colsum"]) is None:
+                w = (packed.data_ptr(), scale.data_ptr())
+            else:
+                w = (packed.data_ptr(), scale.data_ptr(), colsum.data_ptr())
             self._fn(x2.data_ptr(), m, self.in_features, self.in_features, *w, self.out_features,
                      0 if bias is None else bias.data_ptr(), y.data_ptr(), self.out_features,
                      torch.get_num_threads())
@@ -92,12 +122,12 @@ def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
 
 
 def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], lib,
-                weight_dtype: torch.dtype) -> NativeLinear:
+                weight_dtype: torch.dtype, activations: str = "float32") -> NativeLinear:
     """One module computing the concatenation of several projections of the same input (fused when > 1), with
-    its weights packed as weight_dtype (float32, bfloat16 or int8)."""
+    its weights packed as weight_dtype (float32, bfloat16 or int8) and its input as `activations` (NativeLinear)."""
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     if all(b is None for b in biases):
         bias = None
     else:
         bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    return NativeLinear(weight, bias, weight_dtype, lib)
+    return NativeLinear(weight, bias, weight_dtype, lib, activations)

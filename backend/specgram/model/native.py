@@ -15,6 +15,9 @@ Weights: the matmuls' weights are packed in the model's dtype (float32 or bfloat
 quantized to int8 with a scale per output channel (int8.py: q/k/v/o, gate/up/down and the lm_head; the
 embedding, norms and rotary stay as loaded). Int8 is lossy against the checkpoint but exact with itself:
 the same kernels, the same fixed orders, so the invariance above holds for an int8 model too.
+weights="int8-dynamic": the same int8 weights, and every matmul's input quantized to int8 per row in the call
+(W8A8 on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual stream, norms,
+attention and the KV cache stay float32.
 
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from .int8 import DYNAMIC
 from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
@@ -54,10 +58,13 @@ def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
 class NativeForward:
     def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
-        matmul's weight (the lm_head's too) quantized per output channel (int8.py)."""
+        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" = those int8
+        weights times int8 activations quantized per row (needs VNNI: kernels.has_vnni)."""
         cfg = model.config
         inner = model.model
-        wdt = torch.int8 if weights == "int8" else next(model.parameters()).dtype
+        wdt = torch.int8 if weights in ("int8", DYNAMIC) else next(model.parameters()).dtype
+        act = "int8" if weights == DYNAMIC else "float32"
+        linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
         self.lib, self.weights = lib, weights
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -68,16 +75,16 @@ class NativeForward:
         for layer in inner.layers:
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
             qkv = [a.q_proj, a.k_proj, a.v_proj]
-            L.qkv = make_linear([m.weight for m in qkv], [m.bias for m in qkv], lib, wdt)
-            L.o = make_linear([a.o_proj.weight], [None], lib, wdt)
+            L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
+            L.o = linear([a.o_proj.weight], [None])
             gu = [mlp.gate_proj, mlp.up_proj]
-            L.gate_up = make_linear([m.weight for m in gu], [m.bias for m in gu], lib, wdt)
-            L.down = make_linear([mlp.down_proj.weight], [mlp.down_proj.bias], lib, wdt)
+            L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
+            L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
             L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
             L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
             self.layers.append(L)
         self.w_final, self.eps_final = _norm_weight(inner.norm)
-        self.lm_head = make_linear([model.lm_head.weight], [model.lm_head.bias], lib, wdt)
+        self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
 
     def linear_layers(self) -> list[torch.nn.Module]:
         return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]

@@ -11,7 +11,8 @@ speculative verification (T = k + 1) with one code path.
 Two implementations of that forward: transformers' modules with PyTorch ops (any device; the CUDA-graph
 path), and on CPU the native one (native.py: our kernels, fused projections, attention reading the cache in
 place), chosen by the `linear` setting (auto = native where its kernels build). The native forward may also
-run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy.
+run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy, or
+with int8 weights and activations ("int8-dynamic", on VNNI: the int8 draft copy where the CPU has it).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
-from .int8 import WEIGHTS
+from . import kernels
+from .int8 import DYNAMIC, RUNNER_WEIGHTS
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
@@ -111,19 +113,23 @@ class ModelRunner:
         cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
         `model` itself stays as loaded (tests use it as the reference).
         weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
-        elsewhere). Several runners may share one `model` (an int8 copy of a target), each with its own cache."""
-        if weights not in WEIGHTS:
-            raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+        elsewhere) | "int8-dynamic" (int8 weights and activations, int8.py; the native forward on a CPU with
+        VNNI only). Several runners may share one `model` (an int8 copy of a target), each with its own cache."""
+        if weights not in RUNNER_WEIGHTS:
+            raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         kind, lib = choose_forward(model, linear, static_width)
-        if weights == "int8" and kind != "native":
-            raise ModelLoadError("weights int8 runs on the native CPU forward only (x86-64 with AVX-512 or AVX2 + FMA "
-                                 "and gcc; linear auto or native, float32 or bfloat16 checkpoint, no cuda_graphs), "
-                                 f"which does not run here (the {kind} forward would)")
+        if weights != "auto" and kind != "native":
+            raise ModelLoadError(f"weights {weights} runs on the native CPU forward only (x86-64 with AVX-512 or AVX2 "
+                                 "+ FMA and gcc; linear auto or native, float32 or bfloat16 checkpoint, no "
+                                 f"cuda_graphs), which does not run here (the {kind} forward would)")
+        if weights == DYNAMIC and not kernels.has_vnni(lib):
+            raise ModelLoadError(f"weights {DYNAMIC} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
+                                 f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off")
         self.native = None
         if kind == "native":
             from .native import NativeForward

@@ -2,7 +2,8 @@
 set, loaded by ctypes.
 
 gemm.c: the small-M matrix product, fp32, bf16 or int8 weights (see its header for the layout and the batch
-invariance it guarantees);
+invariance it guarantees); gemm_i8a8.c: the int8 x int8 product (activations quantized per row in the call,
+exact int32 accumulation on VNNI);
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
 the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory. Together they are the CPU
 forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
@@ -26,6 +27,11 @@ set), then _build/, then ~/.cache/specgram/kernels; one compiled on demand goes 
 $SPECGRAM_KERNEL_CACHE and ~/.cache/specgram/kernels that can be written (a container may mount either
 read-only), else to a private temporary directory of this process.
 
+VNNI: the same two builds hold gemm_i8a8.c's product, compiled for VNNI in those functions only (the library
+still loads on CPUs without it), and `has_vnni(lib)` says whether it may be called: where /proc/cpuinfo has the
+VNNI flag of the build's ISA (avx512_vnni for avx512, avx_vnni for avx2) and SPECGRAM_KERNEL_VNNI is not 0 (0
+turns it off, so that the weight-only int8 path runs instead; tests cover both).
+
 SPECGRAM_KERNEL_DEBUG=1: a debug build (-O1 -g, asserts on slot, position and index ranges inside the
 kernels), under its own key.
 """
@@ -44,13 +50,15 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gemm.c", "rope.c", "attention.c", "norm.c", "scratch.c", "isa.c")]
+SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "scratch.c", "isa.c")]
 HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
+VNNI_ENV = "SPECGRAM_KERNEL_VNNI"
 ISAS = ("avx512", "avx2")                # best first: what auto tries, in order
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 CPU_FLAGS = {"avx512": ("avx512f", "avx512bw"), "avx2": ("avx2", "fma")}   # /proc/cpuinfo flags each needs
+VNNI_FLAGS = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}   # ... and the flag its specgram_gemm_i8a8 needs
 # -ffp-contract=off: no fused multiply-adds but the explicit ones (rotary and norms round like transformers')
 _COMMON = ["-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
 FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
@@ -60,6 +68,7 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
+    "specgram_gemm_i8a8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
                                   _INT],
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
@@ -88,6 +97,15 @@ def cpu_flags() -> frozenset[str]:
 
 def cpu_supports(isa: str) -> bool:
     return all(f in cpu_flags() for f in CPU_FLAGS[isa])
+
+
+def has_vnni(lib) -> bool:
+    """Whether `lib`'s int8 x int8 product (specgram_gemm_i8a8) may be called here: this CPU has the VNNI flag of
+    the library's ISA, and $SPECGRAM_KERNEL_VNNI is not 0. Calling it where the CPU lacks VNNI is an illegal
+    instruction."""
+    if os.environ.get(VNNI_ENV, "").strip() == "0":
+        return False
+    return VNNI_FLAGS[lib.isa] in cpu_flags()
 
 
 def requested_isa() -> str:

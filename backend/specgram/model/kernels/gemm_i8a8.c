@@ -1,0 +1,258 @@
+/* Small-M int8 x int8 matrix products (W8A8) on VNNI: activations quantized per row on the fly, exact integer
+ * accumulation, results that do not depend on M.
+ *
+ *   acc[m, n] = sum_k u[m, k] * q[n, k]                                           (int32, exact)
+ *   y[m, n]   = ((float)(acc[m, n] - 128 * colsum[n]) * wscale[n]) * xs[m]  (+ bias[n])
+ *
+ * in exactly that order: the int32 difference converted to fp32 (round to nearest even), times the weight scale,
+ * times the row scale, plus the bias, each an fp32 operation with one rounding. x [M, K] fp32 (row stride ldx),
+ * y [M, ldy] fp32; the weight W [N, K] ~ wscale[n] * q[n, k] with q int8 in [-127, 127] (int8.py's quantize_rows:
+ * symmetric, one scale per output), packed as below, and colsum[n] = sum_k q[n, k] (int32).
+ *
+ * Why: gemm.c's int8 weight-only product converts every weight to fp32 in the registers before its fma, and at
+ * M = 1 .. 8 those conversions, not memory, bound it. vpdpbusd multiplies 4 u8 x s8 pairs per 32-bit lane and
+ * adds their sum to the int32 lane in one instruction, with nothing to convert: a 128-byte k4 step of a block
+ * costs 2 (AVX-512) or 4 (AVX2) instructions per row, so the product runs at the weights' memory bound.
+ *
+ * Activations, per row m, on the calling thread before the parallel loop (M * K is small next to M * K * N):
+ *   amax = max_k |x[m, k]|, xs[m] = amax / 127, xq[m, k] = round_half_even(x[m, k] * (127 / amax)) clamped to
+ *   [-127, 127], all in fp32 (a zero row: xs = 0 and xq = 0; x must be finite), stored as u = xq + 128 because
+ *   vpdpbusd's first operand is unsigned, and u = 128 (xq = 0) past K. Hence the correction in y:
+ *   sum_k u q = sum_k xq q + 128 colsum.
+ *
+ * Batch invariance: acc is exact integer arithmetic (|u q| <= 255 * 127, so |acc| < 2^31 for K <= KMAX: asserted),
+ * so its value does not depend on the summation order, the tile height, M or the thread; xs and u are functions of
+ * the row alone (max is exact in any order) and the epilogue is the fixed sequence above per output. A row's result
+ * is bitwise the same alone or among any others, a pure torch reference (int64 matmul of xq and q, then the fp32
+ * operations in the order above) reproduces it bitwise, and so do the two ISA builds (nothing is summed in float).
+ *
+ * Packed layout: blocks of NB = 32 outputs, K padded with zero weights to K4 = ceil(K / 4) steps of 4; block b is
+ * the K4 * 128 contiguous bytes at b * K4 * 128, element (k4, j, kk) at k4 * 128 + j * 4 + kk holds
+ * q[32 b + j, 4 k4 + kk] (zero for outputs past N and k past K). One k4 step is the 4 k of 32 outputs: 2 zmm of 16
+ * outputs x 4 k, or 4 ymm of 8, each one vpdpbusd against the row's 4 u8 broadcast to every 32-bit lane.
+ *
+ * The library is built for CPUs without VNNI too: only the functions that use it are compiled for it (the target
+ * pragma below), and the caller must not call specgram_gemm_i8a8 where the CPU lacks it (kernels.has_vnni: AVX-512
+ * build: avx512_vnni; AVX2 build: avx_vnni).
+ * Register tiling, prefetching and the dealing of blocks to threads follow gemm.c (chunk_blocks is a copy of its
+ * static function: the two files share no header for it).
+ */
+#include <assert.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "scratch.h"
+#include "vec.h"
+
+#define NB 32
+#define NV (NB / VW)        /* int32 vectors per k4 step of a block: 2 (AVX-512) or 4 (AVX2) */
+#define STEP (NB * 4)       /* bytes of one k4 step of a block */
+#define QMAX 127
+#define KMAX 66000          /* K * 255 * 127 < 2^31 */
+#define ROW_BYTES 64        /* the quantized rows' stride is K rounded up to this (a whole number of vectors) */
+#ifndef MT_MAX   /* rows per register tile: MT_MAX * NV accumulators, MT_MAX broadcasts and one weight vector fit the
+                    registers (AVX-512: 16 + 8 + 1 of 32; AVX2: 12 + 3 + 1 of 16) */
+#define MT_MAX (VREGS == 32 ? 8 : 3)
+#endif
+_Static_assert(MT_MAX >= 1 && MT_MAX <= 8, "tile_any() dispatches heights 1 .. 8");
+#ifndef PF
+#define PF 16       /* near prefetch distance in k4 steps (128 bytes each: 2 KB ahead), into L1 */
+#endif
+#ifndef PF_FAR
+#define PF_FAR 48   /* a single-tile call also pulls its block into L2 this many k4 steps (6 KB) ahead */
+#endif
+
+#define ALWAYS_INLINE VINLINE
+
+/* VW int32 lanes: the accumulators, the quantized activations before packing, colsum. */
+#if VW == 16
+typedef __m512i vi;
+VINLINE vi vi_zero(void) { return _mm512_setzero_si512(); }
+VINLINE vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
+VINLINE vi vi_load(const void *p) { return _mm512_loadu_si512(p); }
+VINLINE vi vi_maskz_load(vmask k, const int32_t *p) { return _mm512_maskz_loadu_epi32(k, p); }
+VINLINE vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+VINLINE vi vi_sub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+VINLINE vi vi_shl7(vi a) { return _mm512_slli_epi32(a, 7); }
+VINLINE vi vi_from_f(vf a) { return _mm512_cvtps_epi32(a); }      /* integral values: exact */
+VINLINE vf vi_to_f(vi a) { return _mm512_cvtepi32_ps(a); }        /* round to nearest even */
+/* VW int32 in [0, 255] -> VW bytes at p. */
+VINLINE void vi_store_u8(uint8_t *p, vi a) { _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(a)); }
+#else
+typedef __m256i vi;
+VINLINE vi vi_zero(void) { return _mm256_setzero_si256(); }
+VINLINE vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
+VINLINE vi vi_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+VINLINE vi vi_maskz_load(vmask k, const int32_t *p) { return _mm256_maskload_epi32(p, k); }
+VINLINE vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+VINLINE vi vi_sub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+VINLINE vi vi_shl7(vi a) { return _mm256_slli_epi32(a, 7); }
+VINLINE vi vi_from_f(vf a) { return _mm256_cvtps_epi32(a); }
+VINLINE vf vi_to_f(vi a) { return _mm256_cvtepi32_ps(a); }
+VINLINE void vi_store_u8(uint8_t *p, vi a) {
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));   /* 8 x int16 */
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+}
+#endif
+
+/* Row x [K] -> u [ldq] (xq + 128 for k < K, 128 up to ldq, a multiple of VW) and its scale *xs (see the header). */
+static void quantize_row(const float *x, int64_t K, int64_t ldq, uint8_t *u, float *xs) {
+    vf mx = vf_zero();
+    for (int64_t k = 0; k < K; k += VW) {
+        vf v = vf_maskz_load(vmask_first(K - k), x + k);
+        mx = vf_max(mx, vf_max(v, vf_sub(vf_zero(), v)));
+    }
+    float amax = vf_reduce_max(mx);
+    if (!(amax > 0.0f)) {
+        memset(u, 128, (size_t)ldq);
+        *xs = 0.0f;
+        return;
+    }
+    *xs = amax / (float)QMAX;
+    const vf inv = vf_set1((float)QMAX / amax), hi = vf_set1((float)QMAX), lo = vf_set1(-(float)QMAX);
+    const vi offset = vi_set1(128);
+    for (int64_t k = 0; k < ldq; k += VW) {          /* past K the masked loads give 0: u = 128 */
+        vf q = vf_round(vf_mul(vf_maskz_load(vmask_first(K - k), x + k), inv));
+        q = vf_min(vf_max(q, lo), hi);
+        vi_store_u8(u + k, vi_add(vi_from_f(q), offset));
+    }
+}
+
+/* Blocks go to threads in chunks of consecutive blocks, as in gemm.c (a copy of its chunk_blocks, whose
+ * measurements are there): 2 for a single tile, 1 for 16 tiles or more, else the size from 2 to 8 whose busiest
+ * thread gets the fewest blocks. */
+static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles) {
+    if (ntiles < 2) return 2;
+    if (ntiles >= 16) return 1;
+    int64_t best = 2, best_load = INT64_MAX;
+    for (int64_t c = 2; c <= 8; ++c) {
+        int64_t chunks = (nblocks + c - 1) / c, load = 0;
+        for (int64_t t = 0; t < nthreads && t < chunks; ++t) {
+            int64_t count = (chunks - t + nthreads - 1) / nthreads, last = t + (count - 1) * nthreads;
+            int64_t blocks = count * c - (last == chunks - 1 ? chunks * c - nblocks : 0);
+            load = blocks > load ? blocks : load;
+        }
+        if (load <= best_load) best = c, best_load = load;
+    }
+    return best;
+}
+
+/* Everything below issues vpdpbusd: compiled for VNNI on top of the build's ISA, and reached only through
+ * specgram_gemm_i8a8. */
+#pragma GCC push_options
+#if VW == 16
+#pragma GCC target("avx512vnni")
+/* acc + sum of the 4 products u8 (each 32-bit lane of u) x s8 (the same lane of w), per 32-bit lane; no saturation */
+VINLINE vi vi_dpbusd(vi acc, vi u, vi w) { return _mm512_dpbusd_epi32(acc, u, w); }
+#else
+#pragma GCC target("avxvnni")
+VINLINE vi vi_dpbusd(vi acc, vi u, vi w) { return _mm256_dpbusd_avx_epi32(acc, u, w); }
+#endif
+
+/* One row's 32 accumulators -> the block's outputs that exist, y = ((float)(acc - 128 colsum) * wscale) * xs
+ * (+ bias), in that order. */
+ALWAYS_INLINE void store_row(float *yrow, int64_t n0, int64_t N, const vi a[NV], float xs, const float *wscale,
+                             const int32_t *colsum, const float *bias) {
+    for (int v = 0; v < NV; ++v) {
+        int64_t n = n0 + v * VW;
+        vmask k = vmask_first(N - n);                        /* outputs of this vector that exist */
+        vf out = vi_to_f(vi_sub(a[v], vi_shl7(vi_maskz_load(k, colsum + n))));
+        out = vf_mul(vf_mul(out, vf_maskz_load(k, wscale + n)), vf_set1(xs));
+        if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
+        vf_mask_store(yrow + n, k, out);
+    }
+}
+
+/* One register tile: y[m0 + r, n0 .. n0 + 31] for r < MT, from the quantized rows u [.., ldq] (scales xs) and one
+ * packed block wb [K4, 32, 4]. MT (1 .. MT_MAX) must be a compile-time constant at every call site: inlined, the
+ * row loops unroll and the MT * NV accumulators stay in registers.
+ * Prefetch only (no effect on the results): each k4 step pulls its 2 lines PF steps ahead into L1; if `far` is
+ * set, PF_FAR steps ahead into L2 too; if `pf` is set, one line of the next block's slice into L2 every
+ * 2^32 / pf_inc steps (32.32 fixed point), spread over the whole k loop. */
+ALWAYS_INLINE void tile(const int MT, const uint8_t *u, int64_t ldq, const float *xs, int64_t m0, const int8_t *wb,
+                        int64_t K4, float *y, int64_t ldy, int64_t n0, int64_t N, const float *wscale,
+                        const int32_t *colsum, const float *bias, const char *pf, uint64_t pf_inc, int far) {
+    const char *wbytes = (const char *)wb;
+    vi acc[MT_MAX][NV];
+    uint64_t pf_at = 0;
+    for (int r = 0; r < MT; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = vi_zero();
+    for (int64_t k4 = 0; k4 < K4; ++k4) {
+        const char *at = wbytes + k4 * STEP;
+        if (pf) { _mm_prefetch(pf + ((pf_at >> 32) << 6), _MM_HINT_T1); pf_at += pf_inc; }
+        _mm_prefetch(at + PF * STEP, _MM_HINT_T0);
+        _mm_prefetch(at + PF * STEP + 64, _MM_HINT_T0);
+        if (far) {
+            _mm_prefetch(at + PF_FAR * STEP, _MM_HINT_T1);
+            _mm_prefetch(at + PF_FAR * STEP + 64, _MM_HINT_T1);
+        }
+        vi xb[MT_MAX];
+#pragma GCC unroll 8
+        for (int r = 0; r < MT; ++r) {
+            int32_t four;
+            memcpy(&four, u + (m0 + r) * ldq + 4 * k4, sizeof four);
+            xb[r] = vi_set1(four);
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            vi wv = vi_load(at + v * VW * 4);
+#pragma GCC unroll 8
+            for (int r = 0; r < MT; ++r) acc[r][v] = vi_dpbusd(acc[r][v], xb[r], wv);
+        }
+    }
+    for (int r = 0; r < MT; ++r)
+        store_row(y + (m0 + r) * ldy, n0, N, acc[r], xs[m0 + r], wscale, colsum, bias);
+}
+
+/* tile() for a run-time height mt (1 .. MT_MAX): one specialised copy per height, out of line. */
+static void tile_any(int mt, const uint8_t *u, int64_t ldq, const float *xs, int64_t m0, const int8_t *wb,
+                     int64_t K4, float *y, int64_t ldy, int64_t n0, int64_t N, const float *wscale,
+                     const int32_t *colsum, const float *bias, const char *pf, uint64_t pf_inc, int far) {
+    switch (mt) {
+#define TILE_CASE(h) case h: if (h < MT_MAX) { tile(h < MT_MAX ? h : 1, u, ldq, xs, m0, wb, K4, y, ldy, n0, N, wscale, \
+                                                  colsum, bias, pf, pf_inc, far); break; } __attribute__((fallthrough));
+    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
+    default: tile(MT_MAX, u, ldq, xs, m0, wb, K4, y, ldy, n0, N, wscale, colsum, bias, pf, pf_inc, far); break;
+#undef TILE_CASE
+    }
+}
+
+/* Block b (outputs 32 b .. 32 b + 31) for all M rows, in tiles of MT_MAX rows (the last one shorter). With more than
+ * one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when that block is in
+ * the same chunk (so the same thread takes it next): memory and arithmetic overlap, as in gemm.c. */
+static void block(int64_t b, int64_t chunk, const uint8_t *u, int64_t ldq, const float *xs, int64_t M, int64_t K4,
+                  const int8_t *w, int64_t N, const float *wscale, const int32_t *colsum, const float *bias, float *y,
+                  int64_t ldy) {
+    const int64_t block_bytes = K4 * STEP;
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    int64_t lines = block_bytes / 64, per_tile = (lines + ntiles - 1) / ntiles;
+    const int8_t *wb = w + b * block_bytes;
+    int next = ntiles > 1 && (b + 1) % chunk != 0 && b + 1 < nblocks;
+    for (int64_t t = 0; t < ntiles; ++t) {
+        int64_t m0 = t * MT_MAX, first = t * per_tile;
+        int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+        int64_t count = lines - first < per_tile ? lines - first : per_tile;
+        const char *pf = next && count > 0 ? (const char *)wb + block_bytes + first * 64 : NULL;
+        uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K4 : 0;
+        tile_any(mt, u, ldq, xs, m0, wb, K4, y, ldy, b * NB, N, wscale, colsum, bias, pf, inc, ntiles == 1);
+    }
+}
+
+/* Entry point: x [M, K] (row stride ldx), w packed [ceil(N / 32), ceil(K / 4), 32, 4] int8, wscale [N] fp32,
+ * colsum [N] int32, bias [N] or NULL, y [M, ldy]. Scratch (the calling thread's SCRATCH_PLAN buffer, read by every
+ * thread of the region): u [M, ldq] bytes, then xs [M] floats. */
+void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *wscale,
+                        const int32_t *colsum, int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
+    assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
+    assert(ldx >= K && ldy >= N && K <= KMAX);
+    assert(wscale != NULL && colsum != NULL);
+    if (M == 0 || N == 0) return;
+    const int64_t K4 = (K + 3) / 4, ldq = (K + ROW_BYTES - 1) / ROW_BYTES * ROW_BYTES;
+    uint8_t *u = specgram_scratch(SCRATCH_PLAN, (size_t)(M * ldq) + sizeof(float) * (size_t)M);
+    float *xs = (float *)(u + M * ldq);                  /* ldq is a multiple of 64: aligned */
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, ldq, u + m * ldq, xs + m);
+    const int64_t nblocks = (N + NB - 1) / NB, chunk = chunk_blocks(nblocks, nthreads, (M + MT_MAX - 1) / MT_MAX);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
+    for (int64_t b = 0; b < nblocks; ++b) block(b, chunk, u, ldq, xs, M, K4, w, N, wscale, colsum, bias, y, ldy);
+}
+#pragma GCC pop_options

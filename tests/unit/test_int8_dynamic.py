@@ -1,0 +1,196 @@
+"""Int8 weights times int8 activations (W8A8, kernels/gemm_i8a8.c, weights "int8-dynamic"): the product bitwise
+equal to a pure-torch reference of the same integer arithmetic and float order, and bitwise batch-invariant; the
+two ISA builds equal; the VNNI decision and its override; a W8A8 model's logits bitwise batch- and
+width-invariant and close to fp32's; and the int8 draft copy being W8A8 where the CPU has VNNI, drafting for an
+fp32 target without changing its output - for each ISA's build of the kernels that this CPU runs (skipped where
+it lacks that build's VNNI)."""
+from __future__ import annotations
+
+from contextlib import closing
+
+import pytest
+import torch
+
+from specgram.config import EngineConfig
+from specgram.errors import ModelLoadError
+from specgram.model import kernels
+from specgram.model.int8 import DYNAMIC, column_sums, quantize_rows
+from specgram.model.linear import NativeLinear, pack_k4
+from specgram.model.runner import ModelRunner
+
+from .helpers import PROMPTS, run, tokens_of
+from .tiny import build_model
+
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+
+
+@pytest.fixture
+def vnni(lib, monkeypatch):
+    """`lib` (one ISA's build, see conftest.py) where this CPU has its VNNI; skipped elsewhere."""
+    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
+    if not kernels.has_vnni(lib):
+        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (the {lib.isa} build's int8 x int8 product)")
+    return lib
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """gemm_i8a8.c's arithmetic in torch: the rows quantized as documented there, the int8 products summed exactly
+    (int64), then float(sum) * wscale * xs + bias, each an fp32 op, in that order."""
+    q, wscale = quantize_rows(w)
+    amax = x.abs().amax(dim=1)
+    xs = amax / 127
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # not 127 / amax:
+    xq = torch.round(x * inv[:, None]).clamp(-127, 127)                  # torch computes that as reciprocal * 127
+    y = ((xq.long() @ q.long().T).float() * wscale) * xs[:, None]
+    return y if b is None else y + b
+
+
+def inputs(m: int, k: int, seed: int) -> torch.Tensor:
+    """[m, k] rows of very different magnitudes, row 3 all zeros, one row with a single large outlier."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[torch.randperm(m, generator=g)][:, None]
+    x[3] = 0
+    x[5, k // 2] = 1e3
+    return x
+
+
+@pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 97, True),
+                                      (31, 5, True), (40, 1, False), (33, 3, True)])
+def test_w8a8_linear_is_bitwise_its_integer_reference_and_batch_invariant(vnni, n, k, bias):
+    torch.manual_seed(n + k)
+    w = torch.randn(n, k) * 0.05
+    w[1] = 0                                                  # a weight row of zeros: scale 0
+    b = torch.randn(n) if bias else None
+    lin = NativeLinear(w, b, torch.int8, vnni, activations="int8")
+    q, scale = quantize_rows(w)
+    assert lin.packed.dtype == torch.int8 and lin.packed.shape == (-(-n // 32), -(-k // 4), 32, 4)
+    assert torch.equal(lin.scale, scale) and torch.equal(lin.colsum, q.sum(1).int())
+    x = inputs(130, k, seed=n)                                # 17 row tiles of 8, 44 of 3: the prefill schedule
+    full = lin(x)
+    assert torch.equal(full, reference(x, w, b))
+    assert not full[3].any() if b is None else torch.equal(full[3], b)    # a zero row: 0 (+ bias)
+    for i in range(41):                                       # one row alone == the same row among 130
+        assert torch.equal(lin(x[i:i + 1])[0], full[i])
+    for m in (2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 24, 40, 41, 64, 129):   # every tile height and remainder
+        assert torch.equal(lin(x[:m]), full[:m])
+        assert torch.equal(lin(x[130 - m:]), full[130 - m:])
+
+
+def test_pack_k4_layout():
+    q = torch.randint(-127, 128, (37, 10), dtype=torch.int8)
+    p = pack_k4(q)
+    assert p.shape == (2, 3, 32, 4) and p.is_contiguous()
+    for b, k4, j, kk in ((0, 0, 0, 0), (1, 2, 4, 1), (0, 1, 31, 3), (1, 0, 3, 2)):
+        assert p[b, k4, j, kk] == q[32 * b + j, 4 * k4 + kk]
+    assert not p[1, :, 5:].any() and not p[:, 2, :, 2:].any()      # zero past N = 37 and past K = 10
+    assert torch.equal(column_sums(q), q.sum(1).int())
+
+
+def test_the_two_isa_builds_give_the_same_bits():
+    libs = []
+    for isa in kernels.ISAS:
+        try:
+            lib = kernels.load_isa(isa)
+        except kernels.KernelsUnavailable:
+            continue
+        if kernels.has_vnni(lib):
+            libs.append(lib)
+    if len(libs) < 2:
+        pytest.skip("needs both ISA builds with VNNI")
+    torch.manual_seed(3)
+    w, b, x = torch.randn(300, 258) * 0.05, torch.randn(300), inputs(20, 258, seed=3)
+    a, c = (NativeLinear(w, b, torch.int8, lib, activations="int8")(x) for lib in libs)
+    assert torch.equal(a, c)       # integer sums and elementwise fp32 only: nothing depends on the vector width
+
+
+def test_w8a8_linear_is_close_to_the_float_weights(vnni):
+    torch.manual_seed(1)
+    w, x = torch.randn(256, 512) * 0.05, torch.randn(9, 512)
+    got, exact = NativeLinear(w, None, torch.int8, vnni, activations="int8")(x), x @ w.T
+    rel = ((got - exact).norm() / exact.norm()).item()
+    assert 1e-3 < rel < 3e-2         # weights and activations each within half a step of their row's scale
+
+
+def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypatch):
+    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
+    flag = kernels.VNNI_FLAGS[lib.isa]
+    for flags, expected in (({flag}, True), (set(kernels.VNNI_FLAGS.values()) - {flag}, False), (set(), False)):
+        monkeypatch.setattr(kernels, "cpu_flags", lambda f=flags: frozenset(f))
+        assert kernels.has_vnni(lib) is expected
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({flag}))
+    for value, expected in (("0", False), (" 0 ", False), ("1", True), ("", True)):
+        monkeypatch.setenv(kernels.VNNI_ENV, value)
+        assert kernels.has_vnni(lib) is expected
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    with pytest.raises(ValueError, match="VNNI"):
+        NativeLinear(torch.randn(32, 8), None, torch.int8, lib, activations="int8")
+    with pytest.raises(ModelLoadError, match="needs VNNI"):
+        ModelRunner(build_model("llama", seed=4), 2, 32, linear="native", weights=DYNAMIC)
+    with pytest.raises(ValueError, match="int8 weights"):
+        NativeLinear(torch.randn(32, 8), None, torch.float32, lib, activations="int8")
+
+
+def _w8a8_runner(model, slots: int = 4, positions: int = 96) -> ModelRunner:
+    runner = ModelRunner(model, slots, positions, linear="native", weights=DYNAMIC)
+    assert runner.weights == DYNAMIC and runner.native is not None
+    assert all(lin.activations == "int8" and lin.packed.dtype == torch.int8 for lin in runner.linear_layers())
+    return runner
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_w8a8_model_rows_are_bitwise_independent_of_batch_and_width(vnni, tied):
+    runner = _w8a8_runner(build_model("llama", seed=2, tie_word_embeddings=tied))
+    assert runner.native.lib is vnni
+    prompt, other = list(range(10, 40)), list(range(50, 62))
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # its first token, width 1
+    assert torch.equal(alone[0], one[0])
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
+    assert torch.equal(mixed[:3], alone)                                             # beside a prefill row
+    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)     # prefilled in a batch
+    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1) # beside a prompt chunk
+    assert torch.equal(rest[0], alone)
+    assert torch.equal(first[0], runner.forward_rows([other], [1], [0], last_only=True)[0])
+
+
+def test_w8a8_logits_are_close_to_fp32(vnni):
+    model = build_model("llama", seed=1, init=0.1)       # test_int8.py's second setting (weight-only: rel < 0.06)
+    fp32, w8a8 = ModelRunner(model, 2, 96, linear="native"), _w8a8_runner(model, 2)
+    ids = torch.randint(3, 259, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = fp32.forward_rows([ids], [0], [0], last_only=False)[0]                     # [60, V]
+    got = w8a8.forward_rows([ids], [0], [0], last_only=False)[0]
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert 0 < rel.median().item() < 0.06 and rel.max().item() < 0.12, rel
+    assert agree >= 0.85, agree
+
+
+def test_the_int8_draft_copy_is_w8a8_on_vnni_and_drafts_without_changing_the_output(vnni, make_engine):
+    with closing(make_engine(draft_quantization="int8")) as engine:
+        copy = engine.drafters["draft_model"].runner
+        assert engine.target.weights == "auto" and copy.weights == DYNAMIC and copy.native.lib is vnni
+        assert copy.model is engine.target.model and copy.cache is not engine.target.cache  # shared model, own cache
+        alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
+        assert [tokens_of(o) for o in run(engine, PROMPTS, max_tokens=24)] == alone
+        spec = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=3, drafter="draft_model")
+        spec_alone = [run(engine, [p], max_tokens=24, num_draft_tokens=2, drafter="draft_model")[0] for p in PROMPTS]
+    assert [tokens_of(o) for o in spec] == alone and [tokens_of(o) for o in spec_alone] == alone
+    drafted = sum(o[-1].spec.drafted for o in spec)
+    accepted = sum(o[-1].spec.accepted for o in spec)
+    assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
+    with closing(make_engine(draft_quantization="auto")) as engine:
+        assert engine.drafters["draft_model"].runner.weights == DYNAMIC
+
+
+def test_without_vnni_the_int8_draft_copy_is_weight_only(lib, make_engine, monkeypatch):
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    with closing(make_engine(draft_quantization="int8")) as engine:
+        assert engine.drafters["draft_model"].runner.weights == "int8"
+
+
+def test_int8_dynamic_is_no_engine_setting(tiny_ckpt):
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8"):
+        EngineConfig(checkpoint=str(tiny_ckpt), weights=DYNAMIC)
