@@ -11,7 +11,8 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
   forward ms   ModelRunner.forward_rows, the engine's call (median of --repeat interleaved runs)
   matmul ms    the same forward's weight matmuls alone (every Linear of the model in order, M = B*T rows),
                through the runner's own linear kernels
-  bound ms     weight bytes / the read bandwidth measured in this run: a forward cannot be faster
+  bound ms     weight bytes / the read bandwidth measured in this run (a 1 GiB reduction between the shapes'
+               runs, median over the repeats): a forward cannot be faster
   x bound      forward ms / bound ms (1.0 = at the memory bound)
   v            forward(B, T) / forward(B, 1): what verifying T tokens costs relative to decoding one
   of peak      the matmuls' flops (2 per weight per row) per second, against the measured fp32 FMA peak of
@@ -45,12 +46,14 @@ def add_options(ap) -> None:
                     help="a random-weight model of this public shape, built in memory, instead of --model")
 
 
-def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5) -> float:
-    """Best-of-`repeat` bytes/s of a plain reduction over a tensor far larger than the caches."""
+def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5, x=None) -> float:
+    """Best-of-`repeat` bytes/s of a plain reduction over a tensor far larger than the caches (`x`, else a new
+    one of `gib` GiB)."""
     import torch
 
-    x = torch.ones(int(gib * (1 << 30)) // 4)
-    x.sum()
+    if x is None:
+        x = torch.ones(int(gib * (1 << 30)) // 4)
+        x.sum()
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
@@ -93,8 +96,9 @@ def run(args) -> None:
                                              getattr(torch, args.dtype), linear=args.linear, weights=args.weights)
     for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
-    bw = read_bandwidth_gbs()
-    bound_ms = stream_bytes(runner) / bw / 1e6
+    probe = torch.ones((1 << 30) // 4)      # the bandwidth probe's 1 GiB, read between the shapes' runs (below)
+    probe.sum()
+    bws = []
     linears = runner.linear_layers()
 
     @torch.inference_mode()
@@ -106,6 +110,7 @@ def run(args) -> None:
     fwd: dict = {s: [] for s in shapes}
     mm: dict = {s: [] for s in shapes}
     for _ in range(args.repeat):            # interleaved: drift and noise hit every shape alike
+        bws.append(read_bandwidth_gbs(repeat=2, x=probe))   # and the bandwidth too (the host's memory is shared)
         for b, t in shapes:
             fwd[(b, t)].append(timed_ms(runner.forward_rows, [[7] * t for _ in range(b)], list(range(b)),
                                         [args.cache_len] * b, last_only=False))
@@ -113,6 +118,8 @@ def run(args) -> None:
                                                                               dtype=runner.dtype)
                                                  for lin in linears}))
     med = {s: statistics.median(v) for s, v in fwd.items()}
+    bw = statistics.median(bws)
+    bound_ms = stream_bytes(runner) / bw / 1e6
     isa = runner.native.lib.isa if runner.native is not None else ("avx512" if kernels.cpu_supports("avx512")
                                                                     else "avx2")
     peak = fma_peak_gflops(isa, torch.get_num_threads())
