@@ -16,7 +16,8 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
   x bound      forward ms / bound ms (1.0 = at the memory bound)
   v            forward(B, T) / forward(B, 1): what verifying T tokens costs relative to decoding one
   of peak      the matmuls' flops (2 per weight per row) per second, against the measured fp32 FMA peak of
-               the machine (benchlib/peak.py: register-only fmas on every thread, the kernels' ISA)
+               the machine (benchlib/peak.py: register-only fmas on every thread, the kernels' ISA); fp32 and
+               bf16 weights only (int8 products are integer or conversion-bound, not fp32 fmas)
 Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor) and the torch thread count.
 """
 from __future__ import annotations
@@ -37,8 +38,9 @@ QUICK_HELP = "3 repeats"
 def add_options(ap) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--linear", default="auto", help="the runner's linear kernels (see specgram.model.linear)")
-    ap.add_argument("--weights", default="auto", choices=["auto", "int8"],
-                    help="the matmul weights: as loaded (auto) or int8 (specgram.model.int8; native forward only)")
+    ap.add_argument("--weights", default="auto", choices=["auto", "int8", "int8-dynamic"],
+                    help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
+                         "per row too (specgram.model.int8; native forward only)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
     ap.add_argument("--cache-len", type=int, default=300)
@@ -130,7 +132,7 @@ def run(args) -> None:
         v = f / med[(b, 1)] if (b, 1) in med else None
         gflops = 2 * b * t * weights_n / m / 1e6
         rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound_ms:.2f}",
-                     report.cell(v, "{:.2f}"), f"{gflops / peak:.0%}"])
+                     report.cell(v, "{:.2f}"), f"{gflops / peak:.0%}" if args.weights == "auto" else "-"])
     model = f"{args.shape} (random weights)" if args.shape else Path(args.model).name
     lines = report.header("Target forward cost", args,
                           f"{model}, {args.dtype}, weights {args.weights}, linear "
