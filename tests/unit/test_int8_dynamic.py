@@ -75,6 +75,13 @@ def test_w8a8_linear_is_bitwise_its_integer_reference_and_batch_invariant(vnni, 
     for m in (2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 24, 40, 41, 64, 129):   # every tile height and remainder
         assert torch.equal(lin(x[:m]), full[:m])
         assert torch.equal(lin(x[130 - m:]), full[130 - m:])
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 3):                                     # other deals of the blocks to threads
+            torch.set_num_threads(nt)
+            assert torch.equal(lin(x), full) and torch.equal(lin(x[:5]), full[:5])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_pack_k4_layout():
