@@ -84,6 +84,15 @@ def test_w8a8_linear_is_bitwise_its_integer_reference_and_batch_invariant(vnni, 
         torch.set_num_threads(threads)
 
 
+def test_the_call_follows_buffers_that_move(vnni):
+    torch.manual_seed(5)
+    w, x = torch.randn(70, 40) * 0.05, torch.randn(3, 40)
+    lin = NativeLinear(w, torch.randn(70), torch.int8, vnni, activations="int8")
+    before, ptr = lin(x), lin.packed.data_ptr()
+    lin.share_memory()                                  # Module._apply: new storage for every buffer
+    assert lin.packed.data_ptr() != ptr and torch.equal(lin(x), before)
+
+
 def test_pack_k4_layout():
     q = torch.randint(-127, 128, (37, 10), dtype=torch.int8)
     p = pack_k4(q)

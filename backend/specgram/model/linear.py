@@ -76,30 +76,40 @@ class NativeLinear(torch.nn.Module):
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("colsum", colsum, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The call's constant arguments: K, the row stride, the weights' addresses (packed, then scale and colsum
+        where present), N and the bias address (0: none); recomputed whenever Module._apply replaces the buffers."""
+        b = self._buffers
+        w = [b[k].data_ptr() for k in ("packed", "scale", "colsum") if b[k] is not None]
+        bias = 0 if b["bias"] is None else b["bias"].data_ptr()
+        self._args = (self.in_features, self.in_features, *w, self.out_features, bias)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._refresh()
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # ~120 calls per decode forward: the buffers are read from _buffers (not through Module.__getattr__)
-        # and the module is called without Module.__call__'s hook machinery (below); together ~0.4 ms of an
-        # int8 draft step's ~6 ms
-        buffers = self._buffers
-        packed, scale, bias = buffers["packed"], buffers["scale"], buffers["bias"]
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
-        m = x2.shape[0]
-        y = torch.empty(m, self.out_features, dtype=torch.float32)
+        return self.into(x2, torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)).view(
+            *lead, self.out_features)
+
+    def into(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [M, N] = the product of x [M, K] -> y; both float32 and contiguous, not checked (forward() makes them
+        so; native.py passes its own buffers, reused across layers)."""
+        # ~120 calls per decode forward, each a gap in the weight stream: the constant arguments are built once
+        # (_refresh), native.py passes outputs it allocated once per forward, and the module is called without
+        # Module.__call__'s hook machinery (below). Measured on SmolLM2-135M's int8-dynamic matrices in a row:
+        # 0.30 ms more than the bare kernel calls when the arguments were gathered per call, 0.08 ms now
+        m = x.shape[0]
         if m:
-            if scale is None:
-                w = (packed.data_ptr(),)
-            elif (colsum := buffers["colsum"]) is None:
-                w = (packed.data_ptr(), scale.data_ptr())
-            else:
-                w = (packed.data_ptr(), scale.data_ptr(), colsum.data_ptr())
-            self._fn(x2.data_ptr(), m, self.in_features, self.in_features, *w, self.out_features,
-                     0 if bias is None else bias.data_ptr(), y.data_ptr(), self.out_features,
-                     torch.get_num_threads())
-        return y.view(*lead, self.out_features)
+            self._fn(x.data_ptr(), m, *self._args, y.data_ptr(), self.out_features, torch.get_num_threads())
+        return y
 
     __call__ = forward      # no hooks are ever registered on these modules
 

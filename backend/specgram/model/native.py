@@ -189,22 +189,24 @@ class NativeForward:
         q = torch.empty(N, H * D)                                        # rotated queries
         att = torch.empty(N, H * D)
         act = torch.empty(N, inter)
+        # the matmuls' outputs, reused by every layer (each is consumed before the next layer writes it)
+        qkv, o, gu, down = (torch.empty(N, n) for n in ((H + 2 * Hkv) * D, E, 2 * inter, E))
         ptr = lambda t: t.data_ptr()  # noqa: E731
         first = self.layers[0]
         lib.specgram_add_rmsnorm(ptr(h), None, ptr(first.w_in), first.eps_in, ptr(x), N, E, nt)
         for i, L in enumerate(self.layers):
             kc, vc = cache.k[i], cache.v[i]                              # [S, Hkv, D, P], [S, Hkv, P, D]
-            qkv = L.qkv(x)                                               # [N, (H + 2 Hkv) D]
+            L.qkv.into(x, qkv)                                           # [N, (H + 2 Hkv) D]
             lib.specgram_rope_cache_write(ptr(qkv), ptr(cos), ptr(sin), ptr(kc), ptr(vc), ptr(slots), ptr(positions),
                                           N, S, H, Hkv, D, P, ptr(q), nt)
             lib.specgram_attention(ptr(q), ptr(kc), ptr(vc), ptr(slots), ptr(positions), N, S, H, Hkv, D, P,
                                    window or 0, self.scaling, ptr(att), nt)
-            o = L.o(att)                    # named: a tensor must outlive the native call that reads it
+            L.o.into(att, o)
             lib.specgram_add_rmsnorm(ptr(h), ptr(o), ptr(L.w_post), L.eps_post, ptr(x), N, E, nt)
-            gu = L.gate_up(x)
+            L.gate_up.into(x, gu)
             lib.specgram_silu_mul(ptr(gu), ptr(act), N, inter, nt)
             nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
             w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (self.w_final, self.eps_final)
-            down = L.down(act)
+            L.down.into(act, down)
             lib.specgram_add_rmsnorm(ptr(h), ptr(down), ptr(w), eps, ptr(x), N, E, nt)
         return x
