@@ -9,9 +9,9 @@ the same order whatever M is: bitwise batch-invariant (tests/unit/test_native.py
 
 Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
 Weights are packed as float32, bfloat16 or int8 (weight-only, one scale per output: int8.py): the same panel
-layout and tiling for all three, and the same accumulation order. With int8 activations too (W8A8, on VNNI:
-kernels/gemm_i8a8.c) the int8 weights are packed in steps of 4 k (pack_k4) and the input is quantized per row
-inside the call.
+layout and tiling for all three, and the same accumulation order. With the activations quantized too (int16 or
+int8 per row, on VNNI: kernels/gemm_i8a8.c) the int8 weights are packed in steps of 4 k (pack_k4) and the
+input is quantized inside the call.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from . import kernels
 from .int8 import column_sums, quantize_rows
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
+DIGITS = {"int16": 2, "int8": 1}   # quantized activations: base-256 digits per activation (gemm_i8a8.c)
 LINEAR_KINDS = ("auto", "native", "torch")
 
 
@@ -49,9 +50,9 @@ class NativeLinear(torch.nn.Module):
     """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only. weight_dtype float32
     or bfloat16 packs W as that dtype; int8 quantizes it (int8.quantize_rows: `packed` int8 and `scale` [N]),
     and the kernel computes (x @ q.T) * scale (+ b).
-    activations "int8" (int8 weights only; needs VNNI, kernels.has_vnni): the W8A8 product of gemm_i8a8.c
+    activations "int16" or "int8" (int8 weights only; needs VNNI, kernels.has_vnni): gemm_i8a8.c's product
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
-    the call."""
+    the call to that many bits (int16: as two int8 digits)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib,
                  activations: str = "float32"):
@@ -59,13 +60,13 @@ class NativeLinear(torch.nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight_dtype, self.activations = weight_dtype, activations
         colsum = None
-        if activations == "int8":
+        if activations in DIGITS:
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
-                raise ValueError("int8 activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
+                raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
             q, scale = quantize_rows(weight)
             packed, colsum, self._fn = pack_k4(q), column_sums(q), lib.specgram_gemm_i8a8
         elif activations != "float32":
-            raise ValueError(f"activations must be float32 or int8, got {activations!r}")
+            raise ValueError(f"activations must be float32, int16 or int8, got {activations!r}")
         elif weight_dtype == torch.int8:
             q, scale = quantize_rows(weight)
             packed, self._fn = pack(q, torch.int8), lib.specgram_gemm_i8
@@ -80,9 +81,12 @@ class NativeLinear(torch.nn.Module):
 
     def _refresh(self) -> None:
         """The call's constant arguments: K, the row stride, the weights' addresses (packed, then scale and colsum
-        where present), N and the bias address (0: none); recomputed whenever Module._apply replaces the buffers."""
+        where present), the activations' digits (quantized activations), N and the bias address (0: none);
+        recomputed whenever Module._apply replaces the buffers."""
         b = self._buffers
         w = [b[k].data_ptr() for k in ("packed", "scale", "colsum") if b[k] is not None]
+        if self.activations in DIGITS:
+            w.append(DIGITS[self.activations])
         bias = 0 if b["bias"] is None else b["bias"].data_ptr()
         self._args = (self.in_features, self.in_features, *w, self.out_features, bias)
 

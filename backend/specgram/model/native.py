@@ -15,9 +15,9 @@ Weights: the matmuls' weights are packed in the model's dtype (float32 or bfloat
 quantized to int8 with a scale per output channel (int8.py: q/k/v/o, gate/up/down and the lm_head; the
 embedding, norms and rotary stay as loaded). Int8 is lossy against the checkpoint but exact with itself:
 the same kernels, the same fixed orders, so the invariance above holds for an int8 model too.
-weights="int8-dynamic": the same int8 weights, and every matmul's input quantized to int8 per row in the call
-(W8A8 on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual stream, norms,
-attention and the KV cache stay float32.
+weights="int8-a16" / "int8-a8": the same int8 weights, and every matmul's input quantized per row in the call
+to int16 / int8 (on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual stream,
+norms, attention and the KV cache stay float32.
 
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .int8 import DYNAMIC
+from .int8 import ACTIVATIONS
 from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
@@ -58,12 +58,12 @@ def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
 class NativeForward:
     def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
-        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" = those int8
-        weights times int8 activations quantized per row (needs VNNI: kernels.has_vnni)."""
+        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-a16" / "int8-a8" = those
+        int8 weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni)."""
         cfg = model.config
         inner = model.model
-        wdt = torch.int8 if weights in ("int8", DYNAMIC) else next(model.parameters()).dtype
-        act = "int8" if weights == DYNAMIC else "float32"
+        wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
+        act = ACTIVATIONS.get(weights, "float32")
         linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
         self.lib, self.weights = lib, weights
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb

@@ -12,7 +12,8 @@ Two implementations of that forward: transformers' modules with PyTorch ops (any
 path), and on CPU the native one (native.py: our kernels, fused projections, attention reading the cache in
 place), chosen by the `linear` setting (auto = native where its kernels build). The native forward may also
 run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy, or
-with int8 weights and activations ("int8-dynamic", on VNNI: the int8 draft copy where the CPU has it).
+with int8 weights and activations quantized per row ("int8-a16" / "int8-a8", on VNNI: int8-a16 is the int8 draft
+copy where the CPU has it).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from . import kernels
-from .int8 import DYNAMIC, RUNNER_WEIGHTS
+from .int8 import ACTIVATIONS, RUNNER_WEIGHTS
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
@@ -113,8 +114,9 @@ class ModelRunner:
         cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
         `model` itself stays as loaded (tests use it as the reference).
         weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
-        elsewhere) | "int8-dynamic" (int8 weights and activations, int8.py; the native forward on a CPU with
-        VNNI only). Several runners may share one `model` (an int8 copy of a target), each with its own cache."""
+        elsewhere) | "int8-a16" | "int8-a8" (int8 weights, activations quantized per row to int16 / int8,
+        int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
+        copy of a target), each with its own cache."""
         if weights not in RUNNER_WEIGHTS:
             raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
         self.model = model.eval()
@@ -127,8 +129,8 @@ class ModelRunner:
             raise ModelLoadError(f"weights {weights} runs on the native CPU forward only (x86-64 with AVX-512 or AVX2 "
                                  "+ FMA and gcc; linear auto or native, float32 or bfloat16 checkpoint, no "
                                  f"cuda_graphs), which does not run here (the {kind} forward would)")
-        if weights == DYNAMIC and not kernels.has_vnni(lib):
-            raise ModelLoadError(f"weights {DYNAMIC} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
+        if weights in ACTIVATIONS and not kernels.has_vnni(lib):
+            raise ModelLoadError(f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
                                  f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off")
         self.native = None
         if kind == "native":

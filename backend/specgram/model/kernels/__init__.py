@@ -2,8 +2,8 @@
 set, loaded by ctypes.
 
 gemm.c: the small-M matrix product, fp32, bf16 or int8 weights (see its header for the layout and the batch
-invariance it guarantees); gemm_i8a8.c: the int8 x int8 product (activations quantized per row in the call,
-exact int32 accumulation on VNNI);
+invariance it guarantees); gemm_i8a8.c: int8 weights times activations quantized per row in the call (int8,
+or int16 as two int8 digits), exact int32 accumulation on VNNI;
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
 the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory. Together they are the CPU
 forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
@@ -68,7 +68,7 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_gemm_i8a8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
+    "specgram_gemm_i8a8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR,
                                   _INT],
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
