@@ -1,9 +1,9 @@
 """Int8 weight-only matmuls on the native kernels (model/int8.py, gemm.c's int8 product): the quantization, the
 product against a float64 reference of the same quantized weights and its bitwise batch invariance; an int8
 model's logits bitwise batch- and width-invariant and close to fp32's; an int8 target's greedy output the same
-with speculation on or off; the int8 native draft copy (weight-only, VNNI turned off; the int8-a16 copy:
-test_int8_dynamic.py) drafting for an fp32 target without changing its output; and the settings - for each
-ISA's build of the kernels that this CPU runs."""
+with speculation on or off; the int8 native draft copy (weight-only, VNNI turned off; the int8-dynamic copy:
+test_int8_dynamic.py) drafting for an fp32 target without changing its output; and the settings - for each ISA's
+build of the kernels that this CPU runs."""
 from __future__ import annotations
 
 from contextlib import closing
@@ -14,7 +14,7 @@ import torch
 from specgram.config import EngineConfig
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
-from specgram.model.int8 import A16, dequantize_rows, quantize_rows
+from specgram.model.int8 import DYNAMIC, dequantize_rows, quantize_rows
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 from specgram.request import SamplingParams
@@ -128,7 +128,7 @@ def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alo
 
 def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_its_output(lib, make_engine,
                                                                                           monkeypatch):
-    monkeypatch.setenv(kernels.VNNI_ENV, "0")      # the weight-only copy (W8A8 on VNNI: test_int8_dynamic.py)
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")      # the weight-only copy (int8-dynamic on VNNI: test_int8_dynamic.py)
     with closing(make_engine(draft_quantization="int8")) as engine:
         copy = engine.drafters["draft_model"].runner
         assert engine.target.weights == "auto" and copy.weights == "int8" and copy.native.lib is lib
@@ -154,7 +154,7 @@ def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(mak
 def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(lib, make_engine, tiny_ckpt,
                                                                                 monkeypatch):
     with closing(make_engine(draft_quantization="auto")) as engine:
-        assert engine.drafters["draft_model"].runner.weights == (A16 if kernels.has_vnni(lib) else "int8")
+        assert engine.drafters["draft_model"].runner.weights == (DYNAMIC if kernels.has_vnni(lib) else "int8")
         req = engine.make_request(SamplingParams(), text="hi")
         assert req.params.drafter == "draft_model"                # drafter auto: the loaded draft model
     with closing(make_engine(draft_quantization="auto", weights="int8")) as engine:
@@ -175,7 +175,7 @@ def test_the_weights_setting_is_validated(tiny_ckpt):
     for bad in (dict(weights="int4"), dict(weights="int8", linear="torch"), dict(weights="int8", cuda_graphs=True)):
         with pytest.raises(ModelLoadError, match="weights"):
             EngineConfig(checkpoint=str(tiny_ckpt), **bad)
-    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8, int8-a16, int8-a8"):
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8, int8-dynamic, int8-dynamic8"):
         ModelRunner(build_model("llama", seed=4), 2, 32, weights="fp8")
     with pytest.raises(ModelLoadError, match="the torch forward would"):
         ModelRunner(build_model("llama", seed=4), 2, 32, linear="torch", weights="int8")

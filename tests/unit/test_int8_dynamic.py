@@ -1,7 +1,7 @@
-"""Int8 weights times activations quantized per row to int16 or int8 (kernels/gemm_i8a8.c, weights "int8-a16" /
-"int8-a8"): the product bitwise equal to a pure-torch reference of the same integer arithmetic and float order,
+"""Int8 weights times activations quantized per row to int16 or int8 (kernels/gemm_i8a8.c, weights "int8-dynamic" /
+"int8-dynamic8"): the product bitwise equal to a pure-torch reference of the same integer arithmetic and float order,
 and bitwise batch-invariant; the two ISA builds equal; the VNNI decision and its override; such a model's logits
-bitwise batch- and width-invariant and close to fp32's; and the int8 draft copy being int8-a16 where the CPU has
+bitwise batch- and width-invariant and close to fp32's; and the int8 draft copy being int8-dynamic where the CPU has
 VNNI, drafting for an fp32 target without changing its output - for each ISA's build of the kernels that this
 CPU runs (skipped where it lacks that build's VNNI)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from specgram.config import EngineConfig
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
-from specgram.model.int8 import A8, A16, ACTIVATIONS, column_sums, quantize_rows
+from specgram.model.int8 import ACTIVATIONS, DYNAMIC, DYNAMIC8, column_sums, quantize_rows
 from specgram.model.linear import NativeLinear, pack_k4
 from specgram.model.runner import ModelRunner
 
@@ -172,7 +172,7 @@ def _quantized_runner(model, weights: str, slots: int = 4, positions: int = 96) 
     return runner
 
 
-@pytest.mark.parametrize("weights,tied", [(A16, False), (A16, True), (A8, False)])
+@pytest.mark.parametrize("weights,tied", [(DYNAMIC, False), (DYNAMIC, True), (DYNAMIC8, False)])
 def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, weights, tied):
     runner = _quantized_runner(build_model("llama", seed=2, tie_word_embeddings=tied), weights)
     assert runner.native.lib is vnni
@@ -191,8 +191,8 @@ def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, w
 
 
 @pytest.mark.parametrize("weights,max_median,max_rel,min_agree", [
-    (A16, 0.04, 0.06, 0.9),      # test_int8.py's bounds for int8 weights alone, same model
-    (A8, 0.06, 0.12, 0.85),
+    (DYNAMIC, 0.04, 0.06, 0.9),      # test_int8.py's bounds for int8 weights alone, same model
+    (DYNAMIC8, 0.06, 0.12, 0.85),
 ])
 def test_quantized_logits_are_close_to_fp32(vnni, weights, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=0.1)
@@ -206,10 +206,10 @@ def test_quantized_logits_are_close_to_fp32(vnni, weights, max_median, max_rel, 
     assert agree >= min_agree, agree
 
 
-def test_the_int8_draft_copy_is_int8_a16_on_vnni_and_drafts_without_changing_the_output(vnni, make_engine):
+def test_the_int8_draft_copy_is_int8_dynamic_on_vnni_and_drafts_without_changing_the_output(vnni, make_engine):
     with closing(make_engine(draft_quantization="int8")) as engine:
         copy = engine.drafters["draft_model"].runner
-        assert engine.target.weights == "auto" and copy.weights == A16 and copy.native.lib is vnni
+        assert engine.target.weights == "auto" and copy.weights == DYNAMIC and copy.native.lib is vnni
         assert copy.model is engine.target.model and copy.cache is not engine.target.cache  # shared model, own cache
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
         assert [tokens_of(o) for o in run(engine, PROMPTS, max_tokens=24)] == alone
@@ -220,7 +220,7 @@ def test_the_int8_draft_copy_is_int8_a16_on_vnni_and_drafts_without_changing_the
     accepted = sum(o[-1].spec.accepted for o in spec)
     assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
     with closing(make_engine(draft_quantization="auto")) as engine:
-        assert engine.drafters["draft_model"].runner.weights == A16
+        assert engine.drafters["draft_model"].runner.weights == DYNAMIC
 
 
 def test_without_vnni_the_int8_draft_copy_is_weight_only(lib, make_engine, monkeypatch):
@@ -229,7 +229,7 @@ def test_without_vnni_the_int8_draft_copy_is_weight_only(lib, make_engine, monke
         assert engine.drafters["draft_model"].runner.weights == "int8"
 
 
-@pytest.mark.parametrize("weights", [A16, A8])
+@pytest.mark.parametrize("weights", [DYNAMIC, DYNAMIC8])
 def test_quantized_activations_are_no_engine_setting(tiny_ckpt, weights):
     with pytest.raises(ModelLoadError, match="weights must be one of auto, int8,"):
         EngineConfig(checkpoint=str(tiny_ckpt), weights=weights)

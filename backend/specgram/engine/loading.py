@@ -3,8 +3,8 @@
 draft_quantization int8: the draft is an int8 copy of draft_checkpoint's model, or of the target's when there is
 none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 copy on the native
 kernels (model/int8.py: a scale per output channel; it shares the loaded model with the target rather than
-copying it): int8 weights and activations quantized per row to int16 (weights "int8-a16") where the CPU has VNNI,
-else int8 weights with fp32 activations ("int8"); elsewhere it is torch's dynamic-quantized copy
+copying it): int8 weights and activations quantized per row to int16 (weights "int8-dynamic") where the CPU has
+VNNI, else int8 weights with fp32 activations ("int8"); elsewhere it is torch's dynamic-quantized copy
 (model/quantize.py).
 draft_quantization auto: the target's int8 copy where the native forward runs the target, else no draft model.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import kernels
-from ..model.int8 import A16
+from ..model.int8 import DYNAMIC
 from ..model.runner import ModelRunner, choose_forward, load_model
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter
@@ -101,7 +101,7 @@ def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
     dynamic quantization (which the PyTorch forward runs)."""
     kind, lib = choose_forward(model, config.linear, static)
     if kind == "native":
-        weights = A16 if kernels.has_vnni(lib) else "int8"
+        weights = DYNAMIC if kernels.has_vnni(lib) else "int8"
         return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear, weights=weights)
     from ..model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(model), config.max_slots, config.max_seq_len, static)

@@ -1,5 +1,5 @@
 """Int8 quantization for the native kernels: weight-only (gemm.c's int8 product), or with the activations
-quantized too (gemm_i8a8.c's products, "int8-a16" and "int8-a8").
+quantized too (gemm_i8a8.c's products, "int8-dynamic" and "int8-dynamic8").
 
 Symmetric, one fp32 scale per output channel: for a weight W [N, K], scale[n] = max_k |W[n, k]| / 127 and
 q[n, k] = round(W[n, k] / scale[n]) in [-127, 127] (round half to even; a row of zeros gets scale 0 and
@@ -13,14 +13,15 @@ gate|up) quantize row by row, so fusing changes nothing. Norms, rotary and the K
 Lossy against the fp32 weights: each weight moves by up to scale / 2. Exact with itself: an int8 model's
 logits are bitwise the same alone, batched or as verify positions.
 
-int8-a16 and int8-a8 (on VNNI; int8-a16 is the native int8 draft copy where the CPU has it: engine/loading.py):
-the same weights and scales, and each matmul's input quantized per row in the call, to L = 32767 (a16) or
-L = 127 (a8) levels a side: xs[m] = max_k |x[m, k]| / L and xq = round(x * (L / max_k |x[m, k]|)) in [-L, L];
-the kernel sums xq * q exactly in integers (a16: as two base-256 digits, each an int8 product) and scales
-once, y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]); the exact float order is in
-gemm_i8a8.c. Integer sums have no order, so both are batch-invariant too. a16 is as close to fp32 as int8
-weights alone (SmolLM2-135M: 94% of top-1 tokens); a8's activations, whose largest channel is 20-100x their
-median, lose more (86%). Not `weights` settings of the engine: runners' weights values only.
+int8-dynamic and int8-dynamic8 (on VNNI; int8-dynamic is the native int8 draft copy where the CPU has it:
+engine/loading.py): the same weights and scales, and each matmul's input quantized per row in the call, to
+L = 32767 (int8-dynamic: int16 activations) or L = 127 (int8-dynamic8: int8 ones) levels a side:
+xs[m] = max_k |x[m, k]| / L and xq = round(x * (L / max_k |x[m, k]|)) in [-L, L]; the kernel sums xq * q exactly
+in integers (int16: as two base-256 digits, each an int8 product) and scales once,
+y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]); the exact float order is in gemm_i8a8.c.
+Integer sums have no order, so both are batch-invariant too. int16 activations keep the copy as close to fp32
+as int8 weights alone (SmolLM2-135M: 94% of top-1 tokens); int8 ones, for activations whose largest channel is
+20-100x their median, lose more (86%). Not `weights` settings of the engine: runners' weights values only.
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ import torch
 
 QMAX = 127
 WEIGHTS = ("auto", "int8")   # the `weights` setting: auto = the checkpoint's dtype, int8 = this quantization
-A16, A8 = "int8-a16", "int8-a8"   # int8 weights, activations quantized per row to int16 / int8; runners only
-RUNNER_WEIGHTS = (*WEIGHTS, A16, A8)
-ACTIVATIONS = {A16: "int16", A8: "int8"}   # what NativeLinear's activations are under each
+DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"   # int8 weights, activations per row to int16 / int8 (runners)
+RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8)
+ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}   # what NativeLinear's activations are under each
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

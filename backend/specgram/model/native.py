@@ -15,9 +15,9 @@ Weights: the matmuls' weights are packed in the model's dtype (float32 or bfloat
 quantized to int8 with a scale per output channel (int8.py: q/k/v/o, gate/up/down and the lm_head; the
 embedding, norms and rotary stay as loaded). Int8 is lossy against the checkpoint but exact with itself:
 the same kernels, the same fixed orders, so the invariance above holds for an int8 model too.
-weights="int8-a16" / "int8-a8": the same int8 weights, and every matmul's input quantized per row in the call
-to int16 / int8 (on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual stream,
-norms, attention and the KV cache stay float32.
+weights="int8-dynamic" / "int8-dynamic8": the same int8 weights, and every matmul's input quantized per row in
+the call to int16 / int8 (on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual
+stream, norms, attention and the KV cache stay float32.
 
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
@@ -58,8 +58,9 @@ def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
 class NativeForward:
     def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
-        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-a16" / "int8-a8" = those
-        int8 weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni)."""
+        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
+        "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
+        kernels.has_vnni)."""
         cfg = model.config
         inner = model.model
         wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype

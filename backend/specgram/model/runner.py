@@ -12,8 +12,8 @@ Two implementations of that forward: transformers' modules with PyTorch ops (any
 path), and on CPU the native one (native.py: our kernels, fused projections, attention reading the cache in
 place), chosen by the `linear` setting (auto = native where its kernels build). The native forward may also
 run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy, or
-with int8 weights and activations quantized per row ("int8-a16" / "int8-a8", on VNNI: int8-a16 is the int8 draft
-copy where the CPU has it).
+with int8 weights and activations quantized per row to int16 / int8 ("int8-dynamic" / "int8-dynamic8", on VNNI:
+int8-dynamic is the int8 draft copy where the CPU has it).
 """
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ class ModelRunner:
         cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
         `model` itself stays as loaded (tests use it as the reference).
         weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
-        elsewhere) | "int8-a16" | "int8-a8" (int8 weights, activations quantized per row to int16 / int8,
-        int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
+        elsewhere) | "int8-dynamic" | "int8-dynamic8" (int8 weights, activations quantized per row to int16 /
+        int8, int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
         copy of a target), each with its own cache."""
         if weights not in RUNNER_WEIGHTS:
             raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
