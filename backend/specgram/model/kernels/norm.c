@@ -6,16 +6,22 @@
  *   h * rsqrt(var + eps), then weight * that.
  * specgram_silu_mul: out[m, j] = silu(gu[m, j]) * gu[m, I + j] for the fused gate|up output gu [M, 2I]; VW lanes
  *   at a time (vexp.h), the last I mod VW columns with libm's expf.
- * All per row: batch-invariant.
+ * All per row: batch-invariant (and so independent of the thread count: a call with less than SERIAL_WORK
+ * elements runs on the calling thread alone, where starting the OpenMP team would cost more than the work,
+ * e.g. a decode row of 576).
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "vexp.h"
 
+#ifndef SERIAL_WORK
+#define SERIAL_WORK 16384   /* elements below which a call does not start the thread team */
+#endif
+
 void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
                           int64_t N, int nthreads) {
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * N >= SERIAL_WORK)")
     for (int64_t m = 0; m < M; ++m) {
         float *x = h + m * N;
         if (delta) {
@@ -32,7 +38,7 @@ void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float ep
 }
 
 void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads) {
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * I >= SERIAL_WORK)")
     for (int64_t m = 0; m < M; ++m) {
         const float *g = gu + m * 2 * I, *u = g + I;
         float *y = out + m * I;

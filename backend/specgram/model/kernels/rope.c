@@ -10,10 +10,16 @@
  *
  * Rotary follows transformers' apply_rotary_pos_emb, x*cos + rotate_half(x)*sin, rounded the same way
  * (compiled without contraction: multiply, multiply, add), per token: batch-invariant, and the same on every
- * ISA. A debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts the slot and position ranges.
+ * ISA (and of the thread count: fewer than SERIAL_WORK values run on the calling thread alone, where starting
+ * the OpenMP team would cost more than the work). A debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts the
+ * slot and position ranges.
  */
 #include <assert.h>
 #include <stdint.h>
+
+#ifndef SERIAL_WORK
+#define SERIAL_WORK 16384   /* values below which a call does not start the thread team */
+#endif
 
 /* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
  * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
@@ -29,7 +35,7 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
     assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
     (void)S;                                                       /* read by the debug build's asserts only */
     int64_t width = (H + 2 * Hkv) * D;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
+#pragma omp parallel for schedule(static) num_threads(nthreads) if(N * width >= SERIAL_WORK)
     for (int64_t n = 0; n < N; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
