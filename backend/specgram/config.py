@@ -65,8 +65,9 @@ class EngineConfig:
                                     # batch-invariant), "torch" (transformers' modules), auto = native where
                                     # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
     weights: str = "auto"           # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
-                                    # scale per output channel on the native CPU forward (lossy against the
-                                    # checkpoint, exact with itself: batch-invariant, speculation token-identical)
+                                    # scale per output channel on the native CPU forward, activations quantized
+                                    # per row to int16 where the CPU has VNNI (lossy against the checkpoint,
+                                    # exact with itself: batch-invariant, speculation token-identical)
     cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
     # Serving limits (loop.py). A request waits for a KV slot in a queue; past these bounds it is refused at once

@@ -115,10 +115,17 @@ def test_int8_logits_are_close_to_fp32(lib, init, max_median, max_rel, min_agree
     assert agree >= min_agree, agree            # the same top-1 token at most positions
 
 
-def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine, tmp_path):
+@pytest.mark.parametrize("vnni", [True, False])
+def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine, tmp_path,
+                                                                                   monkeypatch, vnni):
+    """weights int8: int16 activations where the CPU has VNNI (runner weights int8-dynamic), else fp32 ones."""
+    if vnni and not kernels.has_vnni(lib):
+        pytest.skip("this CPU lacks VNNI for this build")
+    if not vnni:
+        monkeypatch.setenv(kernels.VNNI_ENV, "0")
     draft = save_checkpoint(tmp_path / "draft", seed=11)          # other weights: its drafts are mostly wrong
     with closing(make_engine(weights="int8", draft_checkpoint=str(draft))) as engine:
-        assert engine.target.weights == "int8" and engine.target.native.lib is lib
+        assert engine.target.weights == (DYNAMIC if vnni else "int8") and engine.target.native.lib is lib
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
         assert [tokens_of(o) for o in run(engine, PROMPTS, max_tokens=24)] == alone
         for k, drafter in ((1, "ngram"), (4, "ngram"), (3, "draft_model")):

@@ -7,6 +7,7 @@ copying it): int8 weights and activations quantized per row to int16 (weights "i
 VNNI, else int8 weights with fp32 activations ("int8"); elsewhere it is torch's dynamic-quantized copy
 (model/quantize.py).
 draft_quantization auto: the target's int8 copy where the native forward runs the target, else no draft model.
+weights int8 (the target's): the same native int8 forms, int16 activations where the CPU has VNNI, else fp32 ones.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
     device = config.torch_device()
     static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
     target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
-                                         static, config.linear, config.weights)
+                                         static, config.linear, target_weights(config))
     tokenizer = load_tokenizer(path)
     draft = None
     base = target.model                              # the model the draft is (a copy of)
@@ -90,8 +91,18 @@ def draft_quantization(config: EngineConfig, target: ModelRunner) -> str:
     and no draft checkpoint is named, else none."""
     if config.draft_quantization != "auto":
         return config.draft_quantization
-    native = target.native is not None and target.weights != "int8"
+    native = target.native is not None and target.weights == "auto"
     return "int8" if native and not config.draft_checkpoint else "none"
+
+
+def target_weights(config: EngineConfig) -> str:
+    """The target runner's weights for config.weights: int8 is int8 weights with activations quantized per row
+    to int16 where the CPU has VNNI (as accurate as fp32 activations, and no conversion of each weight in the
+    product: model/int8.py), else with fp32 activations; the config validated that the native forward runs."""
+    if config.weights != "int8":
+        return config.weights
+    lib = kernels.load()
+    return DYNAMIC if lib is not None and kernels.has_vnni(lib) else "int8"
 
 
 def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:

@@ -17,8 +17,9 @@ to copy, so n-gram lookup has something to find), at each --concurrency (c = 1: 
   ideal    (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))
   exact    greedy output ids equal the no-speculation ones for every prompt
 Drafters: ngram (prompt lookup), bf16 (the target checkpoint in bfloat16), int8 (an int8 dynamic-quantized
-copy of the target, specgram.model.quantize), int8n (the target's int8 weight-only copy on the native kernels,
-what draft_quantization int8 loads where they run). k "auto": the engine chooses k per request per step.
+copy of the target, specgram.model.quantize), int8n (the target's int8 copy on the native kernels, what
+draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones). k "auto": the engine
+chooses k per request per step.
 --prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
 from __future__ import annotations
@@ -66,7 +67,11 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
     if kind == "bf16":
         return ModelRunner.from_pretrained(path, slots, max_seq_len, torch.device("cpu"), torch.bfloat16)
     if kind == "int8n":
-        return ModelRunner(target.model, slots, max_seq_len, weights="int8")
+        from specgram.model import kernels
+        from specgram.model.int8 import DYNAMIC
+
+        weights = DYNAMIC if kernels.has_vnni(target.native.lib) else "int8"
+        return ModelRunner(target.model, slots, max_seq_len, weights=weights)
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
