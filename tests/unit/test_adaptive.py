@@ -96,15 +96,31 @@ def test_lookup_drafts_win_where_they_expect_as_many_tokens_for_less():
     costs = costs_of(0.014, 0.0004)
     costs.draft_depth_s = 0.006                            # a draft forward ~ 0.4 of a target step
     model = [0.9, 0.81, 0.73]
-    assert adaptive.lookup_pays([0.9, 0.8, 0.7], model, 1, costs)          # as good and free
-    assert not adaptive.lookup_pays([0.3, 0.1], model, 1, costs)           # the model's drafts pay more
-    assert not adaptive.lookup_pays([], model, 1, costs)                   # nothing found
-    assert adaptive.lookup_pays([0.3], [], 1, costs)                       # the model would draft nothing
-    # a forced first token costs the model no draft forward: 3.85 tokens in 27.6 ms beat lookup's 2.05 in
-    # 15.2 ms only then (33.6 ms when the model drafts all three)
-    assert adaptive.lookup_pays([0.95, 0.1], [0.95] * 3, 1, costs)
-    assert not adaptive.lookup_pays([0.95, 0.1], [0.95] * 3, 1, costs, forced=1)
-    assert adaptive.lookup_pays([0.1], model, 1, StepCosts())              # before any timing: lookup found one
+    plan = adaptive.plan_depths
+    assert plan([model], [[0.9, 0.8, 0.7]], [0], costs) == [0]      # as good and free: no model drafts
+    assert plan([model], [[0.3, 0.1]], [0], costs) == [3]           # the model's drafts pay more
+    assert plan([model], [None], [0], costs) == [3]                 # nothing found
+    assert plan([[]], [[0.3]], [0], costs) == [0]                   # the model may not draft for it
+    # a forced first token costs the model no draft forward: its drafts win only then (2.05 tokens in 15.2 ms
+    # for lookup; 3.85 in 33.6 ms when the model drafts all three, 3.85 in 27.6 ms after a forced one)
+    assert plan([[0.95] * 3], [[0.95, 0.1]], [0], costs) == [0]
+    assert plan([[0.95] * 3], [[0.95, 0.1]], [1], costs) == [3]
+    assert plan([model, model], [[0.1], None], [0, 0], StepCosts()) == [0, 3]   # before any timing
+
+
+def test_a_draft_depth_shared_by_many_streams_pays_where_one_streams_drafts_would_not():
+    # 8 streams, a 19 ms step, a draft forward 6 ms: one stream's 0.9-likely draft alone would cost the step
+    # 6.4 ms for 0.9 tokens (-15% tokens/s); all eight drafting in the same depth forwards gain ~40%
+    costs = costs_of(0.016, 0.0004)
+    costs.draft_depth_s = 0.006
+    model = [[0.9, 0.81]] * 8
+    assert not adaptive.probe_can_pay(8, costs) and adaptive.depth_can_pay(8, costs)
+    assert adaptive.plan_depths(model, [None] * 8, [0] * 8, costs) == [2] * 8
+    assert allocate(model, [True] * 8, costs) == [2] * 8
+    assert adaptive.plan_depths(model[:1], [None], [0], costs) == [2]           # one stream: it pays alone too
+    assert adaptive.plan_depths([[0.9, 0.81]] + [[]] * 7, [None] * 8, [0] * 8, costs) == [0] * 8   # alone at 8
+    # a fixed-k draft-model request's two depths are made anyway: the auto one rides along
+    assert adaptive.plan_depths([[0.9, 0.81]] + [[]] * 7, [None] * 8, [0] * 8, costs, paid=2) == [2] + [0] * 7
 
 
 def test_allocate_counts_draft_model_depth():

@@ -13,15 +13,15 @@ gate|up) quantize row by row, so fusing changes nothing. Norms, rotary and the K
 Lossy against the fp32 weights: each weight moves by up to scale / 2. Exact with itself: an int8 model's
 logits are bitwise the same alone, batched or as verify positions.
 
-int8-dynamic and int8-dynamic8 (on VNNI; int8-dynamic is the native int8 draft copy where the CPU has it:
-engine/loading.py): the same weights and scales, and each matmul's input quantized per row in the call, to
-L = 32767 (int8-dynamic: int16 activations) or L = 127 (int8-dynamic8: int8 ones) levels a side:
+int8-dynamic and int8-dynamic8 (on VNNI): the same weights and scales, and each matmul's input quantized per
+row in the call, to L = 32767 (int8-dynamic: int16 activations) or L = 127 (int8-dynamic8: int8 ones) levels a side:
 xs[m] = max_k |x[m, k]| / L and xq = round(x * (L / max_k |x[m, k]|)) in [-L, L]; the kernel sums xq * q exactly
 in integers (int16: as two base-256 digits, each an int8 product) and scales once,
 y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]); the exact float order is in gemm_i8a8.c.
 Integer sums have no order, so both are batch-invariant too. int16 activations keep the copy as close to fp32
 as int8 weights alone (SmolLM2-135M: 94% of top-1 tokens); int8 ones, for activations whose largest channel is
-20-100x their median, lose more (86%). Not `weights` settings of the engine: runners' weights values only.
+20-100x their median, lose more (86%). Runners' weights values, not the engine's settings: the engine's `weights`
+int8 and its int8 draft copy are int8-dynamic where the CPU has VNNI, else int8 (engine/loading.py).
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ whatever the cuts: they only choose which drafts the target verifies.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 # Acceptance estimates: discounted success / trial counts (a trial is a draft position the target judged,
@@ -177,12 +176,22 @@ class StepCosts:
 
 def probe_can_pay(rows: int, costs: StepCosts) -> bool:
     """Whether one draft-model draft could raise tokens per second in a step of `rows` verify rows even if it
-    were surely accepted. Where it cannot (many streams: a draft forward costs more than the token it may add),
-    a probe is not worth its cost: it first feeds the draft model every token it missed while idle."""
+    were surely accepted and no other request drafted with the model (a probe alone pays the whole draft
+    forward, after feeding the draft model every token it missed while idle)."""
     if not costs.known or costs.draft_depth_s == 0:
         return True
     a, b = costs.line()
     return (rows + 1) / (a + b * (rows + 1) + costs.draft_depth_s) > rows / (a + b * rows)
+
+
+def depth_can_pay(rows: int, costs: StepCosts) -> bool:
+    """Whether one draft-model depth could raise tokens per second in a step of `rows` verify rows if every row
+    drafted a surely accepted token in it: the depth's forward is shared by all the rows that draft at it, so
+    this is where the model can pay at that many streams (its prompt reads at admission are worth it)."""
+    if not costs.known or costs.draft_depth_s == 0:
+        return True
+    a, b = costs.line()
+    return 2 * rows / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
 
 
 def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:
@@ -196,55 +205,87 @@ def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> f
     return best
 
 
-def lookup_pays(lookup: list[float], model: list[float], rows: int, costs: StepCosts, forced: int = 0) -> bool:
-    """One request of a step with `rows` verify rows, which may verify its lookup drafts (chances `lookup`:
-    free to make) or draft-model drafts (chances `model`, as many as allocate cut: each costs a draft forward
-    too, beyond the first `forced` grammar-forced tokens both start with) -> whether the lookup drafts give
-    the step at least the tokens per second the model's would. Before any timing: whenever lookup found
-    something."""
-    if not lookup:
-        return False
-    if len(model) <= forced or not costs.known:
-        return True
-    a, b = costs.line()
-    step = a + b * rows
-    model_cost = step + b * len(model) + costs.draft_depth_s * (len(model) - forced)
-    return best_ratio(lookup, rows, step, b) >= (rows + sum(model)) / model_cost
+def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool], a: float, b: float,
+                extra: float) -> tuple[list[int], float, float]:
+    """-> (cuts, tokens, seconds): request i verifies its first cuts[i] drafts (all of a fixed one's, at most
+    limits[i] of another's), maximising expected tokens / seconds of a step costing a + b * rows + extra.
+    Drafts are taken by chance, likeliest first, while one raises the ratio: with a linear cost and chances
+    nonincreasing within a request, the best set is every draft above a threshold, and this walks down to it
+    (a request's drafts are so always a prefix)."""
+    cuts = [len(c) if f else 0 for c, f in zip(chances, fixed)]
+    tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed) if f)
+    seconds = a + b * (len(chances) + sum(cuts)) + extra
+    free = sorted(((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits)) if not f for p in c[:n]),
+                  reverse=True)
+    for p, neg_i in free:
+        if p * seconds <= b * tokens:          # (tokens + p) / (seconds + b) <= tokens / seconds
+            break
+        tokens, seconds = tokens + p, seconds + b
+        cuts[-neg_i] += 1
+    return cuts, tokens, seconds
 
 
 def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts,
              fixed: list[bool] | None = None) -> list[int]:
     """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
-    come from the draft model (each depth level costs a draft forward shared by the batch); fixed[i]: all of
-    request i's drafts are verified whatever this decides (a fixed k), so they are part of the step's base.
-    -> cuts c_i maximising expected committed tokens / predicted step seconds. Pure, greedy: take the best
-    marginal draft next; a draft is kept while it raises the ratio (with a linear cost and nonincreasing
-    marginals, a request's later drafts cannot pay once one does not). No drafts beyond the fixed ones when
-    the kept ones raise the ratio by MIN_GAIN or less."""
+    are still to be made by the draft model (each depth level costs one draft forward, shared by every request
+    drafting at that depth); fixed[i]: all of request i's drafts are verified whatever this decides (a fixed
+    k), so they are part of the step's base (and a fixed draft-model request's depth is paid anyway).
+    -> cuts c_i maximising expected committed tokens / predicted step seconds: for each model depth D, the
+    best cuts with the model's drafts limited to D (_cut_greedy), then the best D. No drafts beyond the fixed
+    ones when the kept ones raise the ratio by MIN_GAIN or less."""
     if not costs.known:
         return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
     a, b = costs.line()
     d = costs.draft_depth_s
-    fixed = fixed or [False] * len(chances)
-    cuts = [len(c) if f else 0 for c, f in zip(chances, fixed)]
-    rows = len(chances) + sum(cuts)
-    tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed) if f)
-    depth = max([n for n, m in zip(cuts, draft_model) if m], default=0)
-    base = tokens / (a + b * rows + d * depth)
-    heap = [(-c[0], i) for i, c in enumerate(chances) if c and not fixed[i]]
-    heapq.heapify(heap)
-    while heap:
-        neg, i = heapq.heappop(heap)
-        j = cuts[i]
-        new_depth = max(depth, j + 1) if draft_model[i] else depth
-        before = tokens / (a + b * rows + d * depth)
-        after = (tokens - neg) / (a + b * (rows + 1) + d * new_depth)
-        if after <= before:
-            continue                            # and so would this request's later drafts
-        tokens, rows, depth = tokens - neg, rows + 1, new_depth
-        cuts[i] = j + 1
-        if j + 1 < len(chances[i]):
-            heapq.heappush(heap, (-chances[i][j + 1], i))
-    if tokens / (a + b * rows + d * depth) <= (1 + MIN_GAIN) * base:
-        return [len(c) if f else 0 for c, f in zip(chances, fixed)]
-    return cuts
+    n = len(chances)
+    fixed = fixed or [False] * n
+    paid = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and f), default=0)
+    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, a, b, 0.0)
+    base = tokens / seconds
+    best, best_cuts = base, base_cuts
+    deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and not f), default=0)
+    for depth in range(0, max(deepest, paid) + 1):
+        limits = [depth if m else len(c) for c, m in zip(chances, draft_model)]
+        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, a, b, d * max(depth - paid, 0))
+        if tokens / seconds > best:
+            best, best_cuts = tokens / seconds, cuts
+    return best_cuts if best > (1 + MIN_GAIN) * base else base_cuts
+
+
+def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forced: list[int], costs: StepCosts,
+                paid: int = 0) -> list[int]:
+    """Before drafting, for the requests of a step: how deep the draft model drafts for each.
+    model[i]: the chances of request i's forced prefix (forced[i] tokens, free) then of its draft-model drafts
+    ([] where the model may not draft for it); lookup[i]: the chances of its n-gram lookup proposal (which
+    continues the same forced prefix), or None. paid: model depth that fixed-k requests draft anyway.
+    -> per request its drafts to make with the model, forced prefix included (forced[i] or less: none; the
+    engine then verifies its lookup proposal where it has one).
+    For each depth D: each request takes the better of its lookup drafts and its first D model drafts at the
+    verify row's cost alone (best_ratio), the step's cuts follow (_cut_greedy), and the D whose step expects the
+    most tokens per second wins; a depth forward is shared by every request drafting at it, so at many streams
+    the model pays where one request's drafts alone could not carry it. D = 0 unless a deeper one beats it by
+    more than MIN_GAIN. Before any timing: lookup where it found something, else every model draft."""
+    n = len(model)
+    if not costs.known:
+        return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
+    a, b = costs.line()
+    d, step = costs.draft_depth_s, a + b * n
+    deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
+    best, best_depths, shallow = 0.0, list(forced), 0.0
+    for depth in range(0, deepest + 1):
+        options, by_model = [], []
+        for m, look, f in zip(model, lookup, forced):
+            own = m[:f + depth]
+            use = len(own) > f and (not look or best_ratio(own, n, step, b) > best_ratio(look, n, step, b))
+            options.append(own if use else look or own)
+            by_model.append(use)
+        cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, a, b,
+                                            d * max(depth - paid, 0))
+        ratio = tokens / seconds
+        if depth == 0:
+            shallow = ratio
+        if ratio > best and (depth == 0 or ratio > (1 + MIN_GAIN) * shallow):
+            best = ratio
+            best_depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model)]
+    return best_depths

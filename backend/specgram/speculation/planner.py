@@ -2,9 +2,11 @@
 
 For a step's decoding requests: grammar-forced tokens first (free), then each drafter continues the proposals
 of the requests that use it, batched across them (draft logits masked with the rows the target will use); a
-draft-model request under auto k also looks up n-grams first and drafts with the model only where that expects
-more tokens per second than the lookup's drafts (adaptive.lookup_pays);
-auto requests are then cut by adaptive.allocate over the whole batch; guided proposals are sealed by their
+draft-model request under auto k also looks up n-grams first, and adaptive.plan_depths chooses for the whole
+batch how deep the model drafts and for which requests (a depth's forward is shared by the requests drafting at
+it; a request takes the model's drafts only where they beat its lookup drafts);
+auto requests are then cut by adaptive.allocate over the whole batch (the drafts are made: only their verify
+rows count); guided proposals are sealed by their
 grammar (cut at the first illegal draft, the bonus row filled, the matcher rolled back). After the verify,
 settle() records what was accepted: statistics, acceptance estimates, the drafters' own state.
 """
@@ -49,14 +51,14 @@ class DraftPlanner:
 
     def admitted(self, reqs: list[Request], running: int) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: requests
-        holding a slot. A draft model reads an auto request's prompt now only where a draft could pay at this
-        many streams (adaptive.probe_can_pay); else it never drafts for that request under auto (at many
-        streams reading the prompt, a prefill, costs more than the drafts it may ever win)."""
+        holding a slot. A draft model reads an auto request's prompt now only where a draft depth could pay at
+        this many streams (adaptive.depth_can_pay); else it never drafts for that request under auto (reading
+        the prompt is a prefill, which then costs more than the drafts it may ever win)."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if users:
                 now = name != "draft_model" or not all(r.params.auto_draft for r in users) \
-                    or adaptive.probe_can_pay(running, self.costs)
+                    or adaptive.depth_can_pay(running, self.costs)
                 drafter.admit(users, now)
 
     def release(self, req: Request) -> None:
@@ -123,11 +125,11 @@ class DraftPlanner:
 
     def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]],
                             lookups: list) -> list[int]:
-        """Auto requests drafting with the draft model: their k is chosen before drafting (each draft costs a
-        draft forward), from their acceptance estimates; the other requests count as one verify row each. Where
-        a request's lookup drafts pay at least as well (lookups[i]), and for a request whose prompt the model
-        never read (admitted among many streams), its depth is its forced prefix: the model drafts nothing for
-        it this step."""
+        """Auto requests drafting with the draft model: their k is chosen before drafting (each depth costs a
+        draft forward), from their acceptance estimates, against their lookup drafts (lookups[i]) where they
+        have some (adaptive.plan_depths); a request whose prompt the model never read (admitted among many
+        streams) gets no model drafts. -> per request its drafts to make (its forced prefix or less: none from
+        the model; its lookup drafts, if any, are verified instead); the other requests keep their k."""
         auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
         if not any(auto):
             return ks
@@ -135,17 +137,18 @@ class DraftPlanner:
         seen = [a and model.started(r) for r, a in zip(reqs, auto)]     # a prompt the model never read: no drafts
         chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
                    for r, k, pre, s in zip(reqs, ks, prefixes, seen)]
-        cuts = adaptive.allocate(chances, auto, self.costs)
-        probe = adaptive.probe_can_pay(len(reqs), self.costs)
-        depths = [max(c, len(pre), min(1, k) if probe and r.acceptance.probe_due else 0) if s
-                  else len(pre) if a else k
-                  for r, k, pre, a, s, c in zip(reqs, ks, prefixes, auto, seen, cuts)]
-        for i, found in enumerate(lookups):
-            if found is not None and adaptive.lookup_pays(reqs[i].acceptance.chances(found.sources),
-                                                          chances[i][:depths[i]], len(reqs), self.costs,
-                                                          len(prefixes[i])):
-                depths[i] = len(prefixes[i])
-        return depths
+        looked = [r.acceptance.chances(found.sources) if found is not None else None
+                  for r, found in zip(reqs, lookups)]
+        paid = max((k - len(pre) for r, k, pre, a in zip(reqs, ks, prefixes, auto)
+                    if not a and r.params.speculates and r.params.drafter == "draft_model"), default=0)
+        planned = adaptive.plan_depths(chances, looked, [len(pre) for pre in prefixes], self.costs, paid)
+        # a probe (one model draft for a request that has drafted nothing for a while: its estimate's evidence)
+        # rides along where the model drafts this step anyway, else only where it could pay alone
+        drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen) if s)
+        probe = drafting or adaptive.probe_can_pay(len(reqs), self.costs)
+        return [k if not a else len(pre) if not s
+                else max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0)
+                for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned)]
 
     def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
@@ -154,8 +157,8 @@ class DraftPlanner:
             return proposals
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
                    for r, p in zip(reqs, proposals)]
-        cuts = adaptive.allocate(chances, ["draft_model" in p.sources for p in proposals], self.costs,
-                                 [not r.params.auto_draft for r in reqs])
+        # the drafts are made (their draft forwards spent): only their verify rows count now
+        cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs])
         out = []
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
