@@ -152,6 +152,17 @@ def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypat
     for value, expected in (("0", False), (" 0 ", False), ("1", True), ("", True)):
         monkeypatch.setenv(kernels.VNNI_ENV, value)
         assert kernels.has_vnni(lib) is expected
+    assert lib.specgram_i8a8_built() == 1           # gcc >= 11 (or the AVX-512 build) compiles the product
+
+    class BuiltWithout:                             # the AVX2 library as gcc before 11 builds it: no product
+        isa = lib.isa
+
+        @staticmethod
+        def specgram_i8a8_built() -> int:
+            return 0
+
+    monkeypatch.setenv(kernels.VNNI_ENV, "1")
+    assert not kernels.has_vnni(BuiltWithout())
     monkeypatch.setenv(kernels.VNNI_ENV, "0")
     for weights, act in ACTIVATIONS.items():
         with pytest.raises(ValueError, match="VNNI"):

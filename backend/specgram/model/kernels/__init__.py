@@ -64,7 +64,8 @@ _COMMON = ["-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
 FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
 DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa: a C string)
+SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa, a C string, and
+    #               specgram_i8a8_built, an int)
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
@@ -75,6 +76,7 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "specgram_isa": [],
+    "specgram_i8a8_built": [],
 }
 
 
@@ -100,12 +102,12 @@ def cpu_supports(isa: str) -> bool:
 
 
 def has_vnni(lib) -> bool:
-    """Whether `lib`'s int8 x int8 product (specgram_gemm_i8a8) may be called here: this CPU has the VNNI flag of
-    the library's ISA, and $SPECGRAM_KERNEL_VNNI is not 0. Calling it where the CPU lacks VNNI is an illegal
-    instruction."""
+    """Whether `lib`'s int8 x int8 product (specgram_gemm_i8a8) may be called here: the compiler built it (gcc
+    before 11 cannot target AVX-VNNI: not in its AVX2 build), this CPU has the VNNI flag of the library's ISA, and
+    $SPECGRAM_KERNEL_VNNI is not 0. Calling it where the CPU lacks VNNI is an illegal instruction."""
     if os.environ.get(VNNI_ENV, "").strip() == "0":
         return False
-    return VNNI_FLAGS[lib.isa] in cpu_flags()
+    return VNNI_FLAGS[lib.isa] in cpu_flags() and bool(lib.specgram_i8a8_built())
 
 
 def requested_isa() -> str:
@@ -245,7 +247,7 @@ def open_library(path: Path, isa: str):
         for name, argtypes in SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = ctypes.c_char_p if name == "specgram_isa" else None
+            fn.restype = {"specgram_isa": ctypes.c_char_p, "specgram_i8a8_built": ctypes.c_int}.get(name)
         built_for = lib.specgram_isa().decode()
     except (OSError, AttributeError) as e:
         raise KernelsUnavailable(f"loading {path} failed: {e}") from e

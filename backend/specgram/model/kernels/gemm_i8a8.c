@@ -59,6 +59,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "scratch.h"
@@ -181,7 +182,17 @@ static inline int take_back(range *r, int64_t *b) {
 }
 
 /* Everything below issues vpdpbusd: compiled for VNNI on top of the build's ISA, and reached only through
- * specgram_gemm_i8a8. */
+ * specgram_gemm_i8a8. A compiler that cannot target AVX-VNNI (gcc before 11) builds the AVX2 library without it:
+ * specgram_i8a8_built() then says 0 and the callers keep the weight-only product. */
+#if VW != 16 && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 11
+#define I8A8_BUILT 0
+#else
+#define I8A8_BUILT 1
+#endif
+
+int specgram_i8a8_built(void) { return I8A8_BUILT; }
+
+#if I8A8_BUILT
 #pragma GCC push_options
 #if VW == 16
 #pragma GCC target("avx512vnni")
@@ -326,3 +337,12 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
     }
 }
 #pragma GCC pop_options
+#else
+void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *wscale,
+                        const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
+                        int nthreads) {
+    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)wscale, (void)colsum, (void)digits, (void)N, (void)bias,
+        (void)y, (void)ldy, (void)nthreads;
+    abort();                                             /* never called: specgram_i8a8_built() is 0 */
+}
+#endif
