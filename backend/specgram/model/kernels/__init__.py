@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "scratch.c", "isa.c")]
-HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h")]
+HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"

@@ -22,8 +22,11 @@
  * fp32 one, so int8 products are batch-invariant in the same way; a quarter of the bytes to stream.
  */
 #include <assert.h>
+#include <omp.h>
 #include <stdint.h>
 
+#include "deal.h"
+#include "scratch.h"
 #include "vec.h"
 
 #define NB 32
@@ -157,46 +160,29 @@ static void tile_i8(int mt, const float *x, int64_t ldx, int64_t m0, const int8_
     tile_any(WT_I8, mt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, bias, pf, pf_inc, far);
 }
 
-/* Blocks go to threads in chunks of consecutive blocks (dynamic: a preempted thread - 2 cores shared with a
- * server - does not hold up the call); within a block the rows go in tiles of MT_MAX, so a block is read from
- * memory once and from cache for later tiles. With more than one tile, the first tile would wait on memory
- * while the FMA units idle, and the later tiles compute while the memory bus idles: so the tiles of a block
- * also prefetch the chunk's next block into L2, one slice each, and memory and arithmetic overlap
- * (measured on 30 layers' weights from DRAM: M = 40 rows 45 -> 35 ms, 16 rows 26 -> 21 ms; M <= 8 unchanged).
- * Prefetching changes no arithmetic: the results are bitwise those without it. */
-static inline int64_t chunk_blocks(int64_t nblocks, int nthreads, int64_t ntiles) {
-    if (ntiles < 2) return 2;                          /* one tile: memory-bound, nothing to overlap */
-    if (ntiles >= 16) return 1;                        /* prefill: compute-bound, the streaming is a small
-                                                          share; balance the threads' shares instead (18
-                                                          blocks: 9 + 9, not 10 + 8; prefill -2 to 3%) */
-    /* Otherwise chunks of 2 to 8 blocks, dealt to the threads in turn: the size whose busiest thread gets the
-     * fewest blocks (the larger size on a tie: a chunk's first block is not prefetched). An uneven deal costs
-     * the whole call: 18 blocks (a 576-wide projection) in chunks of 4 give 10 + 8, in chunks of 3 9 + 9
-     * (M = 40, 30 layers: the 576-wide products 3.8 -> 3.6 ms and 9.3 -> 8.9 ms). */
-    int64_t best = 2, best_load = INT64_MAX;
-    for (int64_t c = 2; c <= 8; ++c) {
-        int64_t chunks = (nblocks + c - 1) / c, load = 0;
-        for (int64_t t = 0; t < nthreads && t < chunks; ++t) {
-            int64_t count = (chunks - t + nthreads - 1) / nthreads, last = t + (count - 1) * nthreads;
-            int64_t blocks = count * c - (last == chunks - 1 ? chunks * c - nblocks : 0);
-            load = blocks > load ? blocks : load;
-        }
-        if (load <= best_load) best = c, best_load = load;
-    }
-    return best;
-}
+/* Blocks go to threads as contiguous ranges, a thread done with its own taking from the back of the others'
+ * (deal.h: a preempted thread - 2 cores shared with a server - does not hold up the call, and each thread streams
+ * one long run of blocks); within a block the rows go in tiles of MT_MAX, so a block is read from memory once and
+ * from cache for later tiles. With more than one tile, the first tile would wait on memory while the FMA units
+ * idle, and the later tiles compute while the memory bus idles: so the tiles of a block also prefetch the
+ * thread's next block into L2, one slice each, and memory and arithmetic overlap (measured on 30 layers' weights
+ * from DRAM: M = 40 rows 45 -> 35 ms, 16 rows 26 -> 21 ms; M <= 8 unchanged). Prefill-sized calls (16 tiles or
+ * more: compute-bound, the streaming a small share) take single blocks from OpenMP's dynamic schedule instead,
+ * which balances the threads' shares block by block. Neither dealing nor prefetching changes any arithmetic: the
+ * results are bitwise the same whichever thread computes a block. */
+#define PREFILL_TILES 16
 
 /* Block b (outputs 32 b .. 32 b + 31) for all M rows, in tiles of MT_MAX rows (the last one shorter). With more
- * than one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when that block
- * is in the same chunk (so the same thread takes it next). */
-ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int64_t chunk, const float *x, int64_t M, int64_t K,
+ * than one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when `ours`
+ * says the same thread takes that block next. */
+ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int ours, const float *x, int64_t M, int64_t K,
                               int64_t ldx, const void *w, int64_t N, const float *scale, const float *bias, float *y,
                               int64_t ldy) {
     const int64_t block_bytes = K * NB * WT_BYTES(wt);
     int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
     int64_t lines = block_bytes / 64, per_tile = (lines + ntiles - 1) / ntiles;
     const char *wb = (const char *)w + b * block_bytes;
-    int next = ntiles > 1 && (b + 1) % chunk != 0 && b + 1 < nblocks;
+    int next = ntiles > 1 && ours && b + 1 < nblocks;
     for (int64_t t = 0; t < ntiles; ++t) {
         int64_t m0 = t * MT_MAX, first = t * per_tile;
         int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
@@ -212,39 +198,57 @@ ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int64_t chunk, const floa
     }
 }
 
-/* The parallel loop's shape: nblocks weight blocks dealt in chunks of `chunk` (after the argument checks). */
-typedef struct { int64_t nblocks, chunk; } gemm_plan;
+/* The parallel loop's shape (after the argument checks): nblocks weight blocks, dealt to the threads as contiguous
+ * ranges (deal.h), or for prefill-sized calls (ranges NULL) one at a time by OpenMP's dynamic schedule. */
+typedef struct { int64_t nblocks; deal_range *ranges; } gemm_plan;
 
 static inline gemm_plan plan(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
     assert(ldx >= K && ldy >= N);
     (void)K, (void)ldx, (void)ldy;
     int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
-    return (gemm_plan){nblocks, chunk_blocks(nblocks, nthreads, ntiles)};
+    if (ntiles >= PREFILL_TILES) return (gemm_plan){nblocks, NULL};
+    deal_range *ranges = specgram_scratch(SCRATCH_PLAN, sizeof(deal_range) * (size_t)(nthreads + 1));
+    ranges = (deal_range *)(((uintptr_t)ranges + 63) & ~(uintptr_t)63);
+    deal_init(ranges, nblocks, nthreads);
+    return (gemm_plan){nblocks, ranges};
 }
 
 /* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy]; int8
  * weights also take scale [N] (fp32, one per output).
  * The parallel loop is written out in each (not in a shared inline function): OpenMP outlines its body before
  * inlining, and the outlined body must see the weight type as a constant. */
+#define GEMM_LOOP(WT, W, SCALE)                                                                                 \
+    do {                                                                                                         \
+        gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);                                                         \
+        if (p.ranges == NULL) {                                                                                  \
+            _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")                               \
+            for (int64_t b = 0; b < p.nblocks; ++b)                                                              \
+                gemm_block(WT, b, 0, x, M, K, ldx, W, N, SCALE, bias, y, ldy);                                    \
+        } else {                                                                                                 \
+            _Pragma("omp parallel num_threads(nthreads)")                                                        \
+            DEAL_BLOCKS(p.ranges, nthreads, GEMM_BLOCK_##WT);                                                    \
+        }                                                                                                        \
+    } while (0)
+
 void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
                        const float *bias, float *y, int64_t ldy, int nthreads) {
-    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
-#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_F32, b, p.chunk, x, M, K, ldx, w, N, NULL, bias, y, ldy);
+#define GEMM_BLOCK_WT_F32(b, more) gemm_block(WT_F32, b, more, x, M, K, ldx, w, N, NULL, bias, y, ldy)
+    GEMM_LOOP(WT_F32, w, NULL);
+#undef GEMM_BLOCK_WT_F32
 }
 
 void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                         const float *bias, float *y, int64_t ldy, int nthreads) {
-    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
-#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_BF16, b, p.chunk, x, M, K, ldx, w, N, NULL, bias, y, ldy);
+#define GEMM_BLOCK_WT_BF16(b, more) gemm_block(WT_BF16, b, more, x, M, K, ldx, w, N, NULL, bias, y, ldy)
+    GEMM_LOOP(WT_BF16, w, NULL);
+#undef GEMM_BLOCK_WT_BF16
 }
 
 void specgram_gemm_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *scale,
                       int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
     assert(scale != NULL);
-    gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);
-#pragma omp parallel for schedule(dynamic, p.chunk) num_threads(nthreads)
-    for (int64_t b = 0; b < p.nblocks; ++b) gemm_block(WT_I8, b, p.chunk, x, M, K, ldx, w, N, scale, bias, y, ldy);
+#define GEMM_BLOCK_WT_I8(b, more) gemm_block(WT_I8, b, more, x, M, K, ldx, w, N, scale, bias, y, ldy)
+    GEMM_LOOP(WT_I8, w, scale);
+#undef GEMM_BLOCK_WT_I8
 }

@@ -46,9 +46,9 @@
  * The library is built for CPUs without VNNI too: only the functions that use it are compiled for it (the target
  * pragma below), and the caller must not call specgram_gemm_i8a8 where the CPU lacks it (kernels.has_vnni: AVX-512
  * build: avx512_vnni; AVX2 build: avx_vnni).
- * Register tiling (MT rows x 32 outputs, MT <= MT_MAX(D)) and prefetching follow gemm.c. The dealing of blocks to
- * threads does not (see the ranges below): at M = 1 .. 8 the whole product is a few microseconds per matrix, and
- * taking blocks two at a time from a shared counter (gemm.c's dynamic chunks) moved that counter's cache line
+ * Register tiling (MT rows x 32 outputs, MT <= MT_MAX(D)) and prefetching follow gemm.c; blocks are dealt to
+ * threads as contiguous ranges (deal.h): at M = 1 .. 8 the whole product is a few microseconds per matrix, and
+ * taking blocks two at a time from a shared counter (OpenMP's dynamic chunks) moved that counter's cache line
  * between the cores on every take and broke each thread's stream into short pieces. Measured on SmolLM2-135M's 121
  * matrices in a row (136 MB int8, from DRAM, 2 threads, D = 1, the two dealings interleaved in one process, two
  * runs): these ranges take 0.83-0.86 of the chunks' time at M = 1, 5 and 8 (M = 1: 3.1 against 3.7 ms), 0.85 at
@@ -62,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deal.h"
 #include "scratch.h"
 #include "vec.h"
 
@@ -145,38 +146,6 @@ static void quantize_row(const float *x, int64_t K, int64_t ldq, int digits, uin
         } else {
             vi_store_u8(u + k, vi_shr8(v));
             vi_store_u8(u + ldq + k, vi_and(v, low8));
-        }
-    }
-}
-
-/* Dealing blocks to threads: thread t owns the contiguous range [t * nblocks / nt, (t + 1) * nblocks / nt) and takes
- * its blocks front to back, one long stream that the prefetches run ahead in; a thread done with its own takes blocks
- * from the back of the others' ranges, so a preempted thread holds up the call by at most the block it is in. A
- * range is one 64-bit word (lo in the low half, hi in the high half) on a cache line of its own, which only its
- * owner touches until someone takes from its back. Which thread computes a block changes no result. */
-typedef struct { _Alignas(64) _Atomic uint64_t lohi; } range;
-
-static inline int take_front(range *r, int64_t *b, int *more) {
-    uint64_t v = atomic_load_explicit(&r->lohi, memory_order_relaxed);
-    for (;;) {
-        uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
-        if (lo >= hi) return 0;
-        if (atomic_compare_exchange_weak_explicit(&r->lohi, &v, v + 1, memory_order_relaxed, memory_order_relaxed)) {
-            *b = lo, *more = lo + 1 < hi;
-            return 1;
-        }
-    }
-}
-
-static inline int take_back(range *r, int64_t *b) {
-    uint64_t v = atomic_load_explicit(&r->lohi, memory_order_relaxed);
-    for (;;) {
-        uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
-        if (lo >= hi) return 0;
-        if (atomic_compare_exchange_weak_explicit(&r->lohi, &v, v - ((uint64_t)1 << 32), memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *b = hi - 1;
-            return 1;
         }
     }
 }
@@ -315,26 +284,17 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
     if (M == 0 || N == 0) return;
     const int64_t K4 = (K + 3) / 4, ldq = (K + ROW_BYTES - 1) / ROW_BYTES * ROW_BYTES, nblocks = (N + NB - 1) / NB;
     const int64_t rows = M * digits;
-    size_t bytes = (size_t)(rows * ldq) + sizeof(float) * (size_t)M + sizeof(range) * (size_t)(nthreads + 1);
+    size_t bytes = (size_t)(rows * ldq) + sizeof(float) * (size_t)M + sizeof(deal_range) * (size_t)(nthreads + 1);
     uint8_t *u = specgram_scratch(SCRATCH_PLAN, bytes);
     float *xs = (float *)(u + rows * ldq);               /* ldq is a multiple of 64: aligned */
-    range *ranges = (range *)(((uintptr_t)(xs + M) + 63) & ~(uintptr_t)63);
+    deal_range *ranges = (deal_range *)(((uintptr_t)(xs + M) + 63) & ~(uintptr_t)63);
     for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, ldq, digits, u + m * digits * ldq, xs + m);
-    for (int t = 0; t < nthreads; ++t) {
-        uint64_t lo = (uint64_t)(nblocks * t / nthreads), hi = (uint64_t)(nblocks * (t + 1) / nthreads);
-        atomic_store_explicit(&ranges[t].lohi, lo | hi << 32, memory_order_relaxed);
-    }
+    deal_init(ranges, nblocks, nthreads);
     /* A team smaller than nthreads still takes every block: the ranges of absent threads are taken from the back. */
+#define I8A8_BLOCK(b, more) block(b, more, u, ldq, digits, xs, M, K4, w, N, wscale, colsum, bias, y, ldy)
 #pragma omp parallel num_threads(nthreads)
-    {
-        int id = omp_get_thread_num(), more;
-        int64_t b;
-        while (take_front(&ranges[id], &b, &more))
-            block(b, more, u, ldq, digits, xs, M, K4, w, N, wscale, colsum, bias, y, ldy);
-        for (int i = 1; i < nthreads; ++i)
-            while (take_back(&ranges[(id + i) % nthreads], &b))
-                block(b, 0, u, ldq, digits, xs, M, K4, w, N, wscale, colsum, bias, y, ldy);
-    }
+    DEAL_BLOCKS(ranges, nthreads, I8A8_BLOCK);
+#undef I8A8_BLOCK
 }
 #pragma GCC pop_options
 #else
