@@ -114,13 +114,27 @@ def test_a_draft_depth_shared_by_many_streams_pays_where_one_streams_drafts_woul
     costs = costs_of(0.016, 0.0004)
     costs.draft_depth_s = 0.006
     model = [[0.9, 0.81]] * 8
-    assert not adaptive.probe_can_pay(8, costs) and adaptive.depth_can_pay(8, costs)
+    assert not adaptive.probe_can_pay(8, costs) and adaptive.depth_can_pay(8, costs, 0.9)
+    assert not adaptive.depth_can_pay(8, costs, 0.3)                          # drafts rarely accepted
+    assert adaptive.depth_can_pay(8, costs, 0.6) and not adaptive.depth_can_pay(32, costs, 0.6)  # rows cost too
     assert adaptive.plan_depths(model, [None] * 8, [0] * 8, costs) == [2] * 8
     assert allocate(model, [True] * 8, costs) == [2] * 8
     assert adaptive.plan_depths(model[:1], [None], [0], costs) == [2]           # one stream: it pays alone too
     assert adaptive.plan_depths([[0.9, 0.81]] + [[]] * 7, [None] * 8, [0] * 8, costs) == [0] * 8   # alone at 8
     # a fixed-k draft-model request's two depths are made anyway: the auto one rides along
     assert adaptive.plan_depths([[0.9, 0.81]] + [[]] * 7, [None] * 8, [0] * 8, costs, paid=2) == [2] + [0] * 7
+    # the paid depths' seconds are in every option's cost: with 4 paid, two depths beat one (257 vs 242 tok/s)
+    assert adaptive.plan_depths([[]] + [[0.45, 0.2, 0.1, 0.05]] * 7, [None] * 8, [0] * 8, costs,
+                                paid=4) == [0] + [2] * 7
+
+
+def test_drafts_already_made_are_cut_against_the_steps_whole_cost():
+    # the draft forwards that made them are spent: a second draft at 0.2 pays for its row once they are counted
+    costs = costs_of(0.016, 0.0004)
+    costs.draft_depth_s = 0.006
+    chances = [[0.4, 0.2, 0.1]] * 8
+    assert allocate(chances, [False] * 8, costs) == [1] * 8
+    assert allocate(chances, [False] * 8, costs, sunk=2 * 0.006) == [2] * 8
 
 
 def test_allocate_counts_draft_model_depth():

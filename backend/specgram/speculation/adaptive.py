@@ -184,14 +184,16 @@ def probe_can_pay(rows: int, costs: StepCosts) -> bool:
     return (rows + 1) / (a + b * (rows + 1) + costs.draft_depth_s) > rows / (a + b * rows)
 
 
-def depth_can_pay(rows: int, costs: StepCosts) -> bool:
+def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     """Whether one draft-model depth could raise tokens per second in a step of `rows` verify rows if every row
-    drafted a surely accepted token in it: the depth's forward is shared by all the rows that draft at it, so
-    this is where the model can pay at that many streams (its prompt reads at admission are worth it)."""
+    drafted a token in it, accepted with probability p (the engine-wide rate): the depth's forward is shared by
+    all the rows that draft at it, so this is where the model can pay at that many streams (its prompt reads at
+    admission are worth it). rows (1 + p) / (a + 2 b rows + d) > rows / (a + b rows), i.e.
+    p a - (1 - p) b rows > d: fewer streams pay as the verify rows' cost grows."""
     if not costs.known or costs.draft_depth_s == 0:
         return True
     a, b = costs.line()
-    return 2 * rows / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
+    return rows * (1 + p) / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
 
 
 def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:
@@ -226,11 +228,12 @@ def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool]
 
 
 def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts,
-             fixed: list[bool] | None = None) -> list[int]:
+             fixed: list[bool] | None = None, sunk: float = 0.0) -> list[int]:
     """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
     are still to be made by the draft model (each depth level costs one draft forward, shared by every request
     drafting at that depth); fixed[i]: all of request i's drafts are verified whatever this decides (a fixed
-    k), so they are part of the step's base (and a fixed draft-model request's depth is paid anyway).
+    k), so they are part of the step's base (and a fixed draft-model request's depth is paid anyway); sunk:
+    seconds of the step spent whatever this decides (draft forwards already run), part of every option's cost.
     -> cuts c_i maximising expected committed tokens / predicted step seconds: for each model depth D, the
     best cuts with the model's drafts limited to D (_cut_greedy), then the best D. No drafts beyond the fixed
     ones when the kept ones raise the ratio by MIN_GAIN or less."""
@@ -241,13 +244,13 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     n = len(chances)
     fixed = fixed or [False] * n
     paid = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and f), default=0)
-    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, a, b, 0.0)
+    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, a, b, sunk + d * paid)
     base = tokens / seconds
     best, best_cuts = base, base_cuts
     deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and not f), default=0)
     for depth in range(0, max(deepest, paid) + 1):
         limits = [depth if m else len(c) for c, m in zip(chances, draft_model)]
-        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, a, b, d * max(depth - paid, 0))
+        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, a, b, sunk + d * max(depth, paid))
         if tokens / seconds > best:
             best, best_cuts = tokens / seconds, cuts
     return best_cuts if best > (1 + MIN_GAIN) * base else base_cuts
@@ -273,15 +276,16 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     d, step = costs.draft_depth_s, a + b * n
     deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
     best, best_depths, shallow = 0.0, list(forced), 0.0
+    looked = [best_ratio(look, n, step, b) if look else 0.0 for look in lookup]     # the same at every depth
     for depth in range(0, deepest + 1):
         options, by_model = [], []
-        for m, look, f in zip(model, lookup, forced):
+        for m, look, f, lr in zip(model, lookup, forced, looked):
             own = m[:f + depth]
-            use = len(own) > f and (not look or best_ratio(own, n, step, b) > best_ratio(look, n, step, b))
+            use = len(own) > f and (not look or best_ratio(own, n, step, b) > lr)
             options.append(own if use else look or own)
             by_model.append(use)
         cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, a, b,
-                                            d * max(depth - paid, 0))
+                                            d * max(depth, paid))
         ratio = tokens / seconds
         if depth == 0:
             shallow = ratio

@@ -58,7 +58,8 @@ class DraftPlanner:
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if users:
                 now = name != "draft_model" or not all(r.params.auto_draft for r in users) \
-                    or adaptive.depth_can_pay(running, self.costs)
+                    or adaptive.depth_can_pay(running, self.costs,
+                                              self.population.rate("draft_model", adaptive.PRIORS["draft_model"]))
                 drafter.admit(users, now)
 
     def release(self, req: Request) -> None:
@@ -157,8 +158,11 @@ class DraftPlanner:
             return proposals
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
                    for r, p in zip(reqs, proposals)]
-        # the drafts are made (their draft forwards spent): only their verify rows count now
-        cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs])
+        # the drafts are made: their draft forwards are spent (in the step's seconds, whatever is cut), and only
+        # the verify rows are still to choose
+        depth = max((sum(s == "draft_model" for s in p.sources) for p in proposals), default=0)
+        cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs],
+                                 sunk=self.costs.draft_depth_s * depth)
         out = []
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
