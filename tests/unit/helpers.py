@@ -27,6 +27,33 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
 
 # ---- driving an engine -------------------------------------------------------------------------------------
 
+def assert_rows_bitwise_independent(runner) -> None:
+    """A verify row's logits on `runner` (slots 0-3, 96 positions) are bitwise the same alone, at width 1, beside
+    a prefill row, after a batched prefill and beside a prompt chunk in one forward_step."""
+    prompt, other = list(range(10, 40)), list(range(50, 62))
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # its first token, width 1
+    assert torch.equal(alone[0], one[0])
+    runner.forward_rows([prompt], [0], [0], last_only=True)
+    mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
+    assert torch.equal(mixed[:3], alone)                                             # beside a prefill row
+    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)     # prefilled in a batch
+    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1) # beside a prompt chunk
+    assert torch.equal(rest[0], alone)
+    assert torch.equal(first[0], runner.forward_rows([other], [1], [0], last_only=True)[0])
+
+
+def logits_against(reference, runner) -> tuple[torch.Tensor, float]:
+    """60 seeded token ids prefilled on both runners (slot 0) -> (per-position relative error of runner's logits
+    against reference's [60], the share of positions with the same top-1 token)."""
+    ids = torch.randint(3, 259, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = reference.forward_rows([ids], [0], [0], last_only=False)[0]                # [60, V]
+    got = runner.forward_rows([ids], [0], [0], last_only=False)[0]
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)                                # per position
+    return rel, (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+
 def run_to_end(engine, requests):
     """Drive the engine until all requests finish; -> {request_id: [outputs]}."""
     return {g.request.request_id: g.outputs for g in generate(engine, requests).generations}

@@ -18,7 +18,7 @@ from specgram.model.int8 import ACTIVATIONS, DYNAMIC, DYNAMIC8, column_sums, qua
 from specgram.model.linear import NativeLinear, pack_k4
 from specgram.model.runner import ModelRunner
 
-from .helpers import PROMPTS, run, tokens_of
+from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
 from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -187,18 +187,7 @@ def _quantized_runner(model, weights: str, slots: int = 4, positions: int = 96) 
 def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, weights, tied):
     runner = _quantized_runner(build_model("llama", seed=2, tie_word_embeddings=tied), weights)
     assert runner.native.lib is vnni
-    prompt, other = list(range(10, 40)), list(range(50, 62))
-    runner.forward_rows([prompt], [0], [0], last_only=True)
-    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
-    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # its first token, width 1
-    assert torch.equal(alone[0], one[0])
-    runner.forward_rows([prompt], [0], [0], last_only=True)
-    mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
-    assert torch.equal(mixed[:3], alone)                                             # beside a prefill row
-    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)     # prefilled in a batch
-    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1) # beside a prompt chunk
-    assert torch.equal(rest[0], alone)
-    assert torch.equal(first[0], runner.forward_rows([other], [1], [0], last_only=True)[0])
+    assert_rows_bitwise_independent(runner)
 
 
 @pytest.mark.parametrize("weights,max_median,max_rel,min_agree", [
@@ -208,11 +197,7 @@ def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, w
 def test_quantized_logits_are_close_to_fp32(vnni, weights, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=0.1)
     fp32, quantized = ModelRunner(model, 2, 96, linear="native"), _quantized_runner(model, weights, 2)
-    ids = torch.randint(3, 259, (60,), generator=torch.Generator().manual_seed(0)).tolist()
-    ref = fp32.forward_rows([ids], [0], [0], last_only=False)[0]                     # [60, V]
-    got = quantized.forward_rows([ids], [0], [0], last_only=False)[0]
-    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
-    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    rel, agree = logits_against(fp32, quantized)
     assert 0 < rel.median().item() < max_median and rel.max().item() < max_rel, rel
     assert agree >= min_agree, agree
 
