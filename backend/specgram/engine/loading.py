@@ -95,14 +95,17 @@ def draft_quantization(config: EngineConfig, target: ModelRunner) -> str:
     return "int8" if native and not config.draft_checkpoint else "none"
 
 
-def target_weights(config: EngineConfig) -> str:
-    """The target runner's weights for config.weights: int8 is int8 weights with activations quantized per row
-    to int16 where the CPU has VNNI (as accurate as fp32 activations, and no conversion of each weight in the
-    product: model/int8.py), else with fp32 activations; the config validated that the native forward runs."""
-    if config.weights != "int8":
-        return config.weights
-    lib = kernels.load()
+def int8_form(lib) -> str:
+    """The native runner weights that int8 means on kernel library `lib`: int8 weights with activations quantized
+    per row to int16 where the CPU has VNNI (as accurate as fp32 activations, and no conversion of each weight in
+    the product: model/int8.py), else with fp32 activations."""
     return DYNAMIC if lib is not None and kernels.has_vnni(lib) else "int8"
+
+
+def target_weights(config: EngineConfig) -> str:
+    """The target runner's weights for config.weights (int8: int8_form; the config validated that the native
+    forward runs)."""
+    return int8_form(kernels.load()) if config.weights == "int8" else config.weights
 
 
 def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
@@ -112,7 +115,7 @@ def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
     dynamic quantization (which the PyTorch forward runs)."""
     kind, lib = choose_forward(model, config.linear, static)
     if kind == "native":
-        weights = DYNAMIC if kernels.has_vnni(lib) else "int8"
-        return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear, weights=weights)
+        return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear,
+                           weights=int8_form(lib))
     from ..model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(model), config.max_slots, config.max_seq_len, static)

@@ -197,7 +197,7 @@ class NativeForward:
         p_h, p_x, p_q, p_att, p_act, p_qkv, p_o, p_gu, p_down, p_cos, p_sin, p_slots, p_pos = (
             t.data_ptr() for t in (h, x, q, att, act, qkv, o, gu, down, cos, sin, slots, positions))
         k0, v0 = cache.k.data_ptr(), cache.v.data_ptr()
-        k_step, v_step = cache.k[0].numel() * 4, cache.v[0].numel() * 4      # float32 [S, Hkv, D, P], [S, Hkv, P, D]
+        k_step, v_step = cache.k.stride(0) * 4, cache.v.stride(0) * 4      # float32, contiguous (check_batch)
         rope, attention, add_rmsnorm, silu_mul = (lib.specgram_rope_cache_write, lib.specgram_attention,
                                                   lib.specgram_add_rmsnorm, lib.specgram_silu_mul)
         window, scaling = window or 0, self.scaling

@@ -67,11 +67,9 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
     if kind == "bf16":
         return ModelRunner.from_pretrained(path, slots, max_seq_len, torch.device("cpu"), torch.bfloat16)
     if kind == "int8n":
-        from specgram.model import kernels
-        from specgram.model.int8 import DYNAMIC
+        from specgram.engine.loading import int8_form
 
-        weights = DYNAMIC if kernels.has_vnni(target.native.lib) else "int8"
-        return ModelRunner(target.model, slots, max_seq_len, weights=weights)
+        return ModelRunner(target.model, slots, max_seq_len, weights=int8_form(target.native.lib))
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
