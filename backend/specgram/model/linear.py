@@ -20,6 +20,7 @@ import torch
 from ..errors import ModelLoadError
 from . import kernels
 from .int8 import column_sums, quantize_rows
+from .kernels import abi
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 DIGITS = {"int16": 2, "int8": 1}   # quantized activations: base-256 digits per activation (gemm_i8a8.c)
@@ -116,6 +117,16 @@ class NativeLinear(torch.nn.Module):
         return y
 
     __call__ = forward      # no hooks are ever registered on these modules
+
+    def descriptor(self) -> abi.Linear:
+        """This product as forward.c's specgram_linear: its kind and the addresses of its buffers (valid while the
+        module keeps them)."""
+        b = self._buffers
+        addr = lambda k: b[k].data_ptr() if b[k] is not None else None  # noqa: E731
+        kind = (abi.LIN_I8A8 if self.activations in DIGITS else abi.LIN_I8 if self.weight_dtype == torch.int8
+                else abi.LIN_BF16 if self.weight_dtype == torch.bfloat16 else abi.LIN_F32)
+        return abi.Linear(kind, DIGITS.get(self.activations, 0), self.in_features, self.out_features, addr("packed"),
+                          addr("scale"), addr("colsum"), addr("bias"))
 
 
 def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):

@@ -1,10 +1,11 @@
-"""The CPU forward on our own kernels (kernels/*.c): a Llama-family decoder step as ~8 native calls per layer.
+"""The CPU forward on our own kernels (kernels/*.c): a Llama-family decoder step as one native call for all layers.
 
 Per layer:  x = rmsnorm(h) -> qkv = x W_qkv -> rotary + cache write -> attention (reads the cache in place)
             -> h += attn W_o; x = rmsnorm(h) -> gu = x W_gate|up -> a = silu(gate) * up -> h += a W_down
 Why: a decode or verify step at small batch is bound by streaming the weights once; PyTorch's eager path
 spends as long again on ~40 small ops per layer and on gathering whole cache rows for attention. Here the
-matmuls run at the memory bound (gemm.c) and everything between them is one call per concern.
+matmuls run at the memory bound (gemm.c), everything between them is one kernel per concern, and the whole
+stack runs in one OpenMP region (forward.c): no call, fork or join between the kernels.
 
 Exactness: every kernel computes each token row on its own, in an order that does not depend on the batch,
 the row's width or the cache length of other rows, so a token's logits are bitwise the same alone, batched,
@@ -25,9 +26,12 @@ heads of size D, intermediate size I; per layer the cache holds K as [S slots, H
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .int8 import ACTIVATIONS
+from .kernels import abi
 from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
@@ -86,6 +90,22 @@ class NativeForward:
             self.layers.append(L)
         self.w_final, self.eps_final = _norm_weight(inner.norm)
         self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
+        self._layer_structs, self._decoder = self._describe()
+
+    def _describe(self) -> tuple[ctypes.Array, abi.Decoder]:
+        """The decoder as forward.c reads it: per layer its four products and its norms (the post-attention one,
+        then the next layer's input norm, the final norm after the last), addresses into this object's tensors."""
+        n = len(self.layers)
+        structs = (abi.Layer * n)()
+        for i, L in enumerate(self.layers):
+            w_next, eps_next = ((self.layers[i + 1].w_in, self.layers[i + 1].eps_in) if i + 1 < n
+                                else (self.w_final, self.eps_final))
+            structs[i] = abi.Layer(L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor(),
+                                   L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
+        first = self.layers[0]
+        decoder = abi.Decoder(n, self.E, self.H, self.Hkv, self.D, self.inter, first.w_in.data_ptr(), first.eps_in,
+                              self.scaling, structs)
+        return structs, decoder
 
     def linear_layers(self) -> list[torch.nn.Module]:
         return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
@@ -178,43 +198,17 @@ class NativeForward:
 
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        window: int | None) -> torch.Tensor:
-        """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
+        """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`. The
+        embedding and the rotary tables here (torch: the checkpoint's own modules, rope scaling included), every
+        layer in one native call (kernels/forward.c)."""
         self.check_batch(cache, tokens, slots, positions)
-        lib, nt = self.lib, torch.get_num_threads()
-        N, E, H, Hkv, D, inter = tokens.shape[0], self.E, self.H, self.Hkv, self.D, self.inter
-        S, P = cache.v.shape[1], cache.v.shape[3]
+        N = tokens.shape[0]
         h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
         cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
-        x = torch.empty(N, E)                                            # normed input of the next matmul
-        q = torch.empty(N, H * D)                                        # rotated queries
-        att = torch.empty(N, H * D)
-        act = torch.empty(N, inter)
-        # the matmuls' outputs, reused by every layer (each is consumed before the next layer writes it)
-        qkv, o, gu, down = (torch.empty(N, n) for n in ((H + 2 * Hkv) * D, E, 2 * inter, E))
-        # every buffer's address once per forward (~15 kernel arguments a layer; the loop is ~1 ms of a 5 ms
-        # int8 decode at 135M, mostly this Python): layer i's K / V cache is a fixed stride into the whole cache
-        p_h, p_x, p_q, p_att, p_act, p_qkv, p_o, p_gu, p_down, p_cos, p_sin, p_slots, p_pos = (
-            t.data_ptr() for t in (h, x, q, att, act, qkv, o, gu, down, cos, sin, slots, positions))
-        k0, v0 = cache.k.data_ptr(), cache.v.data_ptr()
-        k_step, v_step = cache.k.stride(0) * 4, cache.v.stride(0) * 4      # float32, contiguous (check_batch)
-        rope, attention, add_rmsnorm, silu_mul = (lib.specgram_rope_cache_write, lib.specgram_attention,
-                                                  lib.specgram_add_rmsnorm, lib.specgram_silu_mul)
-        window, scaling = window or 0, self.scaling
-        first = self.layers[0]
-        add_rmsnorm(p_h, None, first.w_in.data_ptr(), first.eps_in, p_x, N, E, nt)
-        last = len(self.layers) - 1
-        for i, L in enumerate(self.layers):
-            p_k, p_v = k0 + i * k_step, v0 + i * v_step
-            L.qkv.into(x, qkv)                                           # [N, (H + 2 Hkv) D]
-            rope(p_qkv, p_cos, p_sin, p_k, p_v, p_slots, p_pos, N, S, H, Hkv, D, P, p_q, nt)
-            attention(p_q, p_k, p_v, p_slots, p_pos, N, S, H, Hkv, D, P, window, scaling, p_att, nt)
-            L.o.into(att, o)
-            add_rmsnorm(p_h, p_o, L.w_post.data_ptr(), L.eps_post, p_x, N, E, nt)
-            L.gate_up.into(x, gu)
-            silu_mul(p_gu, p_act, N, inter, nt)
-            nxt = self.layers[i + 1] if i < last else None
-            w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (self.w_final, self.eps_final)
-            L.down.into(act, down)
-            add_rmsnorm(p_h, p_down, w.data_ptr(), eps, p_x, N, E, nt)
+        x = torch.empty(N, self.E)
+        self.lib.specgram_decoder_forward(
+            ctypes.byref(self._decoder), h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            cache.k.data_ptr(), cache.v.data_ptr(), cache.v.shape[1], cache.v.shape[3], slots.data_ptr(),
+            positions.data_ptr(), N, window or 0, torch.get_num_threads())
         return x

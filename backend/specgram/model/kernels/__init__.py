@@ -5,8 +5,9 @@ gemm.c: the small-M matrix product, fp32, bf16 or int8 weights (see its header f
 invariance it guarantees); gemm_i8a8.c: int8 weights times activations quantized per row in the call (int8,
 or int16 as two int8 digits), exact int32 accumulation on VNNI;
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
-the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory. Together they are the CPU
-forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
+the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory; forward.c: a whole decoder
+stack in one call and one OpenMP region, running the other kernels' team bodies (team.h) between barriers, with the
+model described by the structs of abi.py. Together they are the CPU forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
 implementations, and compiled once per ISA:
 
   avx512  vec_avx512.h, 16 lanes   needs avx512f and avx512bw   -mavx512f -mavx512bw -mfma
@@ -50,8 +51,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "scratch.c", "isa.c")]
-HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h")]
+SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "forward.c", "scratch.c",
+                                   "isa.c")]
+HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h", "team.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"
@@ -75,6 +77,7 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _INT],
     "specgram_isa": [],
     "specgram_i8a8_built": [],
 }

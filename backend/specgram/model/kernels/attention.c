@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "scratch.h"
+#include "team.h"
 #include "vexp.h"
 
 /* Query vectors per register pass (GMAX: one score vector each, + a K load and a broadcast) and the most that
@@ -229,25 +230,18 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
  * the same whatever its group and thread (see attend()). Measured against one task per row and KV head in
  * groups of 4 (30 layers, 300 cached positions, weights streamed between layers): a 5-token verify row
  * 2.0 -> 1.5 ms, 8 such rows 8.5 -> 7.8 ms, 8 decode rows 5.4 -> 5.0 ms, a 219-token prompt 17 -> 15 ms. */
-void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
-                        const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-                        int64_t P, int64_t window, float scale, float *out, int nthreads) {
-    assert(H >= 1 && Hkv >= 1 && H % Hkv == 0 && D >= 1 && window >= 0 && nthreads >= 1);
-#ifdef SPECGRAM_DEBUG
-    for (int64_t n = 0; n < N; ++n) {
-        assert(slots[n] >= 0 && slots[n] < S && positions[n] >= 0 && positions[n] < P);
-        assert(n == 0 || slots[n] != slots[n - 1] || positions[n] == positions[n - 1] + 1);
-    }
-#endif
-    (void)S;                                                       /* read by the debug build's asserts only */
+size_t specgram_attention_plan_bytes(int64_t N, int64_t Hkv) { return sizeof(int64_t) * (size_t)(N + 1 + 3 * N * Hkv); }
+
+attention_plan specgram_attention_plan(void *mem, const int64_t *slots, const int64_t *positions, int64_t N,
+                                       int64_t H, int64_t Hkv, int64_t window, int nthreads) {
     /* Group sizes: a row whose query vectors fit one pass (a verify row: k + 1 tokens x G heads <= GMAX) is one
      * group; longer rows (prompt chunks) go in groups of VALUES_WIDE / G tokens, the most that the 32-lane
      * weighted sum takes. Fewer than two tasks per thread (a single short row): sizes halved until there are
      * enough or groups are single tokens, to keep both cores busy.
-     * Scratch: group_n0 [groups + 1] (first token of each group, then N), then task_g, task_h, task_cost
+     * mem: group_n0 [groups + 1] (first token of each group, then N), then task_g, task_h, task_cost
      * [groups * Hkv] each; groups <= N. */
-    int64_t *group_n0 = specgram_scratch(SCRATCH_PLAN, sizeof(int64_t) * (size_t)(N + 1 + 3 * N * Hkv));
-    int64_t G = H / Hkv, groups = 0, tasks = 0;
+    attention_plan a = {.group_n0 = mem};
+    int64_t *group_n0 = a.group_n0, G = H / Hkv, groups = 0, tasks = 0;
     for (int64_t split = 1;; split *= 2) {
         int64_t largest = 1;
         groups = 0;
@@ -265,39 +259,61 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
      * (query vectors x positions attended: a prompt chunk's later groups cost more). A thread so walks
      * consecutive groups of one row and head (their K and V already in its cache from the previous group) and
      * knows its next task, whose K it prefetches. (A static split: a thread preempted by another process holds
-     * up the call, where the GEMM's dynamic chunks would not; attention is a small share of a forward.) */
-    int64_t *task_g = group_n0 + groups + 1, *task_h = task_g + groups * Hkv;
-    int64_t *task_cost = task_h + groups * Hkv, total = 0;
+     * up the call, where the GEMM's dealt ranges would not; attention is a small share of a forward.) */
+    a.task_g = group_n0 + groups + 1, a.task_h = a.task_g + groups * Hkv, a.task_cost = a.task_h + groups * Hkv;
+    int64_t total = 0;
     for (int64_t g0 = 0, g1; g0 < groups; g0 = g1) {               /* g0 .. g1 - 1: the groups of one row */
         for (g1 = g0 + 1; g1 < groups && slots[group_n0[g1]] == slots[group_n0[g0]]; ++g1) {}
         for (int64_t hk = 0; hk < Hkv; ++hk)
             for (int64_t g = g0; g < g1; ++g) {
-                int64_t a = group_n0[g], b = group_n0[g + 1] - 1;
-                task_g[tasks] = g, task_h[tasks] = hk;
-                task_cost[tasks++] = (b + 1 - a) * (positions[b] + 1 - window_lo(positions[a], window));
-                total += task_cost[tasks - 1];
+                int64_t lo = group_n0[g], hi = group_n0[g + 1] - 1;
+                a.task_g[tasks] = g, a.task_h[tasks] = hk;
+                a.task_cost[tasks++] = (hi + 1 - lo) * (positions[hi] + 1 - window_lo(positions[lo], window));
+                total += a.task_cost[tasks - 1];
             }
     }
-    _Pragma("omp parallel num_threads(nthreads)")
-    {
-        int64_t nt = omp_get_num_threads(), id = omp_get_thread_num(), begin = tasks, end = tasks;
-        for (int64_t t = 0, before = 0; t < tasks; before += task_cost[t++]) {   /* owner: its cost's midpoint */
-            int64_t owner = (int64_t)((double)nt * (before + task_cost[t] / 2.0) / (double)total);
-            if (owner >= id && begin == tasks) begin = t;
-            if (owner > id) { end = t; break; }
-        }
-        for (int64_t t = begin; t < end; ++t) {
-            int64_t g = task_g[t], n0 = group_n0[g], T = group_n0[g + 1] - n0;
-            next_k f = {0};                                        /* the thread's next task's K, prefetched */
-            if (t + 1 < end) {
-                int64_t g1 = task_g[t + 1], a = group_n0[g1], b = group_n0[g1 + 1] - 1;
-                int64_t lo = window_lo(positions[a], window) & ~(int64_t)15;   /* from its first line */
-                f.k = kc + (slots[a] * Hkv + task_h[t + 1]) * D * P + lo;
-                f.P = P;
-                f.per_d = (positions[b] + 1 - lo + 15) / 16;
-                f.lines = f.per_d * D;
-            }
-            attend(q, kc, vc, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
-        }
+    a.tasks = tasks, a.total = total;
+    return a;
+}
+
+void specgram_team_attention(const attention_plan *a, const float *q, const float *kc, const float *vc,
+                             const int64_t *slots, const int64_t *positions, int64_t H, int64_t Hkv, int64_t D,
+                             int64_t P, int64_t window, float scale, float *out) {
+    const int64_t tasks = a->tasks, *group_n0 = a->group_n0, *task_g = a->task_g, *task_h = a->task_h;
+    int64_t nt = omp_get_num_threads(), id = omp_get_thread_num(), begin = tasks, end = tasks;
+    for (int64_t t = 0, before = 0; t < tasks; before += a->task_cost[t++]) {   /* owner: its cost's midpoint */
+        int64_t owner = (int64_t)((double)nt * (before + a->task_cost[t] / 2.0) / (double)a->total);
+        if (owner >= id && begin == tasks) begin = t;
+        if (owner > id) { end = t; break; }
     }
+    for (int64_t t = begin; t < end; ++t) {
+        int64_t g = task_g[t], n0 = group_n0[g], T = group_n0[g + 1] - n0;
+        next_k f = {0};                                            /* the thread's next task's K, prefetched */
+        if (t + 1 < end) {
+            int64_t g1 = task_g[t + 1], lo_n = group_n0[g1], hi_n = group_n0[g1 + 1] - 1;
+            int64_t lo = window_lo(positions[lo_n], window) & ~(int64_t)15;   /* from its first line */
+            f.k = kc + (slots[lo_n] * Hkv + task_h[t + 1]) * D * P + lo;
+            f.P = P;
+            f.per_d = (positions[hi_n] + 1 - lo + 15) / 16;
+            f.lines = f.per_d * D;
+        }
+        attend(q, kc, vc, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
+    }
+}
+
+void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
+                        const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+                        int64_t P, int64_t window, float scale, float *out, int nthreads) {
+    assert(H >= 1 && Hkv >= 1 && H % Hkv == 0 && D >= 1 && window >= 0 && nthreads >= 1);
+#ifdef SPECGRAM_DEBUG
+    for (int64_t n = 0; n < N; ++n) {
+        assert(slots[n] >= 0 && slots[n] < S && positions[n] >= 0 && positions[n] < P);
+        assert(n == 0 || slots[n] != slots[n - 1] || positions[n] == positions[n - 1] + 1);
+    }
+#endif
+    (void)S;                                                       /* read by the debug build's asserts only */
+    void *mem = specgram_scratch(SCRATCH_PLAN, specgram_attention_plan_bytes(N, Hkv));
+    attention_plan a = specgram_attention_plan(mem, slots, positions, N, H, Hkv, window, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    specgram_team_attention(&a, q, kc, vc, slots, positions, H, Hkv, D, P, window, scale, out);
 }

@@ -27,6 +27,7 @@
 
 #include "deal.h"
 #include "scratch.h"
+#include "team.h"
 #include "vec.h"
 
 #define NB 32
@@ -198,57 +199,78 @@ ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int ours, const float *x,
     }
 }
 
-/* The parallel loop's shape (after the argument checks): nblocks weight blocks, dealt to the threads as contiguous
- * ranges (deal.h), or for prefill-sized calls (ranges NULL) one at a time by OpenMP's dynamic schedule. */
-typedef struct { int64_t nblocks; deal_range *ranges; } gemm_plan;
+/* Whether a product of M rows deals its blocks as ranges (deal.h), or, prefill-sized, takes them one at a time from
+ * OpenMP's dynamic schedule. */
+int specgram_gemm_deals(int64_t M) { return (M + MT_MAX - 1) / MT_MAX < PREFILL_TILES; }
 
-static inline gemm_plan plan(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
+/* Every thread of the caller's OpenMP team: the blocks of one product, x [M, K] (row stride ldx) by w of weight
+ * type wt into y [M, ldy]. ranges: nthreads ranges deal_init'ed for the product's blocks before any thread gets
+ * here (specgram_gemm_deals(M)), else NULL (the dynamic schedule, without its closing barrier: the caller's
+ * barrier ends the product). A team smaller than nthreads still takes every block. */
+ALWAYS_INLINE void gemm_team(const int wt, const float *x, int64_t M, int64_t K, int64_t ldx, const void *w,
+                             int64_t N, const float *scale, const float *bias, float *y, int64_t ldy,
+                             deal_range *ranges, int nthreads) {
+    if (ranges == NULL) {
+        int64_t nblocks = (N + NB - 1) / NB;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t b = 0; b < nblocks; ++b) gemm_block(wt, b, 0, x, M, K, ldx, w, N, scale, bias, y, ldy);
+    } else {
+#define GEMM_BLOCK(b, more) gemm_block(wt, b, more, x, M, K, ldx, w, N, scale, bias, y, ldy)
+        DEAL_BLOCKS(ranges, nthreads, GEMM_BLOCK);
+#undef GEMM_BLOCK
+    }
+}
+
+/* gemm_team for one weight type each, out of line (the weight type a constant inside). */
+void specgram_team_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
+                            const float *bias, float *y, int64_t ldy, deal_range *ranges, int nthreads) {
+    gemm_team(WT_F32, x, M, K, ldx, w, N, NULL, bias, y, ldy, ranges, nthreads);
+}
+
+void specgram_team_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
+                             const float *bias, float *y, int64_t ldy, deal_range *ranges, int nthreads) {
+    gemm_team(WT_BF16, x, M, K, ldx, w, N, NULL, bias, y, ldy, ranges, nthreads);
+}
+
+void specgram_team_gemm_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *scale,
+                           int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges, int nthreads) {
+    gemm_team(WT_I8, x, M, K, ldx, w, N, scale, bias, y, ldy, ranges, nthreads);
+}
+
+/* The dealing's ranges for a product of M rows and N outputs on nthreads threads (the calling thread's scratch),
+ * or NULL for prefill-sized calls. */
+static deal_range *plan(int64_t M, int64_t K, int64_t ldx, int64_t N, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
     assert(ldx >= K && ldy >= N);
     (void)K, (void)ldx, (void)ldy;
-    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
-    if (ntiles >= PREFILL_TILES) return (gemm_plan){nblocks, NULL};
+    if (!specgram_gemm_deals(M)) return NULL;
     deal_range *ranges = specgram_scratch(SCRATCH_PLAN, sizeof(deal_range) * (size_t)(nthreads + 1));
     ranges = (deal_range *)(((uintptr_t)ranges + 63) & ~(uintptr_t)63);
-    deal_init(ranges, nblocks, nthreads);
-    return (gemm_plan){nblocks, ranges};
+    deal_init(ranges, (N + NB - 1) / NB, nthreads);
+    return ranges;
 }
 
-/* Entry points: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N] or NULL, y [M, ldy]; int8
- * weights also take scale [N] (fp32, one per output).
- * The parallel loop is written out in each (not in a shared inline function): OpenMP outlines its body before
- * inlining, and the outlined body must see the weight type as a constant. */
-#define GEMM_LOOP(WT, W, SCALE)                                                                                 \
-    do {                                                                                                         \
-        gemm_plan p = plan(M, K, ldx, N, ldy, nthreads);                                                         \
-        if (p.ranges == NULL) {                                                                                  \
-            _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")                               \
-            for (int64_t b = 0; b < p.nblocks; ++b)                                                              \
-                gemm_block(WT, b, 0, x, M, K, ldx, W, N, SCALE, bias, y, ldy);                                    \
-        } else {                                                                                                 \
-            _Pragma("omp parallel num_threads(nthreads)")                                                        \
-            DEAL_BLOCKS(p.ranges, nthreads, GEMM_BLOCK_##WT);                                                    \
-        }                                                                                                        \
-    } while (0)
-
+/* Entry points, each its own parallel region: x [M, K] (row stride ldx), w packed [ceil(N / 32), K, 32], bias [N]
+ * or NULL, y [M, ldy]; int8 weights also take scale [N] (fp32, one per output). forward.c runs the same team
+ * bodies inside one region for a whole decoder stack. */
 void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
                        const float *bias, float *y, int64_t ldy, int nthreads) {
-#define GEMM_BLOCK_WT_F32(b, more) gemm_block(WT_F32, b, more, x, M, K, ldx, w, N, NULL, bias, y, ldy)
-    GEMM_LOOP(WT_F32, w, NULL);
-#undef GEMM_BLOCK_WT_F32
+    deal_range *ranges = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    specgram_team_gemm_f32(x, M, K, ldx, w, N, bias, y, ldy, ranges, nthreads);
 }
 
 void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                         const float *bias, float *y, int64_t ldy, int nthreads) {
-#define GEMM_BLOCK_WT_BF16(b, more) gemm_block(WT_BF16, b, more, x, M, K, ldx, w, N, NULL, bias, y, ldy)
-    GEMM_LOOP(WT_BF16, w, NULL);
-#undef GEMM_BLOCK_WT_BF16
+    deal_range *ranges = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    specgram_team_gemm_bf16(x, M, K, ldx, w, N, bias, y, ldy, ranges, nthreads);
 }
 
 void specgram_gemm_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *scale,
                       int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
     assert(scale != NULL);
-#define GEMM_BLOCK_WT_I8(b, more) gemm_block(WT_I8, b, more, x, M, K, ldx, w, N, scale, bias, y, ldy)
-    GEMM_LOOP(WT_I8, w, scale);
-#undef GEMM_BLOCK_WT_I8
+    deal_range *ranges = plan(M, K, ldx, N, ldy, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    specgram_team_gemm_i8(x, M, K, ldx, w, scale, N, bias, y, ldy, ranges, nthreads);
 }

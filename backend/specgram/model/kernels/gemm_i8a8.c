@@ -64,6 +64,7 @@
 
 #include "deal.h"
 #include "scratch.h"
+#include "team.h"
 #include "vec.h"
 
 #define NB 32
@@ -149,6 +150,16 @@ static void quantize_row(const float *x, int64_t K, int64_t ldq, int digits, uin
         }
     }
 }
+
+/* Rows m0 .. m1 - 1 of x [M, K] (row stride ldx) -> their digit rows (row m's digit d at u + (m D + d) ldq) and
+ * scales xs [m]; ldq = specgram_i8a8_ldq(K). Per row: any split of the rows gives the same bytes. */
+void specgram_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t ldx, int digits, uint8_t *u,
+                            float *xs) {
+    const int64_t ldq = specgram_i8a8_ldq(K);
+    for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * ldx, K, ldq, digits, u + m * digits * ldq, xs + m);
+}
+
+int64_t specgram_i8a8_ldq(int64_t K) { return (K + ROW_BYTES - 1) / ROW_BYTES * ROW_BYTES; }
 
 /* Everything below issues vpdpbusd: compiled for VNNI on top of the build's ISA, and reached only through
  * specgram_gemm_i8a8. A compiler that cannot target AVX-VNNI (gcc before 11) builds the AVX2 library without it:
@@ -271,6 +282,17 @@ static void block(int64_t b, int next, const uint8_t *u, int64_t ldq, int digits
     }
 }
 
+/* Every thread of the caller's OpenMP team: the blocks of one product of the quantized rows (u, xs: specgram_quantize_rows,
+ * done before any thread gets here) by w; ranges: nthreads ranges deal_init'ed for its blocks. No closing barrier. */
+void specgram_team_i8a8(const uint8_t *u, const float *xs, int64_t M, int64_t K, const int8_t *w, const float *wscale,
+                        const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
+                        deal_range *ranges, int nthreads) {
+    const int64_t K4 = (K + 3) / 4, ldq = specgram_i8a8_ldq(K);
+#define I8A8_BLOCK(b, more) block(b, more, u, ldq, digits, xs, M, K4, w, N, wscale, colsum, bias, y, ldy)
+    DEAL_BLOCKS(ranges, nthreads, I8A8_BLOCK);
+#undef I8A8_BLOCK
+}
+
 /* Entry point: x [M, K] (row stride ldx), w packed [ceil(N / 32), ceil(K / 4), 32, 4] int8, wscale [N] fp32,
  * colsum [N] int32, digits 1 or 2 (the activations' base-256 digits), bias [N] or NULL, y [M, ldy]. Scratch (the
  * calling thread's SCRATCH_PLAN buffer, read by every thread of the region): the digit rows u [M * digits, ldq]
@@ -282,19 +304,15 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
     assert(ldx >= K && ldy >= N && K <= KMAX && N <= (int64_t)UINT32_MAX * NB);
     assert(wscale != NULL && colsum != NULL);
     if (M == 0 || N == 0) return;
-    const int64_t K4 = (K + 3) / 4, ldq = (K + ROW_BYTES - 1) / ROW_BYTES * ROW_BYTES, nblocks = (N + NB - 1) / NB;
-    const int64_t rows = M * digits;
+    const int64_t ldq = specgram_i8a8_ldq(K), nblocks = (N + NB - 1) / NB, rows = M * digits;
     size_t bytes = (size_t)(rows * ldq) + sizeof(float) * (size_t)M + sizeof(deal_range) * (size_t)(nthreads + 1);
     uint8_t *u = specgram_scratch(SCRATCH_PLAN, bytes);
     float *xs = (float *)(u + rows * ldq);               /* ldq is a multiple of 64: aligned */
     deal_range *ranges = (deal_range *)(((uintptr_t)(xs + M) + 63) & ~(uintptr_t)63);
-    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * ldx, K, ldq, digits, u + m * digits * ldq, xs + m);
+    specgram_quantize_rows(x, 0, M, K, ldx, digits, u, xs);
     deal_init(ranges, nblocks, nthreads);
-    /* A team smaller than nthreads still takes every block: the ranges of absent threads are taken from the back. */
-#define I8A8_BLOCK(b, more) block(b, more, u, ldq, digits, xs, M, K4, w, N, wscale, colsum, bias, y, ldy)
 #pragma omp parallel num_threads(nthreads)
-    DEAL_BLOCKS(ranges, nthreads, I8A8_BLOCK);
-#undef I8A8_BLOCK
+    specgram_team_i8a8(u, xs, M, K, w, wscale, colsum, digits, N, bias, y, ldy, ranges, nthreads);
 }
 #pragma GCC pop_options
 #else
@@ -303,6 +321,14 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
                         int nthreads) {
     (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)wscale, (void)colsum, (void)digits, (void)N, (void)bias,
         (void)y, (void)ldy, (void)nthreads;
+    abort();                                             /* never called: specgram_i8a8_built() is 0 */
+}
+
+void specgram_team_i8a8(const uint8_t *u, const float *xs, int64_t M, int64_t K, const int8_t *w, const float *wscale,
+                        const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
+                        deal_range *ranges, int nthreads) {
+    (void)u, (void)xs, (void)M, (void)K, (void)w, (void)wscale, (void)colsum, (void)digits, (void)N, (void)bias,
+        (void)y, (void)ldy, (void)ranges, (void)nthreads;
     abort();                                             /* never called: specgram_i8a8_built() is 0 */
 }
 #endif

@@ -13,16 +13,14 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "team.h"
 #include "vexp.h"
 
-#ifndef SERIAL_WORK
-#define SERIAL_WORK 16384   /* elements below which a call does not start the thread team */
-#endif
 
-void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
-                          int64_t N, int nthreads) {
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * N >= SERIAL_WORK)")
-    for (int64_t m = 0; m < M; ++m) {
+/* Rows m0 .. m1 - 1 (forward.c's team shares rows out; the entry points below loop over all of them). */
+void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *w, float eps, float *out, int64_t m0,
+                               int64_t m1, int64_t N) {
+    for (int64_t m = m0; m < m1; ++m) {
         float *x = h + m * N;
         if (delta) {
             const float *d = delta + m * N;
@@ -37,9 +35,8 @@ void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float ep
     }
 }
 
-void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads) {
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * I >= SERIAL_WORK)")
-    for (int64_t m = 0; m < M; ++m) {
+void specgram_silu_mul_rows(const float *gu, float *out, int64_t m0, int64_t m1, int64_t I) {
+    for (int64_t m = m0; m < m1; ++m) {
         const float *g = gu + m * 2 * I, *u = g + I;
         float *y = out + m * I;
         int64_t j = 0;
@@ -50,4 +47,15 @@ void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nt
         }
         for (; j < I; ++j) y[j] = (g[j] / (1.0f + expf(-g[j]))) * u[j];
     }
+}
+
+void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
+                          int64_t N, int nthreads) {
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * N >= SERIAL_WORK)")
+    for (int64_t m = 0; m < M; ++m) specgram_add_rmsnorm_rows(h, delta, w, eps, out, m, m + 1, N);
+}
+
+void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads) {
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * I >= SERIAL_WORK)")
+    for (int64_t m = 0; m < M; ++m) specgram_silu_mul_rows(gu, out, m, m + 1, I);
 }

@@ -17,9 +17,8 @@
 #include <assert.h>
 #include <stdint.h>
 
-#ifndef SERIAL_WORK
-#define SERIAL_WORK 16384   /* values below which a call does not start the thread team */
-#endif
+#include "team.h"
+
 
 /* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
  * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
@@ -29,14 +28,13 @@ static inline void rope(const float *x, const float *c, const float *s, float *y
     for (int64_t j = h; j < D; ++j) y[j * ystride] = x[j] * c[j] + x[j - h] * s[j];
 }
 
-void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
-                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
-                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
-    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
+/* Tokens n0 .. n1 - 1 (forward.c's team shares tokens out; the entry point below loops over all of them). */
+void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+                        const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S, int64_t H,
+                        int64_t Hkv, int64_t D, int64_t P, float *q_out) {
     (void)S;                                                       /* read by the debug build's asserts only */
-    int64_t width = (H + 2 * Hkv) * D;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if(N * width >= SERIAL_WORK)
-    for (int64_t n = 0; n < N; ++n) {
+    const int64_t width = (H + 2 * Hkv) * D;
+    for (int64_t n = n0; n < n1; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
         const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
@@ -49,4 +47,13 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
             for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
         }
     }
+}
+
+void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
+                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
+    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if(N * (H + 2 * Hkv) * D >= SERIAL_WORK)
+    for (int64_t n = 0; n < N; ++n) specgram_rope_rows(qkv, cos, sin, kc, vc, slots, positions, n, n + 1, S, H, Hkv, D, P,
+                                                       q_out);
 }

@@ -1,0 +1,176 @@
+/* A Llama-family decoder stack for N new tokens in one call and one OpenMP region (native.py's forward).
+ *
+ *   h [N, E]        the residual stream: the tokens' embeddings in, the last layer's residual out
+ *   x [N, E]        out: the final-normed hidden states (the lm_head's input)
+ *   cos, sin [N, D] rotary tables at each token's position
+ *   kc, vc          the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D] float32
+ *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
+ *
+ * Per layer, the same kernels as their own entry points, in the same order:
+ *   qkv = x W_qkv -> rotary + cache write -> attention -> h += att W_o; x = rmsnorm(h) -> gu = x W_gate|up
+ *   -> act = silu(gate) * up -> h += act W_down; x = rmsnorm(h) with the next layer's (or the final) norm
+ * Why one region: a decode step of a small model is ~8 kernels x 30 layers, and each separate call paid for a
+ * ctypes call, Python glue and an OpenMP fork and join (about 1 ms of a 5 ms int8 decode at 135M). Here the phases
+ * are separated by team barriers, and the elementwise phases that are too small to share (one decode row) run on
+ * one thread while the other waits at the barrier.
+ * Exactness: every phase runs the team body of the kernel it replaces, and which thread computes a row or a
+ * weight block changes no result, so the hidden states are bitwise those of the kernel-by-kernel sequence
+ * (tests/unit/test_native.py compares them).
+ *
+ * Workspace (the calling thread's SCRATCH_PLAN buffer, grown on demand): the intermediate activations, the
+ * quantized input rows of int8 x int8 products, every product's dealt ranges, and the attention tasks (one plan
+ * for all layers: it depends on the batch only).
+ */
+#include <assert.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "deal.h"
+#include "scratch.h"
+#include "team.h"
+
+/* How a weight matmul is stored (linear.py's NativeLinear.descriptor(); kernels/abi.py mirrors these structs). */
+enum { LIN_F32 = 0, LIN_BF16 = 1, LIN_I8 = 2, LIN_I8A8 = 3 };
+
+typedef struct {
+    int32_t kind, digits;       /* LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
+    int64_t K, N;               /* inputs, outputs */
+    const void *w;              /* packed weights (gemm.c / gemm_i8a8.c layouts) */
+    const float *scale;         /* [N] LIN_I8 and LIN_I8A8, else NULL */
+    const int32_t *colsum;      /* [N] LIN_I8A8, else NULL */
+    const float *bias;          /* [N] or NULL */
+} specgram_linear;
+
+typedef struct {
+    specgram_linear qkv, o, gate_up, down;
+    const float *w_post, *w_next;   /* the post-attention norm; the next layer's input norm (the final norm last) */
+    float eps_post, eps_next;
+} specgram_layer;
+
+typedef struct {
+    int64_t layers, E, H, Hkv, D, I;
+    const float *w_in;              /* the first layer's input norm */
+    float eps_in, scaling;          /* its epsilon; attention's score scale */
+    const specgram_layer *layer;    /* [layers] */
+} specgram_decoder;
+
+#define ALIGN64(n) (((n) + 63) & ~(size_t)63)
+
+/* Rows [*m0, *m1) of M for this thread: an equal share each, or all on thread 0 where M * width values are too few
+ * to be worth sharing (the others skip to the barrier). */
+static inline void share(int64_t M, int64_t width, int64_t *m0, int64_t *m1) {
+    int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    if (M * width < SERIAL_WORK) nt = 1;
+    *m0 = id < nt ? M * id / nt : M;
+    *m1 = id < nt ? M * (id + 1) / nt : M;
+}
+
+/* The product's input rows [m0, m1) as it reads them: int8 x int8 products' quantized digit rows (u, xs). */
+static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs) {
+    if (L->kind == LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
+}
+
+/* y [M, N] = x [M, K] W (+ bias), as every thread of the team's share. */
+static void linear(const specgram_linear *L, const float *x, int64_t M, const uint8_t *u, const float *xs, float *y,
+                   deal_range *ranges, int nthreads) {
+    switch (L->kind) {
+    case LIN_F32:
+        specgram_team_gemm_f32(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
+        break;
+    case LIN_BF16:
+        specgram_team_gemm_bf16(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
+        break;
+    case LIN_I8:
+        specgram_team_gemm_i8(x, M, L->K, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
+        break;
+    default:
+        specgram_team_i8a8(u, xs, M, L->K, L->w, L->scale, L->colsum, L->digits, L->N, L->bias, y, L->N, ranges,
+                           nthreads);
+    }
+}
+
+/* The dealt ranges for a product of M rows (NULL: the dynamic schedule of a prefill-sized one). */
+static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *mem, int nthreads) {
+    if (L->kind != LIN_I8A8 && !specgram_gemm_deals(M)) return NULL;
+    deal_init(mem, (L->N + 31) / 32, nthreads);
+    return mem;
+}
+
+void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, const float *cos, const float *sin,
+                              float *kc, float *vc, int64_t S, int64_t P, const int64_t *slots,
+                              const int64_t *positions, int64_t N, int64_t window, int nthreads) {
+    assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
+    if (N == 0) return;
+    const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
+    const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
+    const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
+    const size_t f = sizeof(float);
+    /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
+     * u [2 N, ldq]; xs [N]; ranges [4 layers][nthreads]; the attention plan */
+    size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
+                      (size_t)(2 * N * specgram_i8a8_ldq(widest)), N * f,
+                      sizeof(deal_range) * (size_t)(4 * Lc * nthreads), specgram_attention_plan_bytes(N, Hkv)};
+    enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, PARTS };
+    size_t offset[PARTS], total = 64;
+    for (int i = 0; i < PARTS; ++i) offset[i] = total, total += ALIGN64(sizes[i]);
+    char *base = specgram_scratch(SCRATCH_PLAN, total);
+    base = (char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+    float *q = (float *)(base + offset[Q]), *att = (float *)(base + offset[ATT]), *qkv = (float *)(base + offset[QKV]);
+    float *delta = (float *)(base + offset[DELTA]), *gu = (float *)(base + offset[GU]);
+    float *act = (float *)(base + offset[ACT]), *xs = (float *)(base + offset[XS]);
+    uint8_t *u = (uint8_t *)(base + offset[U]);
+    deal_range *all_ranges = (deal_range *)(base + offset[RANGES]);
+    deal_range *rg[4 * Lc];
+    for (int64_t l = 0; l < Lc; ++l) {
+        const specgram_layer *L = d->layer + l;
+        const specgram_linear *lin[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
+        for (int j = 0; j < 4; ++j)
+            rg[4 * l + j] = ranges_for(lin[j], N, all_ranges + (4 * l + j) * nthreads, nthreads);
+    }
+    const attention_plan plan = specgram_attention_plan(base + offset[PLAN], slots, positions, N, H, Hkv, window,
+                                                        nthreads);
+
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t m0, m1;
+        share(N, E, &m0, &m1);
+        specgram_add_rmsnorm_rows(h, NULL, d->w_in, d->eps_in, x, m0, m1, E);
+        prepare(&d->layer[0].qkv, x, m0, m1, u, xs);
+#pragma omp barrier
+        for (int64_t l = 0; l < Lc; ++l) {
+            const specgram_layer *L = d->layer + l;
+            float *kl = kc + l * kv_layer, *vl = vc + l * kv_layer;
+            linear(&L->qkv, x, N, u, xs, qkv, rg[4 * l], nthreads);
+#pragma omp barrier
+            share(N, width, &m0, &m1);
+            specgram_rope_rows(qkv, cos, sin, kl, vl, slots, positions, m0, m1, S, H, Hkv, D, P, q);
+#pragma omp barrier
+            specgram_team_attention(&plan, q, kl, vl, slots, positions, H, Hkv, D, P, window, d->scaling, att);
+#pragma omp barrier
+            if (L->o.kind == LIN_I8A8) {
+                share(N, H * D, &m0, &m1);
+                prepare(&L->o, att, m0, m1, u, xs);
+#pragma omp barrier
+            }
+            linear(&L->o, att, N, u, xs, delta, rg[4 * l + 1], nthreads);
+#pragma omp barrier
+            share(N, E, &m0, &m1);
+            specgram_add_rmsnorm_rows(h, delta, L->w_post, L->eps_post, x, m0, m1, E);
+            prepare(&L->gate_up, x, m0, m1, u, xs);
+#pragma omp barrier
+            linear(&L->gate_up, x, N, u, xs, gu, rg[4 * l + 2], nthreads);
+#pragma omp barrier
+            share(N, I, &m0, &m1);
+            specgram_silu_mul_rows(gu, act, m0, m1, I);
+            prepare(&L->down, act, m0, m1, u, xs);
+#pragma omp barrier
+            linear(&L->down, act, N, u, xs, delta, rg[4 * l + 3], nthreads);
+#pragma omp barrier
+            share(N, E, &m0, &m1);
+            specgram_add_rmsnorm_rows(h, delta, L->w_next, L->eps_next, x, m0, m1, E);
+            if (l + 1 < Lc) prepare(&d->layer[l + 1].qkv, x, m0, m1, u, xs);
+#pragma omp barrier
+        }
+    }
+}

@@ -1,0 +1,93 @@
+"""The decoder stack in one native call (kernels/forward.c) against the same kernels called one by one through
+their own entry points: the hidden states and every KV-cache entry bitwise equal, for each weight form, for
+decode, verify and prefill-sized batches (the GEMM's dealt ranges and its dynamic schedule), with and without an
+attention window - for each ISA's build of the kernels that this CPU runs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgram.model import kernels
+from specgram.model.runner import ModelRunner
+
+from .tiny import build_model
+
+pytestmark = pytest.mark.skipif(kernels.load() is None,
+                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+
+
+def kernel_by_kernel(native, cache, tokens, slots, positions, window):
+    """native.py's forward as separate kernel calls (each its own OpenMP region): the reference."""
+    lib, nt = native.lib, torch.get_num_threads()
+    N, E, H, Hkv, D = tokens.shape[0], native.E, native.H, native.Hkv, native.D
+    S, P = cache.v.shape[1], cache.v.shape[3]
+    h = native.embed(tokens).float().contiguous()
+    cos, sin = native.rotary(h[None], position_ids=positions[None])
+    cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+    x, q, att, act = torch.empty(N, E), torch.empty(N, H * D), torch.empty(N, H * D), torch.empty(N, native.inter)
+    qkv, o, gu, down = (torch.empty(N, n) for n in ((H + 2 * Hkv) * D, E, 2 * native.inter, E))
+    p = lambda t: t.data_ptr()  # noqa: E731
+    first = native.layers[0]
+    lib.specgram_add_rmsnorm(p(h), None, p(first.w_in), first.eps_in, p(x), N, E, nt)
+    for i, L in enumerate(native.layers):
+        k, v = cache.k[i], cache.v[i]
+        L.qkv.into(x, qkv)
+        lib.specgram_rope_cache_write(p(qkv), p(cos), p(sin), p(k), p(v), p(slots), p(positions), N, S, H, Hkv, D, P,
+                                      p(q), nt)
+        lib.specgram_attention(p(q), p(k), p(v), p(slots), p(positions), N, S, H, Hkv, D, P, window or 0,
+                               native.scaling, p(att), nt)
+        L.o.into(att, o)
+        lib.specgram_add_rmsnorm(p(h), p(o), p(L.w_post), L.eps_post, p(x), N, E, nt)
+        L.gate_up.into(x, gu)
+        lib.specgram_silu_mul(p(gu), p(act), N, native.inter, nt)
+        L.down.into(act, down)
+        nxt = native.layers[i + 1] if i + 1 < len(native.layers) else None
+        w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (native.w_final, native.eps_final)
+        lib.specgram_add_rmsnorm(p(h), p(down), p(w), eps, p(x), N, E, nt)
+    return x
+
+
+def batch(rows):
+    """[(slot, start, length)] -> tokens, slots, positions [N] long (seeded token ids)."""
+    g = torch.Generator().manual_seed(sum(n for _, _, n in rows))
+    slots = torch.tensor([s for s, _, n in rows for _ in range(n)])
+    positions = torch.tensor([p for _, start, n in rows for p in range(start, start + n)])
+    return torch.randint(3, 259, (slots.shape[0],), generator=g), slots, positions
+
+
+WEIGHTS = ["auto", "bfloat16", "int8", "int8-dynamic", "int8-dynamic8"]
+BATCHES = {
+    "decode": [(0, 40, 1)],
+    "verify rows": [(0, 40, 5), (1, 30, 5), (2, 50, 1)],
+    "prefill chunk beside a verify row": [(3, 0, 140), (0, 40, 4)],     # 140 rows: the dynamic schedule
+}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.parametrize("shape", list(BATCHES))
+@pytest.mark.parametrize("model_type,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 8})])
+def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type, overrides):
+    model = build_model(model_type, seed=5, **overrides)
+    with torch.no_grad():                        # norms of ones would hide a norm applied in the wrong place
+        for name, t in model.named_parameters():
+            if name.endswith("norm.weight"):
+                t.copy_(1 + 0.2 * torch.randn(t.shape, generator=torch.Generator().manual_seed(len(name))))
+    if weights == "bfloat16":
+        model, weights = model.to(torch.bfloat16), "auto"
+    if weights in ("int8-dynamic", "int8-dynamic8") and not kernels.has_vnni(lib):
+        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]}")
+    runner = ModelRunner(model, 4, 200, linear="native", weights=weights)
+    native, window = runner.native, runner.window
+    assert native.lib is lib
+    history = batch([(s, 0, 50) for s in range(3)])                    # earlier tokens in the cache
+    native.layers_forward(runner.cache, *history, window)
+    tokens, slots, positions = batch(BATCHES[shape])
+    k0, v0 = runner.cache.k.clone(), runner.cache.v.clone()
+    got = native.layers_forward(runner.cache, tokens, slots, positions, window)
+    k1, v1 = runner.cache.k.clone(), runner.cache.v.clone()
+    runner.cache.k.copy_(k0)
+    runner.cache.v.copy_(v0)
+    want = kernel_by_kernel(native, runner.cache, tokens, slots, positions, window)
+    assert torch.equal(got, want)
+    assert torch.equal(k1, runner.cache.k) and torch.equal(v1, runner.cache.v)
+    assert not torch.equal(k0, k1)                                     # the call did write the new tokens' K
