@@ -6,9 +6,10 @@ invariance it guarantees); gemm_i8a8.c: int8 weights times activations quantized
 or int16 as two int8 digits), exact int32 accumulation on VNNI;
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
 the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory; forward.c: a whole decoder
-stack in one call and one OpenMP region, running the other kernels' team bodies (team.h) between barriers, with the
-model described by the structs of abi.py. Together they are the CPU forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with two
-implementations, and compiled once per ISA:
+stack in one call and one OpenMP region, running the other kernels' team bodies (team.h) between barriers that
+prefetch the next weights while they wait (barrier.h), the model described by the structs of abi.py. Together they
+are the CPU forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with
+two implementations, and compiled once per ISA:
 
   avx512  vec_avx512.h, 16 lanes   needs avx512f and avx512bw   -mavx512f -mavx512bw -mfma
   avx2    vec_avx2.h, 8 lanes      needs avx2 and fma           -mavx2 -mfma
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "forward.c", "scratch.c",
                                    "isa.c")]
-HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h", "team.h")]
+HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h", "team.h",
+                                 "barrier.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "barrier.h"
 #include "deal.h"
 #include "scratch.h"
 #include "team.h"
@@ -90,6 +91,25 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
     }
 }
 
+#ifndef PULL_MAX
+#define PULL_MAX (256 * 1024)   /* bytes of a product that a waiting thread prefetches at most (of a 1 MB L2) */
+#endif
+
+/* The first bytes this thread streams of product L (its dealt range's start, deal.h): what it prefetches while
+ * waiting before the product; nothing for a prefill-sized one (compute-bound) or none at all. */
+static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, int nthreads) {
+    pull p = {NULL, NULL};
+    if (L == NULL || ranges == NULL) return p;
+    int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
+    int64_t block = L->kind == LIN_I8A8 ? (L->K + 3) / 4 * 128
+                                        : L->K * 32 * (L->kind == LIN_F32 ? 4 : L->kind == LIN_BF16 ? 2 : 1);
+    int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;
+    size_t bytes = (size_t)((b1 - b0) * block);
+    p.at = (const char *)L->w + b0 * block;
+    p.end = p.at + (bytes < PULL_MAX ? bytes : PULL_MAX);
+    return p;
+}
+
 /* The dealt ranges for a product of M rows (NULL: the dynamic schedule of a prefill-sized one). */
 static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *mem, int nthreads) {
     if (L->kind != LIN_I8A8 && !specgram_gemm_deals(M)) return NULL;
@@ -121,56 +141,69 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
     float *act = (float *)(base + offset[ACT]), *xs = (float *)(base + offset[XS]);
     uint8_t *u = (uint8_t *)(base + offset[U]);
     deal_range *all_ranges = (deal_range *)(base + offset[RANGES]);
-    deal_range *rg[4 * Lc];
-    for (int64_t l = 0; l < Lc; ++l) {
-        const specgram_layer *L = d->layer + l;
-        const specgram_linear *lin[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
-        for (int j = 0; j < 4; ++j)
-            rg[4 * l + j] = ranges_for(lin[j], N, all_ranges + (4 * l + j) * nthreads, nthreads);
+    /* product j: layer j / 4's qkv, o, gate_up, down (in that order), its dealt ranges */
+    const specgram_linear *lin[4 * Lc + 1];
+    deal_range *rg[4 * Lc + 1];
+    for (int64_t j = 0; j < 4 * Lc; ++j) {
+        const specgram_layer *L = d->layer + j / 4;
+        lin[j] = j % 4 == 0 ? &L->qkv : j % 4 == 1 ? &L->o : j % 4 == 2 ? &L->gate_up : &L->down;
+        rg[j] = ranges_for(lin[j], N, all_ranges + j * nthreads, nthreads);
     }
+    lin[4 * Lc] = NULL, rg[4 * Lc] = NULL;                      /* after the last layer: no product to pull */
     const attention_plan plan = specgram_attention_plan(base + offset[PLAN], slots, positions, N, H, Hkv, window,
                                                         nthreads);
+    team_barrier bar = {0};
 
 #pragma omp parallel num_threads(nthreads)
     {
-        int64_t m0, m1;
+        const int nt = omp_get_num_threads();
+        uint32_t epoch = 0;
+        int64_t m0, m1, pulling = -1;
+        pull ahead = {NULL, NULL};
+/* every thread: wait for the others, prefetching product j's first bytes of this thread's share meanwhile */
+#define WAIT(j)                                                                                                  \
+        do {                                                                                                     \
+            if (pulling != (j)) pulling = (j), ahead = pull_of(lin[j], rg[j], nthreads);                        \
+            team_wait(&bar, nt, &epoch, &ahead);                                                                 \
+        } while (0)
         share(N, E, &m0, &m1);
         specgram_add_rmsnorm_rows(h, NULL, d->w_in, d->eps_in, x, m0, m1, E);
-        prepare(&d->layer[0].qkv, x, m0, m1, u, xs);
-#pragma omp barrier
-        for (int64_t l = 0; l < Lc; ++l) {
+        prepare(lin[0], x, m0, m1, u, xs);
+        WAIT(0);
+        for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
             const specgram_layer *L = d->layer + l;
             float *kl = kc + l * kv_layer, *vl = vc + l * kv_layer;
-            linear(&L->qkv, x, N, u, xs, qkv, rg[4 * l], nthreads);
-#pragma omp barrier
+            linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
+            WAIT(j + 1);
             share(N, width, &m0, &m1);
             specgram_rope_rows(qkv, cos, sin, kl, vl, slots, positions, m0, m1, S, H, Hkv, D, P, q);
-#pragma omp barrier
+            WAIT(j + 1);
             specgram_team_attention(&plan, q, kl, vl, slots, positions, H, Hkv, D, P, window, d->scaling, att);
-#pragma omp barrier
+            WAIT(j + 1);
             if (L->o.kind == LIN_I8A8) {
                 share(N, H * D, &m0, &m1);
                 prepare(&L->o, att, m0, m1, u, xs);
-#pragma omp barrier
+                WAIT(j + 1);
             }
-            linear(&L->o, att, N, u, xs, delta, rg[4 * l + 1], nthreads);
-#pragma omp barrier
+            linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
+            WAIT(j + 2);
             share(N, E, &m0, &m1);
             specgram_add_rmsnorm_rows(h, delta, L->w_post, L->eps_post, x, m0, m1, E);
             prepare(&L->gate_up, x, m0, m1, u, xs);
-#pragma omp barrier
-            linear(&L->gate_up, x, N, u, xs, gu, rg[4 * l + 2], nthreads);
-#pragma omp barrier
+            WAIT(j + 2);
+            linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
+            WAIT(j + 3);
             share(N, I, &m0, &m1);
             specgram_silu_mul_rows(gu, act, m0, m1, I);
             prepare(&L->down, act, m0, m1, u, xs);
-#pragma omp barrier
-            linear(&L->down, act, N, u, xs, delta, rg[4 * l + 3], nthreads);
-#pragma omp barrier
+            WAIT(j + 3);
+            linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
+            WAIT(j + 4);
             share(N, E, &m0, &m1);
             specgram_add_rmsnorm_rows(h, delta, L->w_next, L->eps_next, x, m0, m1, E);
-            if (l + 1 < Lc) prepare(&d->layer[l + 1].qkv, x, m0, m1, u, xs);
-#pragma omp barrier
+            if (l + 1 < Lc) prepare(lin[j + 4], x, m0, m1, u, xs);
+            WAIT(j + 4);
         }
+#undef WAIT
     }
 }
