@@ -1,7 +1,7 @@
 """The decoder stack in one native call (kernels/forward.c) against the same kernels called one by one through
-their own entry points: the hidden states and every KV-cache entry bitwise equal, for each weight form, for
-decode, verify and prefill-sized batches (the GEMM's dealt ranges and its dynamic schedule), with and without an
-attention window - for each ISA's build of the kernels that this CPU runs."""
+their own entry points: the hidden states, every KV-cache entry and the lm_head's logits bitwise equal, for each
+weight form, for decode, verify and prefill-sized batches (the GEMM's dealt ranges and its dynamic schedule), with
+and without an attention window - for each ISA's build of the kernels that this CPU runs."""
 from __future__ import annotations
 
 import pytest
@@ -91,3 +91,10 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
     assert torch.equal(got, want)
     assert torch.equal(k1, runner.cache.k) and torch.equal(v1, runner.cache.v)
     assert not torch.equal(k0, k1)                                     # the call did write the new tokens' K
+    # the lm_head in the same call: on chosen rows (a row's last token, in any order) and on all of them
+    N = tokens.shape[0]
+    for head_rows in (torch.tensor([N - 1, 0]), None):
+        runner.cache.k.copy_(k0)
+        runner.cache.v.copy_(v0)
+        logits = native._run(runner.cache, tokens, slots, positions, window, head_rows)
+        assert torch.equal(logits, native.lm_head(want if head_rows is None else want[head_rows]))

@@ -91,6 +91,7 @@ class NativeForward:
         self.w_final, self.eps_final = _norm_weight(inner.norm)
         self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
         self._layer_structs, self._decoder = self._describe()
+        self._head = self.lm_head.descriptor()
 
     def _describe(self) -> tuple[ctypes.Array, abi.Decoder]:
         """The decoder as forward.c reads it: per layer its four products and its norms (the post-attention one,
@@ -119,16 +120,19 @@ class NativeForward:
         valid = torch.arange(T)[None, :] < num_new[:, None]                                    # [B, T]
         positions = (starts[:, None] + torch.arange(T)[None, :])[valid]                         # [N]
         tok_slots = slots[:, None].expand(B, T)[valid]                                          # [N]
-        x = self.layers_forward(cache, tokens[valid], tok_slots.contiguous(), positions.contiguous(), window)
-        return self._logits(x, num_new, last_only)
+        head_rows = num_new.cumsum(0) - 1 if last_only else None
+        logits = self._run(cache, tokens[valid], tok_slots.contiguous(), positions.contiguous(), window, head_rows)
+        return logits if last_only else self._per_token(logits, num_new)
 
     @torch.inference_mode()
     def forward_rows(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool,
                      window: int | None) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
         rows[b] to slot slots[b] from position starts[b]."""
-        x = self._rows_hidden(cache, rows, slots, starts, window)
-        return self._logits(x, torch.tensor([len(r) for r in rows]), last_only)
+        lengths = torch.tensor([len(r) for r in rows])
+        logits = self._run(cache, *self._flatten(rows, slots, starts), window,
+                           lengths.cumsum(0) - 1 if last_only else None)
+        return logits if last_only else self._per_token(logits, lengths)
 
     @torch.inference_mode()
     def forward_split(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int,
@@ -136,34 +140,32 @@ class NativeForward:
         """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
         rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
         what a forward of that row alone gives (the kernels never mix rows)."""
-        x = self._rows_hidden(cache, rows, slots, starts, window)
         lengths = torch.tensor([len(r) for r in rows])
-        n = int(lengths[:n_last].sum())
-        return self._logits(x[:n], lengths[:n_last], True), self._logits(x[n:], lengths[n_last:], False)
+        n, total = int(lengths[:n_last].sum()), int(lengths.sum())
+        head_rows = torch.cat([lengths[:n_last].cumsum(0) - 1, torch.arange(n, total)])
+        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows)
+        return logits[:n_last], self._per_token(logits[n_last:], lengths[n_last:])
 
-    def _rows_hidden(self, cache, rows: list[list[int]], slots: list[int], starts: list[int],
-                     window: int | None) -> torch.Tensor:
-        """-> final-normed hidden states [sum of row lengths, E], the rows one after another."""
+    @staticmethod
+    def _flatten(rows: list[list[int]], slots: list[int], starts: list[int]) -> tuple[torch.Tensor, ...]:
+        """-> tokens, slots, positions [N] long: the rows one after another."""
         flat_tokens, flat_slots, flat_pos = [], [], []
         for row, slot, start in zip(rows, slots, starts):
             flat_tokens += row
             flat_slots += [slot] * len(row)
             flat_pos += range(start, start + len(row))
         as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-        return self.layers_forward(cache, as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos), window)
+        return as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos)
 
-    def _logits(self, x: torch.Tensor, lengths: torch.Tensor, last_only: bool) -> torch.Tensor:
-        """x [N, E]: the rows' hidden states one row after another, lengths [B] tokens each -> float32 logits
-        [B, V] at each row's last token if last_only, else [B, T, V] with T the longest row (zeros past a row's
-        end)."""
-        if last_only:
-            return self.lm_head(x[lengths.cumsum(0) - 1])                                      # [B, V]
+    def _per_token(self, logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """logits [N, V] at every token of rows of `lengths` [B] tokens, one row after another -> [B, T, V] with T
+        the longest row (zeros past a row's end)."""
         B, T = lengths.shape[0], int(lengths.max())
         if bool((lengths == T).all()):
-            return self.lm_head(x).view(B, T, -1)
-        logits = torch.zeros(B, T, self.lm_head.out_features)
-        logits[torch.arange(T)[None, :] < lengths[:, None]] = self.lm_head(x)
-        return logits
+            return logits.view(B, T, -1)
+        out = torch.zeros(B, T, logits.shape[-1])
+        out[torch.arange(T)[None, :] < lengths[:, None]] = logits
+        return out
 
     def check_batch(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
         """ValueError unless the kernels can run this batch on `cache` without reading or writing out of bounds:
@@ -198,17 +200,31 @@ class NativeForward:
 
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        window: int | None) -> torch.Tensor:
-        """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`. The
+        """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
+        return self._run(cache, tokens, slots, positions, window, head_rows=False)
+
+    def _run(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, window: int | None,
+             head_rows: torch.Tensor | None | bool) -> torch.Tensor:
+        """tokens, slots, positions: [N] long; KV written to `cache` -> float32 logits [R, V] at the hidden rows
+        head_rows [R] long (None: all N), or with head_rows False the final-normed hidden states [N, E]. The
         embedding and the rotary tables here (torch: the checkpoint's own modules, rope scaling included), every
-        layer in one native call (kernels/forward.c)."""
+        layer and the lm_head in one native call (kernels/forward.c)."""
         self.check_batch(cache, tokens, slots, positions)
         N = tokens.shape[0]
         h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
         cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
         x = torch.empty(N, self.E)
+        head, rows_ptr, R, logits = None, None, 0, None
+        if head_rows is not False:
+            if head_rows is not None:
+                head_rows = head_rows.contiguous()
+                rows_ptr = head_rows.data_ptr()
+            R = N if head_rows is None else head_rows.shape[0]
+            head, logits = ctypes.byref(self._head), torch.empty(R, self.lm_head.out_features)
         self.lib.specgram_decoder_forward(
             ctypes.byref(self._decoder), h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             cache.k.data_ptr(), cache.v.data_ptr(), cache.v.shape[1], cache.v.shape[3], slots.data_ptr(),
-            positions.data_ptr(), N, window or 0, torch.get_num_threads())
-        return x
+            positions.data_ptr(), N, window or 0, head, rows_ptr, R, None if logits is None else logits.data_ptr(),
+            torch.get_num_threads())
+        return x if logits is None else logits

@@ -79,7 +79,8 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
     "specgram_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR, _INT],
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
-    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _INT],
+    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR,
+                                 _PTR, _I64, _PTR, _INT],
     "specgram_isa": [],
     "specgram_i8a8_built": [],
 }

@@ -5,6 +5,8 @@
  *   cos, sin [N, D] rotary tables at each token's position
  *   kc, vc          the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D] float32
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
+ *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of x's rows head_rows (all N where
+ *                   head_rows is NULL), in the same region; head NULL: none
  *
  * Per layer, the same kernels as their own entry points, in the same order:
  *   qkv = x W_qkv -> rotary + cache write -> attention -> h += att W_o; x = rmsnorm(h) -> gu = x W_gate|up
@@ -25,6 +27,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "barrier.h"
 #include "deal.h"
@@ -119,19 +122,23 @@ static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *m
 
 void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, const float *cos, const float *sin,
                               float *kc, float *vc, int64_t S, int64_t P, const int64_t *slots,
-                              const int64_t *positions, int64_t N, int64_t window, int nthreads) {
+                              const int64_t *positions, int64_t N, int64_t window, const specgram_linear *head,
+                              const int64_t *head_rows, int64_t R, float *logits, int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
+    assert(head == NULL || (R >= 0 && (head_rows != NULL || R == N) && head->K == d->E));
     if (N == 0) return;
+    if (head == NULL) R = 0;
     const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
     const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
-     * u [2 N, ldq]; xs [N]; ranges [4 layers][nthreads]; the attention plan */
+     * u [2 N, ldq]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E] */
     size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
                       (size_t)(2 * N * specgram_i8a8_ldq(widest)), N * f,
-                      sizeof(deal_range) * (size_t)(4 * Lc * nthreads), specgram_attention_plan_bytes(N, Hkv)};
-    enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, PARTS };
+                      sizeof(deal_range) * (size_t)((4 * Lc + 1) * nthreads), specgram_attention_plan_bytes(N, Hkv),
+                      R * E * f};
+    enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, HEAD_X, PARTS };
     size_t offset[PARTS], total = 64;
     for (int i = 0; i < PARTS; ++i) offset[i] = total, total += ALIGN64(sizes[i]);
     char *base = specgram_scratch(SCRATCH_PLAN, total);
@@ -149,7 +156,9 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
         lin[j] = j % 4 == 0 ? &L->qkv : j % 4 == 1 ? &L->o : j % 4 == 2 ? &L->gate_up : &L->down;
         rg[j] = ranges_for(lin[j], N, all_ranges + j * nthreads, nthreads);
     }
-    lin[4 * Lc] = NULL, rg[4 * Lc] = NULL;                      /* after the last layer: no product to pull */
+    /* then the lm_head over the R rows head_rows (all N where NULL), if asked for */
+    lin[4 * Lc] = head, rg[4 * Lc] = head ? ranges_for(head, R, all_ranges + 4 * Lc * nthreads, nthreads) : NULL;
+    const float *head_x = head_rows ? (const float *)(base + offset[HEAD_X]) : x;
     const attention_plan plan = specgram_attention_plan(base + offset[PLAN], slots, positions, N, H, Hkv, window,
                                                         nthreads);
     team_barrier bar = {0};
@@ -203,6 +212,14 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
             specgram_add_rmsnorm_rows(h, delta, L->w_next, L->eps_next, x, m0, m1, E);
             if (l + 1 < Lc) prepare(lin[j + 4], x, m0, m1, u, xs);
             WAIT(j + 4);
+        }
+        if (R > 0) {
+            share(R, E, &m0, &m1);
+            for (int64_t r = m0; r < m1 && head_rows; ++r)
+                memcpy((float *)head_x + r * E, x + head_rows[r] * E, sizeof(float) * (size_t)E);
+            prepare(head, head_x, m0, m1, u, xs);
+            WAIT(4 * Lc);
+            linear(head, head_x, R, u, xs, logits, rg[4 * Lc], nthreads);
         }
 #undef WAIT
     }
