@@ -1,7 +1,8 @@
 """The decoder stack in one native call (kernels/forward.c) against the same kernels called one by one through
 their own entry points: the hidden states, every KV-cache entry and the lm_head's logits bitwise equal, for each
 weight form, for decode, verify and prefill-sized batches (the GEMM's dealt ranges and its dynamic schedule), with
-and without an attention window - for each ISA's build of the kernels that this CPU runs."""
+and without an attention window, with a float32 and a bfloat16 KV cache - for each ISA's build of the kernels that
+this CPU runs."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 
 def kernel_by_kernel(native, cache, tokens, slots, positions, window):
     """native.py's forward as separate kernel calls (each its own OpenMP region): the reference."""
-    lib, nt = native.lib, torch.get_num_threads()
+    lib, nt, bf16 = native.lib, torch.get_num_threads(), int(cache.k.dtype == torch.bfloat16)
     N, E, H, Hkv, D = tokens.shape[0], native.E, native.H, native.Hkv, native.D
     S, P = cache.v.shape[1], cache.v.shape[3]
     h = native.embed(tokens).float().contiguous()
@@ -32,9 +33,9 @@ def kernel_by_kernel(native, cache, tokens, slots, positions, window):
     for i, L in enumerate(native.layers):
         k, v = cache.k[i], cache.v[i]
         L.qkv.into(x, qkv)
-        lib.specgram_rope_cache_write(p(qkv), p(cos), p(sin), p(k), p(v), p(slots), p(positions), N, S, H, Hkv, D, P,
-                                      p(q), nt)
-        lib.specgram_attention(p(q), p(k), p(v), p(slots), p(positions), N, S, H, Hkv, D, P, window or 0,
+        lib.specgram_rope_cache_write(p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv,
+                                      D, P, p(q), nt)
+        lib.specgram_attention(p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, window or 0,
                                native.scaling, p(att), nt)
         L.o.into(att, o)
         lib.specgram_add_rmsnorm(p(h), p(o), p(L.w_post), L.eps_post, p(x), N, E, nt)
@@ -63,10 +64,11 @@ BATCHES = {
 }
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16"])
 @pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("shape", list(BATCHES))
 @pytest.mark.parametrize("model_type,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 8})])
-def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type, overrides):
+def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type, overrides, kv_dtype):
     model = build_model(model_type, seed=5, **overrides)
     with torch.no_grad():                        # norms of ones would hide a norm applied in the wrong place
         for name, t in model.named_parameters():
@@ -76,7 +78,8 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
         model, weights = model.to(torch.bfloat16), "auto"
     if weights in ("int8-dynamic", "int8-dynamic8") and not kernels.has_vnni(lib):
         pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]}")
-    runner = ModelRunner(model, 4, 200, linear="native", weights=weights)
+    runner = ModelRunner(model, 4, 200, linear="native", weights=weights, kv_dtype=kv_dtype)
+    assert runner.cache.k.dtype == (torch.bfloat16 if kv_dtype == "bfloat16" else torch.float32)
     native, window = runner.native, runner.window
     assert native.lib is lib
     history = batch([(s, 0, 50) for s in range(3)])                    # earlier tokens in the cache

@@ -160,7 +160,7 @@ def test_debug_build_asserts_bounds(tmp_path, isa):
         kc, vc, q, out = torch.zeros(S, H, D, P), torch.zeros(S, H, P, D), torch.ones(1, H * D), torch.empty(1, H * D)
         def attend(slot):
             s, p = torch.tensor([slot]), torch.tensor([3])
-            lib.specgram_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), s.data_ptr(), p.data_ptr(), 1, S, H,
+            lib.specgram_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), 0, s.data_ptr(), p.data_ptr(), 1, S, H,
                                    H, D, P, 0, 0.25, out.data_ptr(), 1)
         attend(1)
         print("in range: ok", flush=True)

@@ -12,6 +12,7 @@ from specgram.model import kernels
 from specgram.model.linear import NativeLinear, resolve_kind
 from specgram.model.runner import ModelRunner
 
+from .helpers import assert_rows_bitwise_independent, logits_against
 from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -83,6 +84,20 @@ def test_rows_are_bitwise_independent_of_batch_and_width(lib):
     assert torch.equal(again, alone)
 
 
+def test_bfloat16_kv_cache_is_batch_invariant_and_close_to_float32(lib):
+    model = build_model("llama", seed=6)
+    exact = ModelRunner(model, 4, 96, linear="native")
+    half = ModelRunner(model, 4, 96, linear="native", kv_dtype="bfloat16")
+    assert half.cache.k.dtype == half.cache.v.dtype == torch.bfloat16 and half.dtype == torch.float32
+    assert_rows_bitwise_independent(half)
+    rel, top1 = logits_against(exact, half)
+    assert 0 < rel.max().item() < 0.05 and top1 >= 0.95          # lossy (K and V rounded to 8 bits), but slightly
+    with pytest.raises(ModelLoadError, match="kv_dtype"):
+        ModelRunner(model, 2, 32, linear="torch", kv_dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="kv_dtype must be"):
+        ModelRunner(model, 2, 32, kv_dtype="fp8")
+
+
 def test_bfloat16_weights_run_in_float32(lib):
     model = build_model("llama", seed=3).to(torch.bfloat16)
     runner = ModelRunner(model, 2, 64, linear="native")
@@ -121,10 +136,10 @@ def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
     N = slots.numel()
     q = torch.randn(N, H * D, generator=g)
 
-    def attend(qs, sl, pos):
+    def attend(qs, sl, pos, k=kc, v=vc):
         out = torch.empty(qs.shape[0], H * D)
-        lib.specgram_attention(qs.data_ptr(), kc.data_ptr(), vc.data_ptr(), sl.data_ptr(), pos.data_ptr(), qs.shape[0],
-                               S, H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
+        lib.specgram_attention(qs.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16), sl.data_ptr(),
+                               pos.data_ptr(), qs.shape[0], S, H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
         return out
 
     together = attend(q, slots, positions)
@@ -145,6 +160,9 @@ def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
             v = vc[s, h // (H // Hkv), lo:pos + 1]                                  # [len, D]
             ref = torch.softmax(q[n, h * D:(h + 1) * D] @ k * 0.125, -1) @ v
             assert torch.allclose(together[n, h * D:(h + 1) * D], ref, atol=1e-5)
+    # a bfloat16 cache: widened exactly as it is read, so bitwise a float32 cache holding the same values
+    kb, vb = kc.bfloat16(), vc.bfloat16()
+    assert torch.equal(attend(q, slots, positions, kb, vb), attend(q, slots, positions, kb.float(), vb.float()))
 
 
 def test_out_of_range_slots_and_positions_raise_before_any_write(lib):

@@ -111,11 +111,12 @@ def target_weights(config: EngineConfig) -> str:
 def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
     """An int8 copy of `model` as a draft runner: where the native forward runs it, int8 weights with int16
     activations on a CPU with VNNI (as close to the target as int8 weights alone and cheaper: int8 activations
-    would be cheaper still at M = 8 but agree with it less, int8.py), else int8 weights; elsewhere torch's
-    dynamic quantization (which the PyTorch forward runs)."""
+    would be cheaper still at M = 8 but agree with it less, int8.py), else int8 weights, and a bfloat16 KV cache
+    (at 8 streams attention reads as many bytes as the int8 weights; a draft may be lossy, the target verifies);
+    elsewhere torch's dynamic quantization (which the PyTorch forward runs)."""
     kind, lib = choose_forward(model, config.linear, static)
     if kind == "native":
         return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear,
-                           weights=int8_form(lib))
+                           weights=int8_form(lib), kv_dtype="bfloat16")
     from ..model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(model), config.max_slots, config.max_seq_len, static)

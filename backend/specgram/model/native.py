@@ -22,7 +22,9 @@ stream, norms, attention and the KV cache stay float32.
 
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
-[S, Hkv, P, D], float32.
+[S, Hkv, P, D], float32, or bfloat16 (each value rounded to nearest even as it is written, widened exactly as it
+is read: lossy against float32, but the same for a token alone or batched, so the invariance holds; the int8
+draft copy's cache, where attention over 8 streams reads as many bytes as the weights).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .kernels import abi
 from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
+KV_DTYPES = (torch.float32, torch.bfloat16)     # the KV cache: exact, or half the bytes for attention to read
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -174,12 +177,12 @@ class NativeForward:
         this model's shape. Once per forward (every layer's kernels see the same batch): a few reductions over
         [N], microseconds."""
         L, S, Hkv, P, D = cache.v.shape
-        if (cache.v.dtype != torch.float32 or cache.k.dtype != torch.float32 or not cache.k_positions_last
+        if (cache.v.dtype not in KV_DTYPES or cache.k.dtype != cache.v.dtype or not cache.k_positions_last
                 or cache.k.shape != (L, S, Hkv, D, P) or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
                 or not (cache.k.is_contiguous() and cache.v.is_contiguous())):
             raise ValueError(f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "
                              f"not fit the native forward ({len(self.layers)} layers, {self.Hkv} KV heads of "
-                             f"{self.D}, float32, K positions last)")
+                             f"{self.D}, float32 or bfloat16, K positions last)")
         N = tokens.shape[0]
         for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions)):
             if t.dtype != torch.long or t.shape != (N,) or not t.is_contiguous():
@@ -224,7 +227,8 @@ class NativeForward:
             head, logits = ctypes.byref(self._head), torch.empty(R, self.lm_head.out_features)
         self.lib.specgram_decoder_forward(
             ctypes.byref(self._decoder), h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-            cache.k.data_ptr(), cache.v.data_ptr(), cache.v.shape[1], cache.v.shape[3], slots.data_ptr(),
+            cache.k.data_ptr(), cache.v.data_ptr(), int(cache.v.dtype == torch.bfloat16), cache.v.shape[1],
+            cache.v.shape[3], slots.data_ptr(),
             positions.data_ptr(), N, window or 0, head, rows_ptr, R, None if logits is None else logits.data_ptr(),
             torch.get_num_threads())
         return x if logits is None else logits

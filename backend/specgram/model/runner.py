@@ -30,6 +30,8 @@ from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
 
+KV_DTYPES = ("auto", "bfloat16")      # ModelRunner(kv_dtype=...)
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -106,7 +108,7 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> to
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0,
-                 linear: str = "auto", weights: str = "auto"):
+                 linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto"):
         """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
         positions of headroom per row (for the padded entries of a row near max_seq_len).
@@ -116,7 +118,9 @@ class ModelRunner:
         weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
         elsewhere) | "int8-dynamic" | "int8-dynamic8" (int8 weights, activations quantized per row to int16 /
         int8, int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
-        copy of a target), each with its own cache."""
+        copy of a target), each with its own cache.
+        kv_dtype: "auto" (the activations' dtype: float32 on the native forward) | "bfloat16" (the native forward
+        only: half the bytes for attention to read, lossy; the int8 draft copy's)."""
         if weights not in RUNNER_WEIGHTS:
             raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
         self.model = model.eval()
@@ -137,7 +141,12 @@ class ModelRunner:
             from .native import NativeForward
             self.native = NativeForward(model, lib, weights)
             self.dtype = torch.float32                       # activations and the KV cache
-        self.linear_kind, self.weights = kind, weights
+        if kv_dtype not in KV_DTYPES:
+            raise ModelLoadError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        if kv_dtype != "auto" and self.native is None:
+            raise ModelLoadError(f"kv_dtype {kv_dtype} runs on the native CPU forward only, not the {kind} forward")
+        kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
+        self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype
         self.fuse_steps = self.native is not None      # forward_step: prompt chunks and verify rows in one pass
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.num_attention_heads
@@ -151,7 +160,7 @@ class ModelRunner:
         self.scratch_slot = max_slots                       # used only by the static path
         extra_slots, headroom = (1, static_width) if static_width else (0, 0)
         self.cache = KVCache(cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads,
-                             max_seq_len + headroom, self.head_dim, self.dtype, self.device,
+                             max_seq_len + headroom, self.head_dim, kv, self.device,
                              k_positions_last=self.native is not None)
         self.graphed = None
         if static_width:
@@ -167,8 +176,8 @@ class ModelRunner:
     @classmethod
     def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
                         dtype: torch.dtype, static_width: int = 0, linear: str = "auto",
-                        weights: str = "auto") -> "ModelRunner":
-        return cls(load_model(path, device, dtype), max_slots, max_seq_len, static_width, linear, weights)
+                        weights: str = "auto", kv_dtype: str = "auto") -> "ModelRunner":
+        return cls(load_model(path, device, dtype), max_slots, max_seq_len, static_width, linear, weights, kv_dtype)
 
     def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
         """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].

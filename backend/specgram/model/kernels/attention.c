@@ -2,8 +2,9 @@
  * that share a slot), reading the KV cache in place (rope.c has written the new tokens' K and V first).
  *
  *   q     [N, H * D] fp32             the rotated queries
- *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last (VW positions per vector load)
- *   vc [S, Hkv, P, D] fp32            this layer's V cache
+ *   kc [S, Hkv, D, P]                 this layer's K cache, positions last (VW positions per vector load),
+ *                                     float32 or (kv_bf16) bfloat16, widened exactly as it is read
+ *   vc [S, Hkv, P, D]                 this layer's V cache, the same type
  *   slots, positions [N] int64        token n is at position positions[n] in [0, P) of slot slots[n] in [0, S)
  *   out   [N, H * D] fp32             attention output
  *
@@ -45,42 +46,51 @@
  * stores them every iteration. Unused ones (g >= GN, a compile-time constant) are optimized away. */
 #define FOR_HEADS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
+/* The cache's element types: float32, or bfloat16 widened exactly on load (kv_bf16). T below is f32 or bf16. */
+typedef float kv_f32;
+typedef uint16_t kv_bf16;
+#define KV_LOAD_f32(k, p) vf_maskz_load(k, p)
+#define KV_LOAD_bf16(k, p) vf_maskz_load_bf16(k, p)
+#define LINE(T) ((int64_t)(64 / sizeof(kv_##T)))   /* elements per 64-byte line */
+
 /* scores p[g, j] = scale * q_g . K[:, lo + j] for GN heads, j < len: VW positions per vector, summed over d
- * in order. Meanwhile the V rows of the same VW positions (VW * D floats) are pulled into L2, one 64-byte line
+ * in order. Meanwhile the V rows of the same VW positions (VW * D elements) are pulled into L2, one 64-byte line
  * per d step, so that the weighted sum that follows reads them from cache. */
 #define S_DECL(g) vf s##g = vf_zero();
 #define S_FMA(g) if (gn > g) s##g = vf_fma(vf_set1(qg[g * D + d]), kv, s##g);
 #define S_STORE(g) if (gn > g) vf_mask_store(p + g * len + j0, k, vf_mul(s##g, vscale));
-#define DEFINE_SCORES(GN)                                                                                    \
-    static void scores_##GN(const float *qg, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,   \
-                            float scale, float *p, const float *V) {                                         \
+#define DEFINE_SCORES(GN, T)                                                                                 \
+    static void scores_##GN##_##T(const float *qg, const void *Kt_, int64_t P, int64_t lo, int64_t len,      \
+                                  int64_t D, float scale, float *p, const void *V_) {                        \
         enum { gn = GN };                                                                                    \
+        const kv_##T *Kt = Kt_, *V = V_;                                                                     \
         vf vscale = vf_set1(scale);                                                                          \
         for (int64_t j0 = 0; j0 < len; j0 += VW) {                                                           \
             vmask k = vmask_first(len - j0);                                                                 \
             FOR_HEADS(S_DECL)                                                                                \
             for (int64_t d = 0; d < D; ++d) {                                                                \
                 _mm_prefetch((const char *)(Kt + d * P + lo + j0 + KPF), _MM_HINT_T0);                       \
-                if (V && d * 16 < VW * D) _mm_prefetch((const char *)(V + j0 * D + d * 16), _MM_HINT_T1);    \
-                vf kv = vf_maskz_load(k, Kt + d * P + lo + j0);                                              \
+                if (V && d * LINE(T) < VW * D)                                                               \
+                    _mm_prefetch((const char *)(V + j0 * D + d * LINE(T)), _MM_HINT_T1);                     \
+                vf kv = KV_LOAD_##T(k, Kt + d * P + lo + j0);                                                \
                 FOR_HEADS(S_FMA)                                                                             \
             }                                                                                                \
             FOR_HEADS(S_STORE)                                                                               \
         }                                                                                                    \
     }
 
-/* The next task's K (D rows of `per_d` lines, P floats apart) pulled into L2 while this task computes its
+/* The next task's K (D rows of `per_d` lines, `row` bytes apart) pulled into L2 while this task computes its
  * weighted sum, which reads only cached data: the memory bus would idle there, and the next scores pass would
  * wait on memory. Two lines per step at most, spread over the whole values pass (`at` in 32.32 fixed point). */
 typedef struct {
-    const float *k;
-    int64_t P, per_d, lines;
+    const char *k;
+    int64_t row, per_d, lines;
     uint64_t at, inc;
 } next_k;
 
 static inline void next_k_step(next_k *f) {
     int64_t i = (int64_t)(f->at >> 32);
-    if (i < f->lines) _mm_prefetch((const char *)(f->k + (i / f->per_d) * f->P + (i % f->per_d) * 16), _MM_HINT_T1);
+    if (i < f->lines) _mm_prefetch(f->k + (i / f->per_d) * f->row + (i % f->per_d) * 64, _MM_HINT_T1);
     f->at += f->inc;
 }
 
@@ -92,54 +102,54 @@ static inline void next_k_step(next_k *f) {
                               a##g = vf_fma(w, v0, a##g); if (two) b##g = vf_fma(w, v1, b##g); }
 #define V_STORE(g) if (gn > g) { vf_mask_store(o + g * D + d0, k0, a##g);                                     \
                                 if (two) vf_mask_store(o + g * D + d0 + VW, k1, b##g); }
-#define DEFINE_VALUES(GN)                                                                                    \
-    static void values_##GN(const float *p, int64_t len, const float *V, int64_t D, int64_t d0, float *o,     \
-                            next_k *f) {                                                                     \
+#define DEFINE_VALUES(GN, T)                                                                                 \
+    static void values_##GN##_##T(const float *p, int64_t len, const void *V_, int64_t D, int64_t d0, float *o, \
+                                  next_k *f) {                                                               \
         enum { gn = GN, two = GN <= VALUES_WIDE };                                                           \
+        const kv_##T *V = V_;                                                                                \
         vmask k0 = vmask_first(D - d0), k1 = vmask_first(D - d0 - VW);                                       \
         FOR_HEADS(V_DECL)                                                                                    \
         for (int64_t j = 0; j < len; ++j) {                                                                  \
-            vf v0 = vf_maskz_load(k0, V + j * D + d0), v1 = v0;                                              \
-            if (two) v1 = vf_maskz_load(k1, V + j * D + d0 + VW);                                            \
+            vf v0 = KV_LOAD_##T(k0, V + j * D + d0), v1 = v0;                                                \
+            if (two) v1 = KV_LOAD_##T(k1, V + j * D + d0 + VW);                                              \
             if (f->k) { next_k_step(f); next_k_step(f); }                                                    \
             FOR_HEADS(V_FMA)                                                                                 \
         }                                                                                                    \
         FOR_HEADS(V_STORE)                                                                                   \
     }
 
-#define DEFINE_PASS(GN) DEFINE_SCORES(GN) DEFINE_VALUES(GN)
+#define DEFINE_PASS(GN) DEFINE_SCORES(GN, f32) DEFINE_VALUES(GN, f32) DEFINE_SCORES(GN, bf16) DEFINE_VALUES(GN, bf16)
 DEFINE_PASS(1) DEFINE_PASS(2) DEFINE_PASS(3) DEFINE_PASS(4) DEFINE_PASS(5) DEFINE_PASS(6)
 DEFINE_PASS(7) DEFINE_PASS(8) DEFINE_PASS(9) DEFINE_PASS(10) DEFINE_PASS(11) DEFINE_PASS(12)
 #if GMAX > 12
 DEFINE_PASS(13) DEFINE_PASS(14) DEFINE_PASS(15) DEFINE_PASS(16)
-#define PASSES_PAST_12(kind) , kind##_13, kind##_14, kind##_15, kind##_16
+#define PASSES_PAST_12(kind, T) , kind##_13_##T, kind##_14_##T, kind##_15_##T, kind##_16_##T
 #else
-#define PASSES_PAST_12(kind)
+#define PASSES_PAST_12(kind, T)
 #endif
 _Static_assert(GMAX == 12 || GMAX == 16, "the pass tables below list 12 or 16 heights");
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, int64_t, float, float *,
-                          const float *);
-typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, next_k *);
-static const scores_fn SCORES[GMAX + 1] = {0, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6,
-                                           scores_7, scores_8, scores_9, scores_10, scores_11, scores_12
-                                           PASSES_PAST_12(scores)};
-static const values_fn VALUES[GMAX + 1] = {0, values_1, values_2, values_3, values_4, values_5, values_6,
-                                           values_7, values_8, values_9, values_10, values_11, values_12
-                                           PASSES_PAST_12(values)};
+typedef void (*scores_fn)(const float *, const void *, int64_t, int64_t, int64_t, int64_t, float, float *,
+                          const void *);
+typedef void (*values_fn)(const float *, int64_t, const void *, int64_t, int64_t, float *, next_k *);
+#define PASSES(kind, T) {0, kind##_1_##T, kind##_2_##T, kind##_3_##T, kind##_4_##T, kind##_5_##T, kind##_6_##T,    \
+                         kind##_7_##T, kind##_8_##T, kind##_9_##T, kind##_10_##T, kind##_11_##T, kind##_12_##T     \
+                         PASSES_PAST_12(kind, T)}
+static const scores_fn SCORES[2][GMAX + 1] = {PASSES(scores, f32), PASSES(scores, bf16)};   /* [kv_bf16][gn] */
+static const values_fn VALUES[2][GMAX + 1] = {PASSES(values, f32), PASSES(values, bf16)};
 
 /* Query vectors in passes of at most GMAX; every vector's result is computed by the same instruction sequence
  * (each score and each output element is its own chain of fmas in a fixed order), whichever vectors share
  * the pass. */
-static void scores(const float *qg, int64_t G, const float *Kt, int64_t P, int64_t lo, int64_t len, int64_t D,
-                   float scale, float *p, const float *V) {
+static void scores(const float *qg, int64_t G, const void *Kt, int bf16, int64_t P, int64_t lo, int64_t len,
+                   int64_t D, float scale, float *p, const void *V) {
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
         int64_t gn = G - g0 < GMAX ? G - g0 : GMAX;
-        SCORES[gn](qg + g0 * D, Kt, P, lo, len, D, scale, p + g0 * len, g0 == 0 ? V : NULL);
+        SCORES[bf16][gn](qg + g0 * D, Kt, P, lo, len, D, scale, p + g0 * len, g0 == 0 ? V : NULL);
     }
 }
 
-static void weighted_values(const float *p, int64_t G, int64_t len, const float *V, int64_t D, float *o,
+static void weighted_values(const float *p, int64_t G, int64_t len, const void *V, int bf16, int64_t D, float *o,
                             next_k *f) {
     int64_t steps = 0;                                             /* j steps of the whole pass */
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
@@ -150,7 +160,7 @@ static void weighted_values(const float *p, int64_t G, int64_t len, const float 
     for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
         int64_t gn = G - g0 < GMAX ? G - g0 : GMAX, step = gn > VALUES_WIDE ? VW : 2 * VW;
         for (int64_t d0 = 0; d0 < D; d0 += step)
-            VALUES[gn](p + g0 * len, len, V, D, d0, o + g0 * D, f);
+            VALUES[bf16][gn](p + g0 * len, len, V, D, d0, o + g0 * D, f);
     }
 }
 
@@ -195,9 +205,9 @@ static inline int64_t window_lo(int64_t pos, int64_t window) {
  * same dot products, its softmax runs over its own range [lo_t, pos_t] (a row of p starting there, so the
  * vector lanes line up as they would alone), and the weighted sum runs over the shared range with p = 0
  * outside its own - fma(0, v, acc) leaves acc unchanged (v is finite: positions the row has written). */
-static void attend(const float *q, const float *kc, const float *vc, const int64_t *slots, const int64_t *positions,
-                   int64_t n0, int64_t T, int64_t hk, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t window,
-                   float scale, float *out, next_k *f) {
+static void attend(const float *q, const void *kc, const void *vc, int bf16, const int64_t *slots,
+                   const int64_t *positions, int64_t n0, int64_t T, int64_t hk, int64_t H, int64_t Hkv, int64_t D,
+                   int64_t P, int64_t window, float scale, float *out, next_k *f) {
     int64_t G = H / Hkv, head = slots[n0] * Hkv + hk, Q = T * G;
     int64_t first = positions[n0], last = positions[n0 + T - 1];
     int64_t lo = window_lo(first, window), len = last + 1 - lo;  /* the shared range [lo, last] */
@@ -206,8 +216,9 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
     for (int64_t t = 0; t < T; ++t)
         memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
-    const float *V = vc + (head * P + lo) * D;                    /* [len, D] */
-    scores(qb, Q, kc + head * D * P, P, lo, len, D, scale, p, V);
+    const int64_t esz = bf16 ? 2 : 4;                             /* bytes per cache element */
+    const char *V = (const char *)vc + (head * P + lo) * D * esz;  /* [len, D] */
+    scores(qb, Q, (const char *)kc + head * D * P * esz, bf16, P, lo, len, D, scale, p, V);
     for (int64_t t = 0; t < T; ++t) {
         int64_t pos = positions[n0 + t];
         int64_t own_lo = window_lo(pos, window);
@@ -220,7 +231,7 @@ static void attend(const float *q, const float *kc, const float *vc, const int64
             memset(pg + off + own, 0, sizeof(float) * (len - off - own));
         }
     }
-    weighted_values(p, Q, len, V, D, ob, f);
+    weighted_values(p, Q, len, V, bf16, D, ob, f);
     for (int64_t t = 0; t < T; ++t)
         memcpy(out + ((n0 + t) * H + hk * G) * D, ob + t * G * D, sizeof(float) * G * D);
 }
@@ -276,7 +287,7 @@ attention_plan specgram_attention_plan(void *mem, const int64_t *slots, const in
     return a;
 }
 
-void specgram_team_attention(const attention_plan *a, const float *q, const float *kc, const float *vc,
+void specgram_team_attention(const attention_plan *a, const float *q, const void *kc, const void *vc, int kv_bf16,
                              const int64_t *slots, const int64_t *positions, int64_t H, int64_t Hkv, int64_t D,
                              int64_t P, int64_t window, float scale, float *out) {
     const int64_t tasks = a->tasks, *group_n0 = a->group_n0, *task_g = a->task_g, *task_h = a->task_h;
@@ -291,17 +302,18 @@ void specgram_team_attention(const attention_plan *a, const float *q, const floa
         next_k f = {0};                                            /* the thread's next task's K, prefetched */
         if (t + 1 < end) {
             int64_t g1 = task_g[t + 1], lo_n = group_n0[g1], hi_n = group_n0[g1 + 1] - 1;
-            int64_t lo = window_lo(positions[lo_n], window) & ~(int64_t)15;   /* from its first line */
-            f.k = kc + (slots[lo_n] * Hkv + task_h[t + 1]) * D * P + lo;
-            f.P = P;
-            f.per_d = (positions[hi_n] + 1 - lo + 15) / 16;
+            int64_t esz = kv_bf16 ? 2 : 4, line = 64 / esz;           /* elements per line */
+            int64_t lo = window_lo(positions[lo_n], window) / line * line;    /* from its first line */
+            f.k = (const char *)kc + ((slots[lo_n] * Hkv + task_h[t + 1]) * D * P + lo) * esz;
+            f.row = P * esz;
+            f.per_d = (positions[hi_n] + 1 - lo + line - 1) / line;
             f.lines = f.per_d * D;
         }
-        attend(q, kc, vc, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
+        attend(q, kc, vc, kv_bf16, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
     }
 }
 
-void specgram_attention(const float *q, const float *kc, const float *vc, const int64_t *slots,
+void specgram_attention(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *slots,
                         const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                         int64_t P, int64_t window, float scale, float *out, int nthreads) {
     assert(H >= 1 && Hkv >= 1 && H % Hkv == 0 && D >= 1 && window >= 0 && nthreads >= 1);
@@ -315,5 +327,5 @@ void specgram_attention(const float *q, const float *kc, const float *vc, const 
     void *mem = specgram_scratch(SCRATCH_PLAN, specgram_attention_plan_bytes(N, Hkv));
     attention_plan a = specgram_attention_plan(mem, slots, positions, N, H, Hkv, window, nthreads);
 #pragma omp parallel num_threads(nthreads)
-    specgram_team_attention(&a, q, kc, vc, slots, positions, H, Hkv, D, P, window, scale, out);
+    specgram_team_attention(&a, q, kc, vc, kv_bf16, slots, positions, H, Hkv, D, P, window, scale, out);
 }

@@ -3,7 +3,8 @@
  *   h [N, E]        the residual stream: the tokens' embeddings in, the last layer's residual out
  *   x [N, E]        out: the final-normed hidden states (the lm_head's input)
  *   cos, sin [N, D] rotary tables at each token's position
- *   kc, vc          the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D] float32
+ *   kc, vc          the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D], float32 or
+ *                   (kv_bf16) bfloat16
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
  *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of x's rows head_rows (all N where
  *                   head_rows is NULL), in the same region; head NULL: none
@@ -121,7 +122,7 @@ static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *m
 }
 
 void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, const float *cos, const float *sin,
-                              float *kc, float *vc, int64_t S, int64_t P, const int64_t *slots,
+                              void *kc, void *vc, int kv_bf16, int64_t S, int64_t P, const int64_t *slots,
                               const int64_t *positions, int64_t N, int64_t window, const specgram_linear *head,
                               const int64_t *head_rows, int64_t R, float *logits, int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
@@ -130,6 +131,7 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
     if (head == NULL) R = 0;
     const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
     const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
+    const int64_t esz = kv_bf16 ? 2 : 4;                                    /* bytes per cache element */
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
@@ -181,13 +183,13 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
         WAIT(0);
         for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
             const specgram_layer *L = d->layer + l;
-            float *kl = kc + l * kv_layer, *vl = vc + l * kv_layer;
+            char *kl = (char *)kc + l * kv_layer * esz, *vl = (char *)vc + l * kv_layer * esz;
             linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
             WAIT(j + 1);
             share(N, width, &m0, &m1);
-            specgram_rope_rows(qkv, cos, sin, kl, vl, slots, positions, m0, m1, S, H, Hkv, D, P, q);
+            specgram_rope_rows(qkv, cos, sin, kl, vl, kv_bf16, slots, positions, m0, m1, S, H, Hkv, D, P, q);
             WAIT(j + 1);
-            specgram_team_attention(&plan, q, kl, vl, slots, positions, H, Hkv, D, P, window, d->scaling, att);
+            specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, window, d->scaling, att);
             WAIT(j + 1);
             if (L->o.kind == LIN_I8A8) {
                 share(N, H * D, &m0, &m1);

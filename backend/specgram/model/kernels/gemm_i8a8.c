@@ -282,8 +282,9 @@ static void block(int64_t b, int next, const uint8_t *u, int64_t ldq, int digits
     }
 }
 
-/* Every thread of the caller's OpenMP team: the blocks of one product of the quantized rows (u, xs: specgram_quantize_rows,
- * done before any thread gets here) by w; ranges: nthreads ranges deal_init'ed for its blocks. No closing barrier. */
+/* Every thread of the caller's OpenMP team: the blocks of one product of the quantized rows (u, xs:
+ * specgram_quantize_rows, done before any thread gets here) by w; ranges: nthreads ranges deal_init'ed for its
+ * blocks. No closing barrier. */
 void specgram_team_i8a8(const uint8_t *u, const float *xs, int64_t M, int64_t K, const int8_t *w, const float *wscale,
                         const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
                         deal_range *ranges, int nthreads) {

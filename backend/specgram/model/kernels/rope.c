@@ -3,57 +3,77 @@
  *
  *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
  *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
- *   kc [S, Hkv, D, P] fp32            this layer's K cache, positions last
- *   vc [S, Hkv, P, D] fp32            this layer's V cache
+ *   kc [S, Hkv, D, P]                 this layer's K cache, positions last, float32 or (kv_bf16) bfloat16
+ *   vc [S, Hkv, P, D]                 this layer's V cache, the same type
  *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
  *   q_out [N, H * D] fp32             the rotated queries
  *
  * Rotary follows transformers' apply_rotary_pos_emb, x*cos + rotate_half(x)*sin, rounded the same way
  * (compiled without contraction: multiply, multiply, add), per token: batch-invariant, and the same on every
  * ISA (and of the thread count: fewer than SERIAL_WORK values run on the calling thread alone, where starting
- * the OpenMP team would cost more than the work). A debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts the
+ * the OpenMP team would cost more than the work). A bfloat16 cache gets each value rounded to nearest even, as
+ * torch's conversion rounds. A debug build (-DSPECGRAM_DEBUG, without NDEBUG) asserts the
  * slot and position ranges.
  */
 #include <assert.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "team.h"
 
 
-/* y[j * ystride] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign.
- * ystride 1 for a query head; P for a K head, written straight into the positions-last cache. */
-static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t ystride, int64_t D) {
+/* y[j] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign. */
+static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t D) {
     int64_t h = D / 2;
-    for (int64_t j = 0; j < h; ++j) y[j * ystride] = x[j] * c[j] + (-x[j + h]) * s[j];
-    for (int64_t j = h; j < D; ++j) y[j * ystride] = x[j] * c[j] + x[j - h] * s[j];
+    for (int64_t j = 0; j < h; ++j) y[j] = x[j] * c[j] + (-x[j + h]) * s[j];
+    for (int64_t j = h; j < D; ++j) y[j] = x[j] * c[j] + x[j - h] * s[j];
+}
+
+/* float -> bfloat16, rounded to nearest even as torch's conversion does (NaN stays a quiet NaN). */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+}
+
+/* D values x -> the cache at element offset `at`, `stride` elements apart, as float32 or (bf16) bfloat16. */
+static inline void store_kv(void *cache, int bf16, int64_t at, int64_t stride, const float *x, int64_t D) {
+    if (bf16) {
+        uint16_t *c = (uint16_t *)cache + at;
+        for (int64_t j = 0; j < D; ++j) c[j * stride] = bf16_of(x[j]);
+    } else {
+        float *c = (float *)cache + at;
+        for (int64_t j = 0; j < D; ++j) c[j * stride] = x[j];
+    }
 }
 
 /* Tokens n0 .. n1 - 1 (forward.c's team shares tokens out; the entry point below loops over all of them). */
-void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
                         const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S, int64_t H,
                         int64_t Hkv, int64_t D, int64_t P, float *q_out) {
     (void)S;                                                       /* read by the debug build's asserts only */
     const int64_t width = (H + 2 * Hkv) * D;
+    float k[D];
     for (int64_t n = n0; n < n1; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
         const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
-        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, 1, D);
+        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, D);
         for (int64_t h = 0; h < Hkv; ++h) {
             int64_t head = slots[n] * Hkv + h;
-            rope(row + (H + h) * D, c, s, kc + head * D * P + positions[n], P, D);
-            const float *v = row + (H + Hkv + h) * D;
-            float *vd = vc + (head * P + positions[n]) * D;
-            for (int64_t j = 0; j < D; ++j) vd[j] = v[j];
+            rope(row + (H + h) * D, c, s, k, D);
+            store_kv(kc, kv_bf16, head * D * P + positions[n], P, k, D);              /* positions last */
+            store_kv(vc, kv_bf16, (head * P + positions[n]) * D, 1, row + (H + Hkv + h) * D, D);
         }
     }
 }
 
-void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
                                const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
                                int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
     assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if(N * (H + 2 * Hkv) * D >= SERIAL_WORK)
-    for (int64_t n = 0; n < N; ++n) specgram_rope_rows(qkv, cos, sin, kc, vc, slots, positions, n, n + 1, S, H, Hkv, D, P,
-                                                       q_out);
+    for (int64_t n = 0; n < N; ++n)
+        specgram_rope_rows(qkv, cos, sin, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, q_out);
 }

@@ -42,7 +42,7 @@ typedef struct {
 size_t specgram_attention_plan_bytes(int64_t N, int64_t Hkv);
 attention_plan specgram_attention_plan(void *mem, const int64_t *slots, const int64_t *positions, int64_t N,
                                        int64_t H, int64_t Hkv, int64_t window, int nthreads);
-void specgram_team_attention(const attention_plan *a, const float *q, const float *kc, const float *vc,
+void specgram_team_attention(const attention_plan *a, const float *q, const void *kc, const void *vc, int kv_bf16,
                              const int64_t *slots, const int64_t *positions, int64_t H, int64_t Hkv, int64_t D,
                              int64_t P, int64_t window, float scale, float *out);
 
@@ -50,7 +50,7 @@ void specgram_team_attention(const attention_plan *a, const float *q, const floa
 void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *w, float eps, float *out, int64_t m0,
                                int64_t m1, int64_t N);
 void specgram_silu_mul_rows(const float *gu, float *out, int64_t m0, int64_t m1, int64_t I);
-void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, float *kc, float *vc,
+void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
                         const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S, int64_t H,
                         int64_t Hkv, int64_t D, int64_t P, float *q_out);
 

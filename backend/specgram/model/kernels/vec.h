@@ -6,9 +6,9 @@
  *
  * Each provides, for vf (VW floats) and vmask (a subset of its lanes):
  *   vf_zero, vf_set1, vf_load, vf_store, vf_add, vf_sub, vf_mul, vf_div, vf_max, vf_min, vf_fma (a * b + c,
- *   one rounding), vf_load_bf16 (VW bf16 widened exactly), vf_load_i8 (VW int8 converted exactly),
- *   vmask_first(n) (lanes 0 .. n - 1; none for n <= 0, all for n >= VW), vf_maskz_load (0 in the lanes
- *   outside the mask, which are never read), vf_mask_store, vf_mask_max (max in the mask's lanes, a
+ *   one rounding), vf_load_bf16 (VW bf16 widened exactly; vf_maskz_load_bf16 masked), vf_load_i8 (VW int8
+ *   converted exactly), vmask_first(n) (lanes 0 .. n - 1; none for n <= 0, all for n >= VW), vf_maskz_load (0
+ *   in the lanes outside the mask, which are never read), vf_mask_store, vf_mask_max (max in the mask's lanes, a
  *   elsewhere), vf_maskz (0 outside the mask), vf_reduce_add (a fixed tree: the same lanes are added in the
  *   same order every call), vf_reduce_max, vf_round (to nearest even), vf_scale2 (a * 2^n for integral n in
  *   [-126, 127], one rounding), VREGS (vector registers).

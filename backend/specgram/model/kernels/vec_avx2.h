@@ -36,6 +36,16 @@ VINLINE vmask vmask_first(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 VINLINE vf vf_maskz_load(vmask k, const float *p) { return _mm256_maskload_ps(p, k); }
+/* The bf16 of the mask's lanes widened (0 elsewhere; the others are never read): AVX2 has no 16-bit masked load,
+ * so a partial mask (a row's last vector) goes lane by lane. */
+VINLINE vf vf_maskz_load_bf16(vmask k, const uint16_t *p) {
+    int in = _mm256_movemask_ps(_mm256_castsi256_ps(k));
+    if (in == 0xFF) return vf_load_bf16(p);
+    uint16_t lanes[8] = {0};
+    for (int i = 0; i < 8; ++i)
+        if (in >> i & 1) lanes[i] = p[i];
+    return vf_load_bf16(lanes);
+}
 VINLINE void vf_mask_store(float *p, vmask k, vf a) { _mm256_maskstore_ps(p, k, a); }
 VINLINE vf vf_mask_max(vf a, vmask k, vf b) { return _mm256_blendv_ps(a, _mm256_max_ps(a, b), _mm256_castsi256_ps(k)); }
 VINLINE vf vf_maskz(vmask k, vf a) { return _mm256_and_ps(_mm256_castsi256_ps(k), a); }

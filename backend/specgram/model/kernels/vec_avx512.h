@@ -35,6 +35,11 @@ VINLINE vmask vmask_first(int64_t n) {
     return n >= VW ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0;
 }
 VINLINE vf vf_maskz_load(vmask k, const float *p) { return _mm512_maskz_loadu_ps(k, p); }
+/* The bf16 of the mask's lanes widened (0 elsewhere; the others are never read). */
+VINLINE vf vf_maskz_load_bf16(vmask k, const uint16_t *p) {
+    __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)k, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 VINLINE void vf_mask_store(float *p, vmask k, vf a) { _mm512_mask_storeu_ps(p, k, a); }
 VINLINE vf vf_mask_max(vf a, vmask k, vf b) { return _mm512_mask_max_ps(a, k, a, b); }
 VINLINE vf vf_maskz(vmask k, vf a) { return _mm512_maskz_mov_ps(k, a); }
