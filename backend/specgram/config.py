@@ -8,6 +8,7 @@ import torch
 
 from .errors import ModelLoadError
 from .model.int8 import WEIGHTS
+from .model.kv_cache import KV_DTYPES
 from .model.linear import LINEAR_KINDS
 
 PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is bitwise exact (native forward)
@@ -68,6 +69,9 @@ class EngineConfig:
                                     # scale per output channel on the native CPU forward, activations quantized
                                     # per row to int16 where the CPU has VNNI (lossy against the checkpoint,
                                     # exact with itself: batch-invariant, speculation token-identical)
+    kv_cache_dtype: str = "auto"    # the target's KV cache: auto = the activations' dtype (float32 on the native
+                                    # CPU forward); "bfloat16" = half the memory and half the bytes attention
+                                    # reads (native CPU forward only; lossy, exact with itself)
     cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
                                     # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
     # Serving limits (loop.py). A request waits for a KV slot in a queue; past these bounds it is refused at once
@@ -129,6 +133,13 @@ class EngineConfig:
         if self.weights == "int8" and (self.torch_device().type != "cpu" or self.linear == "torch" or self.cuda_graphs):
             raise ModelLoadError("weights int8 runs on the native CPU forward only: device cpu, linear auto or native, "
                                  "cuda_graphs off")
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise ModelLoadError(f"engine setting kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, "
+                                 f"got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "auto" and (self.torch_device().type != "cpu" or self.linear == "torch"
+                                              or self.cuda_graphs):
+            raise ModelLoadError(f"kv_cache_dtype {self.kv_cache_dtype} runs on the native CPU forward only: device "
+                                 "cpu, linear auto or native, cuda_graphs off")
         if self.grammar_compile_workers < 2:
             raise ModelLoadError(f"grammar_compile_workers must be >= 2, got {self.grammar_compile_workers}")
         for name in ("grammar_compile_timeout_s", "grammar_compile_queue"):

@@ -66,7 +66,7 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
     device = config.torch_device()
     static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
     target = ModelRunner.from_pretrained(path, config.max_slots, config.max_seq_len, device, config.torch_dtype(),
-                                         static, config.linear, target_weights(config))
+                                         static, config.linear, target_weights(config), config.kv_cache_dtype)
     tokenizer = load_tokenizer(path)
     draft = None
     base = target.model                              # the model the draft is (a copy of)

@@ -26,11 +26,9 @@ import torch.nn.functional as F
 from ..errors import ModelLoadError
 from . import kernels
 from .int8 import ACTIVATIONS, RUNNER_WEIGHTS
-from .kv_cache import KVCache, WriteIndex, make_write_index
+from .kv_cache import KV_DTYPES, KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
-
-KV_DTYPES = ("auto", "bfloat16")      # ModelRunner(kv_dtype=...)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
