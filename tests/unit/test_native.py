@@ -48,6 +48,10 @@ def _runners(model, **kw):
     ("qwen2", {}),                                      # q/k/v projections with bias
     ("mistral", {"sliding_window": 8}),                 # attention window shorter than the prompt
     ("llama", {"num_key_value_heads": 4}),              # no grouping
+    # rotary by a table per position (scaled), and per call (dynamic: its tables change past 16 positions)
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    ("llama", {"max_position_embeddings": 16,
+               "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
 ])
 def test_forward_matches_transformers(lib, model_type, overrides):
     model = build_model(model_type, seed=1, **overrides)
@@ -160,6 +164,8 @@ def test_out_of_range_slots_and_positions_raise_before_any_write(lib):
         (([[1, 2, 3]], [0], [30]), "position 32 out of range: the cache holds 32 positions"),
         (([[1]], [0], [-1]), "position -1 out of range"),
         (([[1, 2], [3]], [0, 0], [0, 5]), "consecutive positions"),
+        (([[1, 999]], [0], [0]), "token id 999 out of range: the vocabulary has"),
+        (([[-3]], [0], [0]), "token id -3 out of range"),
     ]
     for (rows, slots, starts), message in bad:
         with pytest.raises(ValueError, match=message):

@@ -29,6 +29,7 @@ draft copy's cache, where attention over 8 streams reads as many bytes as the we
 from __future__ import annotations
 
 import ctypes
+from itertools import accumulate
 
 import torch
 
@@ -38,6 +39,17 @@ from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
 KV_DTYPES = (torch.float32, torch.bfloat16)     # the KV cache: exact, or half the bytes for attention to read
+PER_CALL_ROPE = ("dynamic", "longrope")         # rope types whose tables change with the sequence length
+
+
+def _int64s(values: list[int]) -> ctypes.Array:
+    """A list of ints as the C int64 array the kernels read (no tensor: a decode step's indices are a few ints)."""
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _address(v) -> int:
+    """The data address of an index vector: a ctypes int64 array or a contiguous int64 tensor."""
+    return v.data_ptr() if isinstance(v, torch.Tensor) else ctypes.addressof(v)
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -51,6 +63,9 @@ def supports(model: torch.nn.Module) -> str | None:
             return f"norm {type(norm).__name__}"
     if getattr(layer.self_attn.o_proj, "bias", None) is not None:
         return "o_proj bias"
+    embed = model.model.embed_tokens
+    if type(embed) is not torch.nn.Embedding or embed.weight.dtype not in (torch.float32, torch.bfloat16):
+        return f"embedding {type(embed).__name__} {embed.weight.dtype} (a plain float32 or bfloat16 lookup is read)"
     return None
 
 
@@ -75,6 +90,10 @@ class NativeForward:
         linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
         self.lib, self.weights = lib, weights
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self._embed_weight = inner.embed_tokens.weight.detach().contiguous()     # read by forward.c
+        rope_type = str(getattr(self.rotary, "rope_type", "default"))
+        self._rope_per_call = any(t in rope_type for t in PER_CALL_ROPE)
+        self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # by cache length
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
@@ -107,8 +126,9 @@ class NativeForward:
             structs[i] = abi.Layer(L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor(),
                                    L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
         first = self.layers[0]
+        emb = self._embed_weight
         decoder = abi.Decoder(n, self.E, self.H, self.Hkv, self.D, self.inter, first.w_in.data_ptr(), first.eps_in,
-                              self.scaling, structs)
+                              self.scaling, structs, emb.data_ptr(), emb.shape[0], int(emb.dtype == torch.bfloat16))
         return structs, decoder
 
     def linear_layers(self) -> list[torch.nn.Module]:
@@ -123,18 +143,19 @@ class NativeForward:
         valid = torch.arange(T)[None, :] < num_new[:, None]                                    # [B, T]
         positions = (starts[:, None] + torch.arange(T)[None, :])[valid]                         # [N]
         tok_slots = slots[:, None].expand(B, T)[valid]                                          # [N]
-        head_rows = num_new.cumsum(0) - 1 if last_only else None
-        logits = self._run(cache, tokens[valid], tok_slots.contiguous(), positions.contiguous(), window, head_rows)
-        return logits if last_only else self._per_token(logits, num_new)
+        head_rows = (num_new.cumsum(0) - 1).contiguous() if last_only else None
+        logits = self._run(cache, tokens[valid].contiguous(), tok_slots.contiguous(), positions.contiguous(), window,
+                           head_rows)
+        return logits if last_only else self._per_token(logits, num_new.tolist())
 
     @torch.inference_mode()
     def forward_rows(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool,
                      window: int | None) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
         rows[b] to slot slots[b] from position starts[b]."""
-        lengths = torch.tensor([len(r) for r in rows])
-        logits = self._run(cache, *self._flatten(rows, slots, starts), window,
-                           lengths.cumsum(0) - 1 if last_only else None)
+        lengths = [len(r) for r in rows]
+        head_rows = _int64s([n - 1 for n in accumulate(lengths)]) if last_only else None
+        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows)
         return logits if last_only else self._per_token(logits, lengths)
 
     @torch.inference_mode()
@@ -143,39 +164,36 @@ class NativeForward:
         """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
         rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
         what a forward of that row alone gives (the kernels never mix rows)."""
-        lengths = torch.tensor([len(r) for r in rows])
-        n, total = int(lengths[:n_last].sum()), int(lengths.sum())
-        head_rows = torch.cat([lengths[:n_last].cumsum(0) - 1, torch.arange(n, total)])
+        lengths = [len(r) for r in rows]
+        ends = list(accumulate(lengths))
+        n = ends[n_last - 1] if n_last else 0
+        head_rows = _int64s([e - 1 for e in ends[:n_last]] + list(range(n, ends[-1] if ends else 0)))
         logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows)
         return logits[:n_last], self._per_token(logits[n_last:], lengths[n_last:])
 
     @staticmethod
-    def _flatten(rows: list[list[int]], slots: list[int], starts: list[int]) -> tuple[torch.Tensor, ...]:
-        """-> tokens, slots, positions [N] long: the rows one after another."""
+    def _flatten(rows: list[list[int]], slots: list[int], starts: list[int]) -> tuple[ctypes.Array, ...]:
+        """-> tokens, slots, positions [N] as int64 arrays: the rows one after another."""
         flat_tokens, flat_slots, flat_pos = [], [], []
         for row, slot, start in zip(rows, slots, starts):
             flat_tokens += row
             flat_slots += [slot] * len(row)
             flat_pos += range(start, start + len(row))
-        as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-        return as_long(flat_tokens), as_long(flat_slots), as_long(flat_pos)
+        return _int64s(flat_tokens), _int64s(flat_slots), _int64s(flat_pos)
 
-    def _per_token(self, logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """logits [N, V] at every token of rows of `lengths` [B] tokens, one row after another -> [B, T, V] with T
-        the longest row (zeros past a row's end)."""
-        B, T = lengths.shape[0], int(lengths.max())
-        if bool((lengths == T).all()):
+    def _per_token(self, logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """logits [N, V] at every token of rows of `lengths` tokens, one row after another -> [B, T, V] with T the
+        longest row (zeros past a row's end)."""
+        B, T = len(lengths), max(lengths)
+        if all(n == T for n in lengths):
             return logits.view(B, T, -1)
         out = torch.zeros(B, T, logits.shape[-1])
-        out[torch.arange(T)[None, :] < lengths[:, None]] = logits
+        out[torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]] = logits
         return out
 
-    def check_batch(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
-        """ValueError unless the kernels can run this batch on `cache` without reading or writing out of bounds:
-        tokens, slots, positions contiguous int64 [N]; every slot in [0, S) and position in [0, P); the tokens
-        of one slot adjacent and in consecutive positions (the attention kernel's rows); the cache float32 of
-        this model's shape. Once per forward (every layer's kernels see the same batch): a few reductions over
-        [N], microseconds."""
+    def check_cache(self, cache) -> None:
+        """ValueError unless `cache` fits this model and the kernels: float32 or bfloat16, K positions last, this
+        model's layers, KV heads and head size, contiguous."""
         L, S, Hkv, P, D = cache.v.shape
         if (cache.v.dtype not in KV_DTYPES or cache.k.dtype != cache.v.dtype or not cache.k_positions_last
                 or cache.k.shape != (L, S, Hkv, D, P) or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
@@ -183,52 +201,69 @@ class NativeForward:
             raise ValueError(f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "
                              f"not fit the native forward ({len(self.layers)} layers, {self.Hkv} KV heads of "
                              f"{self.D}, float32 or bfloat16, K positions last)")
-        N = tokens.shape[0]
-        for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions)):
-            if t.dtype != torch.long or t.shape != (N,) or not t.is_contiguous():
-                raise ValueError(f"{name}: expected a contiguous int64 tensor of shape ({N},), got "
-                                 f"{t.dtype} {tuple(t.shape)}")
-        if N == 0:
-            return
-        lo, hi = (int(v) for v in torch.aminmax(slots))
-        if lo < 0 or hi >= S:
-            raise ValueError(f"slot {lo if lo < 0 else hi} out of range: the cache has {S} slots")
-        lo, hi = (int(v) for v in torch.aminmax(positions))
-        if lo < 0 or hi >= P:
-            raise ValueError(f"position {lo if lo < 0 else hi} out of range: the cache holds {P} positions")
-        if N > 1:
-            same = slots[1:] == slots[:-1]
-            if bool((same & (positions[1:] != positions[:-1] + 1)).any()):
-                raise ValueError("tokens of one slot must be adjacent and in consecutive positions")
+
+    def _bad_batch(self, code: int, cache, tokens, slots, positions) -> ValueError:
+        """The error for forward.c's return code, naming the first offending value (this runs only then)."""
+        S, P = cache.v.shape[1], cache.v.shape[3]
+        tokens, slots, positions = (list(v.tolist() if isinstance(v, torch.Tensor) else v)
+                                    for v in (tokens, slots, positions))
+        if code == abi.BAD_TOKEN:
+            bad = next(t for t in tokens if not 0 <= t < self._embed_weight.shape[0])
+            return ValueError(f"token id {bad} out of range: the vocabulary has {self._embed_weight.shape[0]} ids")
+        if code == abi.BAD_SLOT:
+            bad = next(s for s in slots if not 0 <= s < S)
+            return ValueError(f"slot {bad} out of range: the cache has {S} slots")
+        if code == abi.BAD_POSITION:
+            bad = next(p for p in positions if not 0 <= p < P)
+            return ValueError(f"position {bad} out of range: the cache holds {P} positions")
+        if code == abi.BAD_ROW:
+            return ValueError("tokens of one slot must be adjacent and in consecutive positions")
+        return ValueError("a logits row outside the batch" if code == abi.BAD_HEAD_ROW else f"bad batch ({code})")
+
+    def _rotary(self, positions, P: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """-> cos, sin and whether they are tables by position ([P, D], built once per cache length with the
+        checkpoint's own rotary module: a position's rows do not depend on the call, tests/unit/test_rotary.py) or
+        the tokens' own rows ([N, D]: rope types whose tables change with the sequence length)."""
+        if self._rope_per_call:
+            pos = positions if isinstance(positions, torch.Tensor) else torch.tensor(list(positions))
+            cos, sin = self.rotary(torch.empty(1, 1, 1), position_ids=pos[None])
+            return cos[0].float().contiguous(), sin[0].float().contiguous(), False
+        tables = self._rope_tables.get(P)
+        if tables is None:
+            cos, sin = self.rotary(torch.empty(1, 1, 1), position_ids=torch.arange(P)[None])
+            tables = self._rope_tables[P] = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return *tables, True
 
     def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                        window: int | None) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
         return self._run(cache, tokens, slots, positions, window, head_rows=False)
 
-    def _run(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, window: int | None,
-             head_rows: torch.Tensor | None | bool) -> torch.Tensor:
-        """tokens, slots, positions: [N] long; KV written to `cache` -> float32 logits [R, V] at the hidden rows
-        head_rows [R] long (None: all N), or with head_rows False the final-normed hidden states [N, E]. The
-        embedding and the rotary tables here (torch: the checkpoint's own modules, rope scaling included), every
-        layer and the lm_head in one native call (kernels/forward.c)."""
-        self.check_batch(cache, tokens, slots, positions)
-        N = tokens.shape[0]
-        h = self.embed(tokens).float().contiguous()                      # [N, E] residual stream, in place
-        cos, sin = self.rotary(h[None], position_ids=positions[None])                          # [1, N, D]
-        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
-        x = torch.empty(N, self.E)
+    def _run(self, cache, tokens, slots, positions, window: int | None, head_rows) -> torch.Tensor:
+        """tokens, slots, positions: [N] int64 (ctypes arrays, or contiguous int64 tensors); KV written to `cache`
+        -> float32 logits [R, V] at the final hidden rows head_rows [R] (None: all N), or with head_rows False
+        the final-normed hidden states [N, E]. The embedding lookup, rotary, every layer and the lm_head in one
+        native call (kernels/forward.c), which checks the indices before it writes anything (ValueError)."""
+        self.check_cache(cache)
+        N = len(tokens)
+        for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions), ("head_rows", head_rows)):
+            if isinstance(t, torch.Tensor) and (t.dtype != torch.long or t.dim() != 1 or not t.is_contiguous()
+                                                or (name != "head_rows" and len(t) != N)):
+                raise ValueError(f"{name}: expected a contiguous int64 tensor of shape ({N},), got "
+                                 f"{t.dtype} {tuple(t.shape)}")
+        S, P = cache.v.shape[1], cache.v.shape[3]
+        cos, sin, by_position = self._rotary(positions, P)
+        x = torch.empty(N, self.E) if head_rows is False else None
         head, rows_ptr, R, logits = None, None, 0, None
         if head_rows is not False:
-            if head_rows is not None:
-                head_rows = head_rows.contiguous()
-                rows_ptr = head_rows.data_ptr()
-            R = N if head_rows is None else head_rows.shape[0]
+            R = N if head_rows is None else len(head_rows)
+            rows_ptr = None if head_rows is None else _address(head_rows)
             head, logits = ctypes.byref(self._head), torch.empty(R, self.lm_head.out_features)
-        self.lib.specgram_decoder_forward(
-            ctypes.byref(self._decoder), h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-            cache.k.data_ptr(), cache.v.data_ptr(), int(cache.v.dtype == torch.bfloat16), cache.v.shape[1],
-            cache.v.shape[3], slots.data_ptr(),
-            positions.data_ptr(), N, window or 0, head, rows_ptr, R, None if logits is None else logits.data_ptr(),
-            torch.get_num_threads())
+        code = self.lib.specgram_decoder_forward(
+            ctypes.byref(self._decoder), _address(tokens), None if x is None else x.data_ptr(), cos.data_ptr(),
+            sin.data_ptr(), int(by_position), cache.k.data_ptr(), cache.v.data_ptr(),
+            int(cache.v.dtype == torch.bfloat16), S, P, _address(slots), _address(positions), N, window or 0, head,
+            rows_ptr, R, None if logits is None else logits.data_ptr(), torch.get_num_threads())
+        if code:
+            raise self._bad_batch(code, cache, tokens, slots, positions)
         return x if logits is None else logits

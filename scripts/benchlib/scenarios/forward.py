@@ -11,9 +11,11 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
   forward ms   ModelRunner.forward_rows, the engine's call (median of --repeat interleaved runs)
   matmul ms    the same forward's weight matmuls alone (every Linear of the model in order, M = B*T rows),
                through the runner's own linear kernels
-  bound ms     weight bytes / the read bandwidth measured in this run (a 1 GiB reduction between the shapes'
-               runs, median over the repeats): a forward cannot be faster
+  bound ms     the bytes a forward must read, weights plus the KV cache its rows attend to (B rows x
+               (cache length + T) positions, every layer, K and V), / the read bandwidth measured in this run (a
+               1 GiB reduction between the shapes' runs, median over the repeats): a forward cannot be faster
   x bound      forward ms / bound ms (1.0 = at the memory bound)
+  x weights    forward ms / (weight bytes / bandwidth): the bound without the cache, as earlier reports gave it
   v            forward(B, T) / forward(B, 1): what verifying T tokens costs relative to decoding one
   of peak      the matmuls' flops (2 per weight per row) per second, against the measured fp32 FMA peak of
                the machine (benchlib/peak.py: register-only fmas on every thread, the kernels' ISA); fp32 and
@@ -41,6 +43,8 @@ def add_options(ap) -> None:
     ap.add_argument("--weights", default="auto", choices=["auto", "int8", "int8-dynamic"],
                     help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
                          "per row too (specgram.model.int8; native forward only)")
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16"],
+                    help="the KV cache: the activations' dtype (auto) or bfloat16 (native forward only)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
     ap.add_argument("--cache-len", type=int, default=300)
@@ -76,6 +80,12 @@ def stream_bytes(runner) -> int:
     return total
 
 
+def kv_bytes(runner, rows: int, positions: int) -> int:
+    """Bytes of K and V that `rows` rows attending to `positions` positions each read, every layer."""
+    k = runner.cache.k
+    return 2 * rows * positions * k.shape[0] * runner.num_kv_heads * runner.head_dim * k.element_size()
+
+
 def timed_ms(fn, *a, **kw) -> float:
     t = time.perf_counter()
     fn(*a, **kw)
@@ -92,10 +102,11 @@ def run(args) -> None:
     positions = args.cache_len + max(args.widths) + 8
     if args.shape:
         runner = ModelRunner(random_model(args.shape, args.dtype), max_b, positions, linear=args.linear,
-                             weights=args.weights)
+                             weights=args.weights, kv_dtype=args.kv_dtype)
     else:
         runner = ModelRunner.from_pretrained(args.model, max_b, positions, torch.device("cpu"),
-                                             getattr(torch, args.dtype), linear=args.linear, weights=args.weights)
+                                             getattr(torch, args.dtype), linear=args.linear, weights=args.weights,
+                                             kv_dtype=args.kv_dtype)
     for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
     probe = torch.ones((1 << 30) // 4)      # the bandwidth probe's 1 GiB, read between the shapes' runs (below)
@@ -131,16 +142,21 @@ def run(args) -> None:
         f, m = med[(b, t)], statistics.median(mm[(b, t)])
         v = f / med[(b, 1)] if (b, 1) in med else None
         gflops = 2 * b * t * weights_n / m / 1e6
-        rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound_ms:.2f}",
-                     report.cell(v, "{:.2f}"), f"{gflops / peak:.0%}" if args.weights == "auto" else "-"])
+        bound = (stream_bytes(runner) + kv_bytes(runner, b, args.cache_len + t)) / bw / 1e6
+        rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound:.2f}",
+                     f"{f / bound_ms:.2f}", report.cell(v, "{:.2f}"),
+                     f"{gflops / peak:.0%}" if args.weights == "auto" else "-"])
     model = f"{args.shape} (random weights)" if args.shape else Path(args.model).name
     lines = report.header("Target forward cost", args,
                           f"{model}, {args.dtype}, weights {args.weights}, linear "
                           f"{runner.linear_kind}, torch threads "
                           f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}")
-    lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, read bandwidth {bw:.1f} GB/s -> bound {bound_ms:.1f} ms "
-              f"per forward. fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.", "",
-              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "v", "of peak"], rows)]
+    kv_row = kv_bytes(runner, 1, args.cache_len + 1)
+    lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, KV cache read per row {kv_row / 1e6:.1f} MB "
+              f"({runner.cache.k.dtype}), read bandwidth {bw:.1f} GB/s -> weights alone {bound_ms:.1f} ms per forward. "
+              f"fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.", "",
+              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "x weights", "v",
+                             "of peak"], rows)]
     report.write(args, lines, dict(bandwidth_gbs=bw, bound_ms=bound_ms, fma_peak_gflops=peak,
                                    forward_ms={f"{b}x{t}": v for (b, t), v in fwd.items()},
                                    matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()}))

@@ -69,7 +69,7 @@ FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
 DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa, a C string, and
-    #               specgram_i8a8_built, an int)
+    #               specgram_i8a8_built and specgram_decoder_forward, an int)
     "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
     "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
@@ -80,8 +80,8 @@ SIGNATURES = {   # argument types of every entry point (all return void but spec
                            _INT],
     "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
     "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
-    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _I64, _I64, _PTR, _PTR, _I64, _I64,
-                                 _PTR, _PTR, _I64, _PTR, _INT],
+    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _INT, _I64, _I64, _PTR, _PTR, _I64,
+                                 _I64, _PTR, _PTR, _I64, _PTR, _INT],
     "specgram_isa": [],
     "specgram_i8a8_built": [],
 }
@@ -254,7 +254,8 @@ def open_library(path: Path, isa: str):
         for name, argtypes in SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
-            fn.restype = {"specgram_isa": ctypes.c_char_p, "specgram_i8a8_built": ctypes.c_int}.get(name)
+            fn.restype = {"specgram_isa": ctypes.c_char_p, "specgram_i8a8_built": ctypes.c_int,
+                          "specgram_decoder_forward": ctypes.c_int}.get(name)
         built_for = lib.specgram_isa().decode()
     except (OSError, AttributeError) as e:
         raise KernelsUnavailable(f"loading {path} failed: {e}") from e

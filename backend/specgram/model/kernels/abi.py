@@ -24,4 +24,9 @@ class Layer(ctypes.Structure):
 class Decoder(ctypes.Structure):
     _fields_ = [("layers", ctypes.c_int64), ("E", ctypes.c_int64), ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64),
                 ("D", ctypes.c_int64), ("I", ctypes.c_int64), ("w_in", _P), ("eps_in", ctypes.c_float),
-                ("scaling", ctypes.c_float), ("layer", ctypes.POINTER(Layer))]
+                ("scaling", ctypes.c_float), ("layer", ctypes.POINTER(Layer)), ("embed", _P), ("vocab", ctypes.c_int64),
+                ("embed_bf16", ctypes.c_int32)]
+
+
+# specgram_decoder_forward's return codes: what is wrong with the batch (nothing has been written)
+BAD_TOKEN, BAD_SLOT, BAD_POSITION, BAD_ROW, BAD_HEAD_ROW = 1, 2, 3, 4, 5

@@ -1,13 +1,17 @@
 /* A Llama-family decoder stack for N new tokens in one call and one OpenMP region (native.py's forward).
  *
- *   h [N, E]        the residual stream: the tokens' embeddings in, the last layer's residual out
- *   x [N, E]        out: the final-normed hidden states (the lm_head's input)
- *   cos, sin [N, D] rotary tables at each token's position
- *   kc, vc          the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D], float32 or
- *                   (kv_bf16) bfloat16
+ *   tokens [N] int64   the new tokens' ids: their rows of the embedding (float32 or bfloat16, widened exactly)
+ *                      start the residual stream
+ *   x [N, E]           out (or NULL): the final-normed hidden states (the lm_head's input)
+ *   cos, sin           rotary tables: [P, D] by position (by_position), else [N, D] per token
+ *   kc, vc             the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D], float32 or
+ *                      (kv_bf16) bfloat16
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
- *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of x's rows head_rows (all N where
- *                   head_rows is NULL), in the same region; head NULL: none
+ *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of the final hidden rows head_rows (all
+ *                      N where head_rows is NULL), in the same region; head NULL: none
+ * -> 0, or before anything is written, the first of: SPECGRAM_BAD_TOKEN (an id outside the embedding),
+ *    SPECGRAM_BAD_SLOT (outside [0, S)), SPECGRAM_BAD_POSITION (outside [0, P)), SPECGRAM_BAD_ROW (one slot's
+ *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)).
  *
  * Per layer, the same kernels as their own entry points, in the same order:
  *   qkv = x W_qkv -> rotary + cache write -> attention -> h += att W_o; x = rmsnorm(h) -> gu = x W_gate|up
@@ -58,7 +62,44 @@ typedef struct {
     const float *w_in;              /* the first layer's input norm */
     float eps_in, scaling;          /* its epsilon; attention's score scale */
     const specgram_layer *layer;    /* [layers] */
+    const void *embed;              /* the embedding [vocab, E], float32 or (embed_bf16) bfloat16 */
+    int64_t vocab;
+    int32_t embed_bf16;
 } specgram_decoder;
+
+enum { SPECGRAM_BAD_TOKEN = 1, SPECGRAM_BAD_SLOT, SPECGRAM_BAD_POSITION, SPECGRAM_BAD_ROW, SPECGRAM_BAD_HEAD_ROW };
+
+/* The batch's indices against the shapes they index (see the header) -> 0 or the first error's code. */
+static int check(const int64_t *tokens, const int64_t *slots, const int64_t *positions, int64_t N, int64_t vocab,
+                 int64_t S, int64_t P, const int64_t *head_rows, int64_t R) {
+    for (int64_t n = 0; n < N; ++n) {
+        if (tokens[n] < 0 || tokens[n] >= vocab) return SPECGRAM_BAD_TOKEN;
+        if (slots[n] < 0 || slots[n] >= S) return SPECGRAM_BAD_SLOT;
+        if (positions[n] < 0 || positions[n] >= P) return SPECGRAM_BAD_POSITION;
+    }
+    for (int64_t n = 1; n < N; ++n)
+        if (slots[n] == slots[n - 1] && positions[n] != positions[n - 1] + 1) return SPECGRAM_BAD_ROW;
+    for (int64_t r = 0; head_rows && r < R; ++r)
+        if (head_rows[r] < 0 || head_rows[r] >= N) return SPECGRAM_BAD_HEAD_ROW;
+    return 0;
+}
+
+/* h[n] = the embedding row of tokens[n], for n in [n0, n1). */
+static void embed_rows(const specgram_decoder *d, const int64_t *tokens, int64_t n0, int64_t n1, float *h) {
+    const int64_t E = d->E;
+    for (int64_t n = n0; n < n1; ++n) {
+        float *y = h + n * E;
+        if (d->embed_bf16) {
+            const uint16_t *e = (const uint16_t *)d->embed + tokens[n] * E;
+            for (int64_t j = 0; j < E; ++j) {
+                uint32_t u = (uint32_t)e[j] << 16;
+                memcpy(y + j, &u, sizeof u);
+            }
+        } else {
+            memcpy(y, (const float *)d->embed + tokens[n] * E, sizeof(float) * (size_t)E);
+        }
+    }
+}
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
@@ -121,26 +162,29 @@ static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *m
     return mem;
 }
 
-void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, const float *cos, const float *sin,
-                              void *kc, void *vc, int kv_bf16, int64_t S, int64_t P, const int64_t *slots,
-                              const int64_t *positions, int64_t N, int64_t window, const specgram_linear *head,
-                              const int64_t *head_rows, int64_t R, float *logits, int nthreads) {
+int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
+                             const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
+                             const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
+                             const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
+                             int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
     assert(head == NULL || (R >= 0 && (head_rows != NULL || R == N) && head->K == d->E));
-    if (N == 0) return;
     if (head == NULL) R = 0;
+    int bad = check(tokens, slots, positions, N, d->vocab, S, P, head_rows, R);
+    if (bad || N == 0) return bad;
     const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
     const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
     const int64_t esz = kv_bf16 ? 2 : 4;                                    /* bytes per cache element */
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
-     * u [2 N, ldq]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E] */
+     * u [2 N, ldq]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E];
+     * the residual stream h [N, E]; x [N, E] unless the caller's */
     size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
                       (size_t)(2 * N * specgram_i8a8_ldq(widest)), N * f,
                       sizeof(deal_range) * (size_t)((4 * Lc + 1) * nthreads), specgram_attention_plan_bytes(N, Hkv),
-                      R * E * f};
-    enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, HEAD_X, PARTS };
+                      R * E * f, N * E * f, x ? 0 : N * E * f};
+    enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, HEAD_X, H_RES, X_OWN, PARTS };
     size_t offset[PARTS], total = 64;
     for (int i = 0; i < PARTS; ++i) offset[i] = total, total += ALIGN64(sizes[i]);
     char *base = specgram_scratch(SCRATCH_PLAN, total);
@@ -149,6 +193,8 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
     float *delta = (float *)(base + offset[DELTA]), *gu = (float *)(base + offset[GU]);
     float *act = (float *)(base + offset[ACT]), *xs = (float *)(base + offset[XS]);
     uint8_t *u = (uint8_t *)(base + offset[U]);
+    float *h = (float *)(base + offset[H_RES]);
+    if (x == NULL) x = (float *)(base + offset[X_OWN]);
     deal_range *all_ranges = (deal_range *)(base + offset[RANGES]);
     /* product j: layer j / 4's qkv, o, gate_up, down (in that order), its dealt ranges */
     const specgram_linear *lin[4 * Lc + 1];
@@ -178,6 +224,7 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
             team_wait(&bar, nt, &epoch, &ahead);                                                                 \
         } while (0)
         share(N, E, &m0, &m1);
+        embed_rows(d, tokens, m0, m1, h);
         specgram_add_rmsnorm_rows(h, NULL, d->w_in, d->eps_in, x, m0, m1, E);
         prepare(lin[0], x, m0, m1, u, xs);
         WAIT(0);
@@ -187,7 +234,8 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
             linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
             WAIT(j + 1);
             share(N, width, &m0, &m1);
-            specgram_rope_rows(qkv, cos, sin, kl, vl, kv_bf16, slots, positions, m0, m1, S, H, Hkv, D, P, q);
+            specgram_rope_rows(qkv, cos, sin, by_position, kl, vl, kv_bf16, slots, positions, m0, m1, S, H, Hkv, D,
+                               P, q);
             WAIT(j + 1);
             specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, window, d->scaling, att);
             WAIT(j + 1);
@@ -225,4 +273,5 @@ void specgram_decoder_forward(const specgram_decoder *d, float *h, float *x, con
         }
 #undef WAIT
     }
+    return 0;
 }

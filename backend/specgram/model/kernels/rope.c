@@ -2,7 +2,8 @@
  * the cache):
  *
  *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
- *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb)
+ *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb); the
+ *                                     rows function takes a [P, D] table by position too (by_position)
  *   kc [S, Hkv, D, P]                 this layer's K cache, positions last, float32 or (kv_bf16) bfloat16
  *   vc [S, Hkv, P, D]                 this layer's V cache, the same type
  *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
@@ -49,16 +50,17 @@ static inline void store_kv(void *cache, int bf16, int64_t at, int64_t stride, c
 }
 
 /* Tokens n0 .. n1 - 1 (forward.c's team shares tokens out; the entry point below loops over all of them). */
-void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
-                        const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S, int64_t H,
-                        int64_t Hkv, int64_t D, int64_t P, float *q_out) {
+void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, int by_position, void *kc, void *vc,
+                        int kv_bf16, const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S,
+                        int64_t H, int64_t Hkv, int64_t D, int64_t P, float *q_out) {
     (void)S;                                                       /* read by the debug build's asserts only */
     const int64_t width = (H + 2 * Hkv) * D;
     float k[D];
     for (int64_t n = n0; n < n1; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
-        const float *row = qkv + n * width, *c = cos + n * D, *s = sin + n * D;
+        const int64_t at = (by_position ? positions[n] : n) * D;
+        const float *row = qkv + n * width, *c = cos + at, *s = sin + at;
         for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, D);
         for (int64_t h = 0; h < Hkv; ++h) {
             int64_t head = slots[n] * Hkv + h;
@@ -75,5 +77,5 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
     assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if(N * (H + 2 * Hkv) * D >= SERIAL_WORK)
     for (int64_t n = 0; n < N; ++n)
-        specgram_rope_rows(qkv, cos, sin, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, q_out);
+        specgram_rope_rows(qkv, cos, sin, 0, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, q_out);
 }

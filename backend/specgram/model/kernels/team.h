@@ -50,8 +50,8 @@ void specgram_team_attention(const attention_plan *a, const float *q, const void
 void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *w, float eps, float *out, int64_t m0,
                                int64_t m1, int64_t N);
 void specgram_silu_mul_rows(const float *gu, float *out, int64_t m0, int64_t m1, int64_t I);
-void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
-                        const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S, int64_t H,
-                        int64_t Hkv, int64_t D, int64_t P, float *q_out);
+void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, int by_position, void *kc, void *vc,
+                        int kv_bf16, const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S,
+                        int64_t H, int64_t Hkv, int64_t D, int64_t P, float *q_out);
 
 #pragma GCC visibility pop
