@@ -18,7 +18,8 @@ to copy, so n-gram lookup has something to find), at each --concurrency (c = 1: 
   exact    greedy output ids equal the no-speculation ones for every prompt
 Drafters: ngram (prompt lookup), bf16 (the target checkpoint in bfloat16), int8 (an int8 dynamic-quantized
 copy of the target, specgram.model.quantize), int8n (the target's int8 copy on the native kernels, what
-draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones). k "auto": the engine
+draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones; a bfloat16 KV
+cache). k "auto": the engine
 chooses k per request per step.
 --prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
@@ -69,7 +70,8 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
     if kind == "int8n":
         from specgram.engine.loading import int8_form
 
-        return ModelRunner(target.model, slots, max_seq_len, weights=int8_form(target.native.lib))
+        return ModelRunner(target.model, slots, max_seq_len, weights=int8_form(target.native.lib),
+                           kv_dtype="bfloat16")                      # as engine.loading.int8_draft
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
