@@ -149,6 +149,14 @@ def test_build_command(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
 @pytest.mark.parametrize("isa", CPU_ISAS)
+def test_every_build_this_machine_can_run_compiles_and_loads(isa):
+    """Where gcc and the ISA are there, a build that fails is a defect, not a reason to skip the native tests."""
+    lib = kernels.load_isa(isa)
+    assert lib.isa == isa and all(hasattr(lib, name) for name in kernels.SIGNATURES)
+
+
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
+@pytest.mark.parametrize("isa", CPU_ISAS)
 def test_debug_build_asserts_bounds(tmp_path, isa):
     """SPECGRAM_KERNEL_DEBUG=1 builds with asserts: an in-range call runs, a slot past the cache aborts."""
     script = textwrap.dedent(f"""
