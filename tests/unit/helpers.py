@@ -119,8 +119,10 @@ def cheap_draft_model(monkeypatch, engine) -> None:
         for n in (1, 2, 4, 8, 16):
             costs.record(n, 0.030 + 1e-4 * n)
     costs.draft_depth_s = 0.002
+    costs.read_token_s = 0.0002                 # a prompt read at 0.2 ms a token: cheap beside the drafts' gain
     monkeypatch.setattr(costs, "record", lambda *a: None)
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
+    monkeypatch.setattr(costs, "record_read", lambda *a: None)
     monkeypatch.setattr(engine.planner, "costs", costs)
 
 

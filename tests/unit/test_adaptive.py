@@ -33,6 +33,7 @@ def frozen(monkeypatch, costs: StepCosts) -> StepCosts:
     """costs, not updated by the engine's own timings while a test runs."""
     monkeypatch.setattr(costs, "record", lambda *a: None)
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
+    monkeypatch.setattr(costs, "record_read", lambda *a: None)
     return costs
 
 
@@ -126,6 +127,21 @@ def test_a_draft_depth_shared_by_many_streams_pays_where_one_streams_drafts_woul
     # the paid depths' seconds are in every option's cost: with 4 paid, two depths beat one (257 vs 242 tok/s)
     assert adaptive.plan_depths([[]] + [[0.45, 0.2, 0.1, 0.05]] * 7, [None] * 8, [0] * 8, costs,
                                 paid=4) == [0] + [2] * 7
+
+
+def test_a_prompt_read_pays_where_the_drafts_save_more_than_it_costs_over_the_tokens_left():
+    one = costs_of(0.014, 0.0004)
+    one.draft_depth_s, one.read_token_s = 0.004, 0.0005      # a draft forward ~0.28 of a step; 0.5 ms a token
+    # one stream: the drafts save ~25% of 64 tokens' 14.4 ms steps (0.23 s) against a 40 ms read of 80 tokens
+    assert adaptive.read_pays(1, one, 0.75, 64, 80)
+    assert not adaptive.read_pays(1, one, 0.75, 8, 80)                 # 8 tokens left save 29 ms: less
+    eight = costs_of(0.011, 0.0005)
+    eight.draft_depth_s, eight.read_token_s = 0.006, 0.0005
+    # 8 streams: a shared depth gains ~3% of each stream's share of a step (1.9 ms of 15 ms): 64 tokens save
+    # ~4 ms, less than the read; 2000 tokens save more
+    assert not adaptive.read_pays(8, eight, 0.72, 64, 80) and adaptive.read_pays(8, eight, 0.72, 2000, 80)
+    assert not adaptive.read_pays(8, eight, 0.2, 10 ** 6, 1)           # no gain at all: never
+    assert adaptive.read_pays(8, costs_of(0.011, 0.0005), 0.72, 1, 10 ** 6)   # nothing measured yet: read
 
 
 def test_drafts_already_made_are_cut_against_the_steps_whole_cost():
@@ -256,6 +272,23 @@ def test_the_draft_model_reads_an_auto_prompt_at_admission_only_where_a_draft_co
     assert "draft_model" not in auto[0][-1].spec.by_source   # never read: never drafts under auto
     fixed = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=3, drafter="draft_model")
     assert seen == [True, False, True] and tokens_of(fixed[0]) == tokens_of(base[0])   # a fixed k: read now
+
+
+def test_the_draft_model_skips_an_auto_prompt_whose_read_would_cost_more_than_its_drafts_save(engines,
+                                                                                             monkeypatch):
+    engine = engines["right"]
+    drafter = engine.drafters["draft_model"]
+    seen = []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append((len(reqs), now)) or admit(reqs, now))
+    cheap_draft_model(monkeypatch, engine)                   # drafts pay ...
+    engine.planner.costs.read_token_s = 0.05                 # ... but a read at 50 ms a token does not, for 20
+    base = run(engine, PROMPTS[:2], max_tokens=20)
+    mixed = run(engine, PROMPTS[:2], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    assert seen == [(2, False)] and [tokens_of(o) for o in mixed] == [tokens_of(o) for o in base]
+    assert all("draft_model" not in o[-1].spec.by_source for o in mixed)
+    many = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=3, drafter="draft_model")    # a fixed k
+    assert seen[-1] == (1, True) and tokens_of(many[0]) == tokens_of(base[0])
 
 
 def test_an_auto_request_whose_prompt_the_draft_model_did_not_read_gets_no_model_drafts(engines, monkeypatch):

@@ -147,6 +147,7 @@ class StepCosts:
     def __init__(self) -> None:
         self.s0 = self.s1 = self.s2 = self.sy = self.sny = 0.0
         self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA
+        self.read_token_s = 0.0         # the draft model's prompt read at admission, per prompt token, EMA
 
     def record(self, rows: int, seconds: float) -> None:
         f = self.FORGET
@@ -157,6 +158,11 @@ class StepCosts:
         if depth > 0:
             per = seconds / depth
             self.draft_depth_s = per if self.draft_depth_s == 0 else 0.8 * self.draft_depth_s + 0.2 * per
+
+    def record_read(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            per = seconds / tokens
+            self.read_token_s = per if self.read_token_s == 0 else 0.8 * self.read_token_s + 0.2 * per
 
     @property
     def known(self) -> bool:
@@ -194,6 +200,24 @@ def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
         return True
     a, b = costs.line()
     return rows * (1 + p) / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
+
+
+def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_len: int) -> bool:
+    """Whether reading a request's prompt with the draft model at admission (a prefill of prompt_len tokens, at
+    the measured seconds per token) costs less than the model's drafts can save over the tokens_left tokens it
+    may still produce, at `rows` streams: with one depth shared by every row, accepted with probability p, a
+    step yields R = (1 + p)(a + b rows) / (a + 2 b rows + d) times the tokens per second (depth_can_pay's
+    comparison), so each of its tokens takes 1 - 1 / R less of its share of a step, (a + b rows) / rows. Unknown
+    costs (nothing measured yet): it pays, and the read is measured."""
+    if not costs.known or costs.draft_depth_s == 0 or costs.read_token_s == 0:
+        return True
+    a, b = costs.line()
+    rows = max(rows, 1)
+    gain = (1 + p) * (a + b * rows) / (a + 2 * b * rows + costs.draft_depth_s)
+    if gain <= 1:
+        return False
+    saved = tokens_left * (a + b * rows) / rows * (1 - 1 / gain)
+    return saved > costs.read_token_s * prompt_len
 
 
 def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:

@@ -52,15 +52,28 @@ class DraftPlanner:
     def admitted(self, reqs: list[Request], running: int) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: requests
         holding a slot. A draft model reads an auto request's prompt now only where a draft depth could pay at
-        this many streams (adaptive.depth_can_pay); else it never drafts for that request under auto (reading
-        the prompt is a prefill, which then costs more than the drafts it may ever win)."""
+        this many streams (adaptive.depth_can_pay) and the drafts can save more than the read costs over the
+        tokens the request may still produce (adaptive.read_pays; the reads are timed for it); else it never
+        drafts for that request under auto (reading the prompt is a prefill, which then costs more than the
+        drafts it may ever win)."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
-            if users:
-                now = name != "draft_model" or not all(r.params.auto_draft for r in users) \
-                    or adaptive.depth_can_pay(running, self.costs,
-                                              self.population.rate("draft_model", adaptive.PRIORS["draft_model"]))
-                drafter.admit(users, now)
+            if not users:
+                continue
+            if name != "draft_model":
+                drafter.admit(users, True)
+                continue
+            p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
+            can = adaptive.depth_can_pay(running, self.costs, p)
+            read = [r for r in users if not r.params.auto_draft or (can and adaptive.read_pays(
+                running, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids)))]
+            skip = [r for r in users if r not in read]
+            if read:
+                start = time.perf_counter()
+                drafter.admit(read, True)
+                self.costs.record_read(sum(len(r.prompt_ids) for r in read), time.perf_counter() - start)
+            if skip:
+                drafter.admit(skip, False)
 
     def release(self, req: Request) -> None:
         self.drafters[req.params.drafter].release(req)
