@@ -113,7 +113,7 @@ def cheap_draft_model(monkeypatch, engine) -> None:
     """Freeze engine's step-cost model at a 30 ms step and a 2 ms draft forward: what a draft model much smaller
     than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need
     not draft at all)."""
-    from specgram.speculation.adaptive import StepCosts
+    from specgram.speculation.costs import StepCosts
     costs = StepCosts()
     for _ in range(50):
         for n in (1, 2, 4, 8, 16):

@@ -4,7 +4,9 @@ import pytest
 
 from specgram.request import AUTO_DRAFT, SamplingParams
 from specgram.speculation import adaptive
-from specgram.speculation.adaptive import Acceptance, RequestAcceptance, StepCosts, allocate
+from specgram.speculation import costs as step_costs
+from specgram.speculation.adaptive import Acceptance, RequestAcceptance, allocate
+from specgram.speculation.costs import StepCosts
 
 from .helpers import (
     PROMPTS,
@@ -115,9 +117,9 @@ def test_a_draft_depth_shared_by_many_streams_pays_where_one_streams_drafts_woul
     costs = costs_of(0.016, 0.0004)
     costs.draft_depth_s = 0.006
     model = [[0.9, 0.81]] * 8
-    assert not adaptive.probe_can_pay(8, costs) and adaptive.depth_can_pay(8, costs, 0.9)
-    assert not adaptive.depth_can_pay(8, costs, 0.3)                          # drafts rarely accepted
-    assert adaptive.depth_can_pay(8, costs, 0.6) and not adaptive.depth_can_pay(32, costs, 0.6)  # rows cost too
+    assert not step_costs.probe_can_pay(8, costs) and step_costs.depth_can_pay(8, costs, 0.9)
+    assert not step_costs.depth_can_pay(8, costs, 0.3)                          # drafts rarely accepted
+    assert step_costs.depth_can_pay(8, costs, 0.6) and not step_costs.depth_can_pay(32, costs, 0.6)  # rows cost too
     assert adaptive.plan_depths(model, [None] * 8, [0] * 8, costs) == [2] * 8
     assert allocate(model, [True] * 8, costs) == [2] * 8
     assert adaptive.plan_depths(model[:1], [None], [0], costs) == [2]           # one stream: it pays alone too
@@ -133,15 +135,15 @@ def test_a_prompt_read_pays_where_the_drafts_save_more_than_it_costs_over_the_to
     one = costs_of(0.014, 0.0004)
     one.draft_depth_s, one.read_token_s = 0.004, 0.0005      # a draft forward ~0.28 of a step; 0.5 ms a token
     # one stream: the drafts save ~25% of 64 tokens' 14.4 ms steps (0.23 s) against a 40 ms read of 80 tokens
-    assert adaptive.read_pays(1, one, 0.75, 64, 80)
-    assert not adaptive.read_pays(1, one, 0.75, 8, 80)                 # 8 tokens left save 29 ms: less
+    assert step_costs.read_pays(1, one, 0.75, 64, 80)
+    assert not step_costs.read_pays(1, one, 0.75, 8, 80)                 # 8 tokens left save 29 ms: less
     eight = costs_of(0.011, 0.0005)
     eight.draft_depth_s, eight.read_token_s = 0.006, 0.0005
     # 8 streams: a shared depth gains ~3% of each stream's share of a step (1.9 ms of 15 ms): 64 tokens save
     # ~4 ms, less than the read; 2000 tokens save more
-    assert not adaptive.read_pays(8, eight, 0.72, 64, 80) and adaptive.read_pays(8, eight, 0.72, 2000, 80)
-    assert not adaptive.read_pays(8, eight, 0.2, 10 ** 6, 1)           # no gain at all: never
-    assert adaptive.read_pays(8, costs_of(0.011, 0.0005), 0.72, 1, 10 ** 6)   # nothing measured yet: read
+    assert not step_costs.read_pays(8, eight, 0.72, 64, 80) and step_costs.read_pays(8, eight, 0.72, 2000, 80)
+    assert not step_costs.read_pays(8, eight, 0.2, 10 ** 6, 1)           # no gain at all: never
+    assert step_costs.read_pays(8, costs_of(0.011, 0.0005), 0.72, 1, 10 ** 6)   # nothing measured yet: read
 
 
 def test_drafts_already_made_are_cut_against_the_steps_whole_cost():
@@ -397,11 +399,11 @@ def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypa
 def test_a_probe_is_skipped_where_even_a_sure_draft_cannot_pay():
     """A draft-model probe first feeds the draft every token it missed: only worth it where a draft could pay."""
     costs = costs_of(0.014, 0.0008)
-    assert adaptive.probe_can_pay(8, StepCosts())           # nothing measured yet
+    assert step_costs.probe_can_pay(8, StepCosts())           # nothing measured yet
     costs.draft_depth_s = 0.007                             # one stream, a draft forward at ~0.45 of a step: pays
-    assert adaptive.probe_can_pay(1, costs)
+    assert step_costs.probe_can_pay(1, costs)
     costs.draft_depth_s = 0.012                             # eight streams: the draft forward outweighs a token
-    assert not adaptive.probe_can_pay(8, costs)
+    assert not step_costs.probe_can_pay(8, costs)
 
 
 def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkeypatch):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .costs import StepCosts
+
 # Acceptance estimates: discounted success / trial counts (a trial is a draft position the target judged,
 # a success one it accepted), shrunk toward a prior. DECAY (per step) makes an estimate follow a request's
 # recent behaviour (a JSON answer alternates predictable keys and unpredictable values). The prior is the
@@ -134,90 +136,6 @@ class RequestAcceptance:
             c[1] += 1
         for (source, follows), (ok, n) in counts.items():      # one decayed observation per estimate per step
             self.get(source, follows).observe(ok, n)
-
-
-class StepCosts:
-    """Seconds per decode step as a function of its verify rows N: a + b N, fitted online by least squares with
-    forgetting; b is shrunk toward a prior share of a, so few distinct N still give a usable slope."""
-
-    FORGET = 0.97
-    SLOPE_PRIOR = 0.05      # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
-    SLOPE_WEIGHT = 4.0      # the prior counts like this many observations one row apart
-
-    def __init__(self) -> None:
-        self.s0 = self.s1 = self.s2 = self.sy = self.sny = 0.0
-        self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA
-        self.read_token_s = 0.0         # the draft model's prompt read at admission, per prompt token, EMA
-
-    def record(self, rows: int, seconds: float) -> None:
-        f = self.FORGET
-        self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + rows, f * self.s2 + rows * rows
-        self.sy, self.sny = f * self.sy + seconds, f * self.sny + rows * seconds
-
-    def record_draft(self, depth: int, seconds: float) -> None:
-        if depth > 0:
-            per = seconds / depth
-            self.draft_depth_s = per if self.draft_depth_s == 0 else 0.8 * self.draft_depth_s + 0.2 * per
-
-    def record_read(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            per = seconds / tokens
-            self.read_token_s = per if self.read_token_s == 0 else 0.8 * self.read_token_s + 0.2 * per
-
-    @property
-    def known(self) -> bool:
-        return self.s0 > 0
-
-    def line(self) -> tuple[float, float]:
-        """-> (a, b) of cost(N) = a + b N in seconds."""
-        mean_n, mean_y = self.s1 / self.s0, self.sy / self.s0
-        b0 = self.SLOPE_PRIOR * mean_y / (1 + self.SLOPE_PRIOR * mean_n)    # prior: a + b0 N with b0 = 5% of a
-        lam = self.SLOPE_WEIGHT
-        var = self.s2 - self.s1 * mean_n          # sum of w (N - mean)^2
-        cov = self.sny - self.s1 * mean_y         # sum of w (N - mean)(y - mean)
-        b = max((cov + lam * b0) / (var + lam), 1e-9)
-        a = max(mean_y - b * mean_n, 1e-9)
-        return a, b
-
-
-def probe_can_pay(rows: int, costs: StepCosts) -> bool:
-    """Whether one draft-model draft could raise tokens per second in a step of `rows` verify rows even if it
-    were surely accepted and no other request drafted with the model (a probe alone pays the whole draft
-    forward, after feeding the draft model every token it missed while idle)."""
-    if not costs.known or costs.draft_depth_s == 0:
-        return True
-    a, b = costs.line()
-    return (rows + 1) / (a + b * (rows + 1) + costs.draft_depth_s) > rows / (a + b * rows)
-
-
-def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
-    """Whether one draft-model depth could raise tokens per second in a step of `rows` verify rows if every row
-    drafted a token in it, accepted with probability p (the engine-wide rate): the depth's forward is shared by
-    all the rows that draft at it, so this is where the model can pay at that many streams (its prompt reads at
-    admission are worth it). rows (1 + p) / (a + 2 b rows + d) > rows / (a + b rows), i.e.
-    p a - (1 - p) b rows > d: fewer streams pay as the verify rows' cost grows."""
-    if not costs.known or costs.draft_depth_s == 0:
-        return True
-    a, b = costs.line()
-    return rows * (1 + p) / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
-
-
-def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_len: int) -> bool:
-    """Whether reading a request's prompt with the draft model at admission (a prefill of prompt_len tokens, at
-    the measured seconds per token) costs less than the model's drafts can save over the tokens_left tokens it
-    may still produce, at `rows` streams: with one depth shared by every row, accepted with probability p, a
-    step yields R = (1 + p)(a + b rows) / (a + 2 b rows + d) times the tokens per second (depth_can_pay's
-    comparison), so each of its tokens takes 1 - 1 / R less of its share of a step, (a + b rows) / rows. Unknown
-    costs (nothing measured yet): it pays, and the read is measured."""
-    if not costs.known or costs.draft_depth_s == 0 or costs.read_token_s == 0:
-        return True
-    a, b = costs.line()
-    rows = max(rows, 1)
-    gain = (1 + p) * (a + b * rows) / (a + 2 * b * rows + costs.draft_depth_s)
-    if gain <= 1:
-        return False
-    saved = tokens_left * (a + b * rows) / rows * (1 - 1 / gain)
-    return saved > costs.read_token_s * prompt_len
 
 
 def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:

@@ -16,7 +16,7 @@ import time
 
 from ..grammar.masks import StepMasks
 from ..request import Request
-from . import adaptive
+from . import adaptive, costs
 from .drafter import Drafter, PickFn, Proposal
 
 
@@ -41,7 +41,7 @@ class DraftPlanner:
         self.drafters = drafters
         self.masks = masks
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
-        self.costs = adaptive.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
+        self.costs = costs.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
         # request id -> this step's lookup drafts that lost to the draft model's (settle() observes them for free)
         self.shadows: dict[int, Proposal] = {}
@@ -52,8 +52,8 @@ class DraftPlanner:
     def admitted(self, reqs: list[Request], running: int) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: requests
         holding a slot. A draft model reads an auto request's prompt now only where a draft depth could pay at
-        this many streams (adaptive.depth_can_pay) and the drafts can save more than the read costs over the
-        tokens the request may still produce (adaptive.read_pays; the reads are timed for it); else it never
+        this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the
+        tokens the request may still produce (costs.read_pays; the reads are timed for it); else it never
         drafts for that request under auto (reading the prompt is a prefill, which then costs more than the
         drafts it may ever win)."""
         for name, drafter in self.drafters.items():
@@ -64,8 +64,8 @@ class DraftPlanner:
                 drafter.admit(users, True)
                 continue
             p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
-            can = adaptive.depth_can_pay(running, self.costs, p)
-            read = [r for r in users if not r.params.auto_draft or (can and adaptive.read_pays(
+            can = costs.depth_can_pay(running, self.costs, p)
+            read = [r for r in users if not r.params.auto_draft or (can and costs.read_pays(
                 running, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids)))]
             skip = [r for r in users if r not in read]
             if read:
@@ -159,7 +159,7 @@ class DraftPlanner:
         # a probe (one model draft for a request that has drafted nothing for a while: its estimate's evidence)
         # rides along where the model drafts this step anyway, else only where it could pay alone
         drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen) if s)
-        probe = drafting or adaptive.probe_can_pay(len(reqs), self.costs)
+        probe = drafting or costs.probe_can_pay(len(reqs), self.costs)
         return [k if not a else len(pre) if not s
                 else max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0)
                 for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned)]

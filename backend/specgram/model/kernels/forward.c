@@ -20,13 +20,15 @@
  * ctypes call, Python glue and an OpenMP fork and join (about 1 ms of a 5 ms int8 decode at 135M). Here the phases
  * are separated by team barriers, and the elementwise phases that are too small to share (one decode row) run on
  * one thread while the other waits at the barrier.
+ * A waiting thread prefetches the first bytes of its share of the next weight product (barrier.h).
  * Exactness: every phase runs the team body of the kernel it replaces, and which thread computes a row or a
- * weight block changes no result, so the hidden states are bitwise those of the kernel-by-kernel sequence
- * (tests/unit/test_native.py compares them).
+ * weight block changes no result, so the hidden states, the cache and the logits are bitwise those of the
+ * kernel-by-kernel sequence (tests/unit/test_forward_stack.py compares them).
  *
- * Workspace (the calling thread's SCRATCH_PLAN buffer, grown on demand): the intermediate activations, the
- * quantized input rows of int8 x int8 products, every product's dealt ranges, and the attention tasks (one plan
- * for all layers: it depends on the batch only).
+ * Workspace (the calling thread's SCRATCH_PLAN buffer, grown on demand; no kernel body run here touches that
+ * buffer): the residual stream and the intermediate activations, the quantized input rows of int8 x int8
+ * products, every product's dealt ranges, the attention tasks (one plan for all layers: it depends on the batch
+ * only), and the lm_head's gathered input rows.
  */
 #include <assert.h>
 #include <omp.h>
