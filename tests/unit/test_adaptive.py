@@ -144,6 +144,14 @@ def test_a_prompt_read_pays_where_the_drafts_save_more_than_it_costs_over_the_to
     assert not step_costs.read_pays(8, eight, 0.72, 64, 80) and step_costs.read_pays(8, eight, 0.72, 2000, 80)
     assert not step_costs.read_pays(8, eight, 0.2, 10 ** 6, 1)           # no gain at all: never
     assert step_costs.read_pays(8, costs_of(0.011, 0.0005), 0.72, 1, 10 ** 6)   # nothing measured yet: read
+    # 8 streams, 0.87-likely drafts, a 37-token read (18.5 ms): a depth shared by all saves 14 ms over 64 tokens,
+    # not enough; joining the depths 7 others draft in anyway costs two verify rows and two rows of the depth
+    # forwards (2.2 ms a step) for 1.63 tokens at a token's share of a step (1.9 ms): 0.9 ms a step, 22 ms over
+    # the 24 steps. At 0.72 and an 80-token read (40 ms) neither pays (5 ms)
+    chat = costs_of(0.011, 0.0005)
+    chat.draft_depth_s, chat.read_token_s = 0.0058, 0.0005
+    assert not step_costs.read_pays(8, chat, 0.87, 64, 37) and step_costs.read_pays(8, chat, 0.87, 64, 37, joined=7)
+    assert not step_costs.read_pays(8, chat, 0.72, 64, 80, joined=7)
 
 
 def test_drafts_already_made_are_cut_against_the_steps_whole_cost():

@@ -196,7 +196,7 @@ class Engine:
             return []
         reqs = [plan.prompts[b] for b in done]
         logits = result.first[done] if len(done) < len(plan.chunks) else result.first         # [D, V]
-        self.planner.admitted(reqs, len(self.scheduler.running))
+        self.planner.admitted(reqs, list(self.scheduler.running.values()))
         rows = logits[:, None]                                                                   # [D, 1, V]
         raw = self.logprobs.capture(rows, reqs, "raw")
         first = [[t] for t in self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()]     # masks in place

@@ -71,19 +71,31 @@ def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     return rows * (1 + p) / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
 
 
-def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_len: int) -> bool:
+JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (int8 copy of SmolLM2-135M:
+#                        3.6 ms for 1 row, 5.8 ms for 8: ~0.31 ms a row)
+
+
+def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_len: int, joined: int = 0) -> bool:
     """Whether reading a request's prompt with the draft model at admission (a prefill of prompt_len tokens, at
     the measured seconds per token) costs less than the model's drafts can save over the tokens_left tokens it
-    may still produce, at `rows` streams: with one depth shared by every row, accepted with probability p, a
-    step yields R = (1 + p)(a + b rows) / (a + 2 b rows + d) times the tokens per second (depth_can_pay's
-    comparison), so each of its tokens takes 1 - 1 / R less of its share of a step, (a + b rows) / rows. Unknown
-    costs (nothing measured yet): it pays, and the read is measured."""
+    may still produce, at `rows` streams, `joined` of the others already drafting with the model. Two ways the
+    drafts can save, the better counting:
+    - a depth shared by every row, accepted with probability p: a step yields R = (1 + p)(a + b rows) /
+      (a + 2 b rows + d) times the tokens per second (depth_can_pay's comparison), so each of its tokens takes
+      1 - 1 / R less of its share of a step, (a + b rows) / rows;
+    - joining depths the others pay for anyway (joined > 0): two drafts a step, p + p^2 tokens expected, each
+      worth a token's share of a step, for two verify rows and two rows more in the depth forwards (b +
+      JOIN_ROW_SHARE d each), over tokens_left / (1 + p + p^2) steps.
+    Unknown costs (nothing measured yet): it pays, and the read is measured."""
     if not costs.known or costs.draft_depth_s == 0 or costs.read_token_s == 0:
         return True
     a, b = costs.line()
     rows = max(rows, 1)
-    gain = (1 + p) * (a + b * rows) / (a + 2 * b * rows + costs.draft_depth_s)
-    if gain <= 1:
-        return False
-    saved = tokens_left * (a + b * rows) / rows * (1 - 1 / gain)
+    d, per_token = costs.draft_depth_s, (a + b * rows) / rows
+    gain = (1 + p) * (a + b * rows) / (a + 2 * b * rows + d)
+    saved = tokens_left * per_token * (1 - 1 / gain) if gain > 1 else 0.0
+    if joined > 0:
+        expected = p + p * p
+        per_step = expected * per_token - 2 * (b + JOIN_ROW_SHARE * d)
+        saved = max(saved, tokens_left / (1 + expected) * per_step)
     return saved > costs.read_token_s * prompt_len

@@ -49,13 +49,13 @@ class DraftPlanner:
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
 
-    def admitted(self, reqs: list[Request], running: int) -> None:
-        """reqs' prompts are now complete in the target cache: their drafters see them. running: requests
-        holding a slot. A draft model reads an auto request's prompt now only where a draft depth could pay at
-        this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the
-        tokens the request may still produce (costs.read_pays; the reads are timed for it); else it never
-        drafts for that request under auto (reading the prompt is a prefill, which then costs more than the
-        drafts it may ever win)."""
+    def admitted(self, reqs: list[Request], running: list[Request]) -> None:
+        """reqs' prompts are now complete in the target cache: their drafters see them. running: the requests
+        holding a slot (these included). A draft model reads an auto request's prompt now only where a draft depth
+        could pay at this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over
+        the tokens the request may still produce, alone or joining the depths that the requests it already reads
+        draft in (costs.read_pays; the reads are timed for it); else it never drafts for that request under auto
+        (reading the prompt is a prefill, which then costs more than the drafts it may ever win)."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if not users:
@@ -64,9 +64,12 @@ class DraftPlanner:
                 drafter.admit(users, True)
                 continue
             p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
-            can = costs.depth_can_pay(running, self.costs, p)
+            streams, new = len(running), {r.request_id for r in reqs}
+            joined = sum(1 for r in running if r.request_id not in new and r.params.drafter == name
+                         and drafter.started(r))
+            can = costs.depth_can_pay(streams, self.costs, p)
             read = [r for r in users if not r.params.auto_draft or (can and costs.read_pays(
-                running, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids)))]
+                streams, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined))]
             skip = [r for r in users if r not in read]
             if read:
                 start = time.perf_counter()
