@@ -130,14 +130,15 @@ class EngineConfig:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if self.weights not in WEIGHTS:
             raise ModelLoadError(f"engine setting weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
-        if self.weights == "int8" and (self.torch_device().type != "cpu" or self.linear == "torch" or self.cuda_graphs):
+        # settings only the native CPU forward runs: what rules it out is known here (the kernels' build: at load)
+        native = self.torch_device().type == "cpu" and self.linear != "torch" and not self.cuda_graphs
+        if self.weights == "int8" and not native:
             raise ModelLoadError("weights int8 runs on the native CPU forward only: device cpu, linear auto or native, "
                                  "cuda_graphs off")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ModelLoadError(f"engine setting kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, "
                                  f"got {self.kv_cache_dtype!r}")
-        if self.kv_cache_dtype != "auto" and (self.torch_device().type != "cpu" or self.linear == "torch"
-                                              or self.cuda_graphs):
+        if self.kv_cache_dtype != "auto" and not native:
             raise ModelLoadError(f"kv_cache_dtype {self.kv_cache_dtype} runs on the native CPU forward only: device "
                                  "cpu, linear auto or native, cuda_graphs off")
         if self.grammar_compile_workers < 2:

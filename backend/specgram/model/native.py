@@ -38,7 +38,7 @@ from .kernels import abi
 from .linear import make_linear
 
 SUPPORTED_ACTS = ("silu",)
-KV_DTYPES = (torch.float32, torch.bfloat16)     # the KV cache: exact, or half the bytes for attention to read
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache the kernels read: exact, or half the bytes
 PER_CALL_ROPE = ("dynamic", "longrope")         # rope types whose tables change with the sequence length
 
 
@@ -199,7 +199,7 @@ class NativeForward:
         """ValueError unless `cache` fits this model and the kernels: float32 or bfloat16, K positions last, this
         model's layers, KV heads and head size, contiguous."""
         L, S, Hkv, P, D = cache.v.shape
-        if (cache.v.dtype not in KV_DTYPES or cache.k.dtype != cache.v.dtype or not cache.k_positions_last
+        if (cache.v.dtype not in CACHE_DTYPES or cache.k.dtype != cache.v.dtype or not cache.k_positions_last
                 or cache.k.shape != (L, S, Hkv, D, P) or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
                 or not (cache.k.is_contiguous() and cache.v.is_contiguous())):
             raise ValueError(f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "

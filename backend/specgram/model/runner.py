@@ -134,15 +134,15 @@ class ModelRunner:
         if weights in ACTIVATIONS and not kernels.has_vnni(lib):
             raise ModelLoadError(f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
                                  f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off")
+        if kv_dtype not in KV_DTYPES:
+            raise ModelLoadError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        if kv_dtype != "auto" and kind != "native":
+            raise ModelLoadError(f"kv_dtype {kv_dtype} runs on the native CPU forward only, not the {kind} forward")
         self.native = None
         if kind == "native":
             from .native import NativeForward
             self.native = NativeForward(model, lib, weights)
-            self.dtype = torch.float32                       # activations and the KV cache
-        if kv_dtype not in KV_DTYPES:
-            raise ModelLoadError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-        if kv_dtype != "auto" and self.native is None:
-            raise ModelLoadError(f"kv_dtype {kv_dtype} runs on the native CPU forward only, not the {kind} forward")
+            self.dtype = torch.float32                       # activations (and the KV cache unless kv_dtype says)
         kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
         self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype
         self.fuse_steps = self.native is not None      # forward_step: prompt chunks and verify rows in one pass

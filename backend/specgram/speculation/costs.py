@@ -25,13 +25,11 @@ class StepCosts:
 
     def record_draft(self, depth: int, seconds: float) -> None:
         if depth > 0:
-            per = seconds / depth
-            self.draft_depth_s = per if self.draft_depth_s == 0 else 0.8 * self.draft_depth_s + 0.2 * per
+            self.draft_depth_s = _ema(self.draft_depth_s, seconds / depth)
 
     def record_read(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
-            per = seconds / tokens
-            self.read_token_s = per if self.read_token_s == 0 else 0.8 * self.read_token_s + 0.2 * per
+            self.read_token_s = _ema(self.read_token_s, seconds / tokens)
 
     @property
     def known(self) -> bool:
@@ -47,6 +45,11 @@ class StepCosts:
         b = max((cov + lam * b0) / (var + lam), 1e-9)
         a = max(mean_y - b * mean_n, 1e-9)
         return a, b
+
+
+def _ema(mean: float, x: float) -> float:
+    """A per-unit cost's running mean: the first observation as it is (0: none yet), then 0.8 old + 0.2 new."""
+    return x if mean == 0 else 0.8 * mean + 0.2 * x
 
 
 def probe_can_pay(rows: int, costs: StepCosts) -> bool:
