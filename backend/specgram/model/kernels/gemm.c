@@ -4,8 +4,8 @@
  *
  * Decode, speculative verification and draft steps multiply a handful of rows (M = 1 .. 40) by every weight
  * matrix: the cost is streaming W from memory once, so the kernel reads each W element once per call and
- * keeps all M rows' accumulators in registers (register tile: MT <= MT_MAX rows x 32 outputs, MT_MAX = 8 with
- * AVX-512's 32 vector registers, 3 with AVX2's 16).
+ * keeps all M rows' accumulators in registers (register tile: MT <= MT_MAX rows x 32 outputs, MT_MAX = 12 with
+ * AVX-512's 32 vector registers, 3 with AVX2's 16; int8 weights 8 and 3).
  *
  * Batch invariance: every output is accumulated as acc = fma(x[m,k], W[n,k], acc) for k = 0, 1, ..., K-1 in
  * that order, starting from 0, in the same instruction sequence whatever the tile height, M, or the thread
@@ -33,11 +33,17 @@
 #define NB 32
 #define NV (NB / VW)        /* vectors per k step of a block: 2 (AVX-512) or 4 (AVX2) */
 #ifndef MT_MAX   /* rows per register tile: MT_MAX * NV accumulators, NV weight vectors and a broadcast fit the
-                    registers (AVX-512: 16 + 2 + 1 of 32; AVX2: 12 + 3 + 1 of 16, the fourth weight vector read
-                    as the fmas' memory operand; 4 rows would need 16 accumulators alone) */
-#define MT_MAX (VREGS == 32 ? 8 : 3)
+                    registers (AVX-512: 24 + 2 + 1 of 32; AVX2: 12 + 3 + 1 of 16, the fourth weight vector read
+                    as the fmas' memory operand; 4 rows would need 16 accumulators alone). 12, not 8: a verify of
+                    8 streams with a few drafts (9 - 12 rows) is then one pass over the weights, not an 8-row pass
+                    from memory and a second from cache (SmolLM2-135M fp32, 9 rows: 17.2 -> 14.7 ms, 8 rows 14.3) */
+#define MT_MAX (VREGS == 32 ? 12 : 3)
 #endif
-_Static_assert(MT_MAX >= 1 && MT_MAX <= 8, "tile_any() dispatches heights 1 .. 8");
+#ifndef MT_MAX_I8   /* int8 tiles also keep their MT broadcasts live (16 + 8 + 1 of 32 at 8 rows) */
+#define MT_MAX_I8 (VREGS == 32 ? 8 : 3)
+#endif
+_Static_assert(MT_MAX >= 1 && MT_MAX <= 12 && MT_MAX_I8 >= 1 && MT_MAX_I8 <= MT_MAX,
+               "tile_any() dispatches heights 1 .. 12");
 #ifndef PF
 #define PF 16   /* prefetch distance in k steps of 128 bytes: keeps 2 KB of the stream in flight (measured best of 6-64) */
 #endif
@@ -54,6 +60,7 @@ _Static_assert(MT_MAX >= 1 && MT_MAX <= 8, "tile_any() dispatches heights 1 .. 8
 /* Weight types, a compile-time constant at every call site: one specialised copy of the loops each. */
 enum { WT_F32 = 0, WT_BF16 = 1, WT_I8 = 2 };
 #define WT_BYTES(wt) ((wt) == WT_F32 ? 4 : (wt) == WT_BF16 ? 2 : 1)
+#define MT_OF(wt) ((wt) == WT_I8 ? MT_MAX_I8 : MT_MAX)      /* the tallest tile of a weight type */
 
 /* The NV weight vectors (outputs j = 0 .. 31, VW per vector) of step k of a packed fp32 or bf16 block (int8
  * blocks are loaded one vector at a time, in tile()). */
@@ -77,7 +84,7 @@ ALWAYS_INLINE void store_tile(float *yrow, int64_t n0, int64_t N, const vf a[NV]
 }
 
 /* One register tile: y[m0 + r, n0 .. n0 + 31] for r < MT, from x rows m0 .. m0 + MT - 1 [.., K] (row stride
- * ldx) and one packed block wb [K, 32] of weight type wt (int8: with the call's scale [N]). MT (1 .. MT_MAX)
+ * ldx) and one packed block wb [K, 32] of weight type wt (int8: with the call's scale [N]). MT (1 .. MT_OF(wt))
  * and wt must be compile-time constants at every call site: inlined, the row loops unroll completely and the
  * NV * MT accumulators stay in registers.
  * Prefetch only (no effect on the results): if `pf` is set, the tile also pulls a slice of the next block into
@@ -107,18 +114,18 @@ ALWAYS_INLINE void tile(const int MT, const int wt, const float *x, int64_t ldx,
         if (wt == WT_I8) {     /* one weight vector live at a time, converted from int8 (AVX2: 12 accumulators,
                                   3 broadcasts and 1 weight vector fill the 16 registers without a spill) */
             vf xb[MT_MAX];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int r = 0; r < MT; ++r) xb[r] = vf_set1(x[(m0 + r) * ldx + k]);
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
                 vf wv = vf_load_i8((const int8_t *)wb + k * NB + v * VW);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int r = 0; r < MT; ++r) acc[r][v] = vf_fma(xb[r], wv, acc[r][v]);
             }
             continue;
         }
         load_w(wt, wb, k, w);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < MT; ++r) {
             vf xb = vf_set1(x[(m0 + r) * ldx + k]);
 #pragma GCC unroll 4
@@ -128,21 +135,23 @@ ALWAYS_INLINE void tile(const int MT, const int wt, const float *x, int64_t ldx,
     for (int r = 0; r < MT; ++r) store_tile(y + (m0 + r) * ldy, n0, N, acc[r], scale, bias);
 }
 
-/* tile() for a run-time height mt (1 .. MT_MAX): one specialised copy per height. */
+/* tile() for a run-time height mt (1 .. MT_OF(wt)): one specialised copy per height. */
 ALWAYS_INLINE void tile_any(const int wt, int mt, const float *x, int64_t ldx, int64_t m0, const void *wb,
                             int64_t K, float *y, int64_t ldy, int64_t n0, int64_t N, const float *scale,
                             const float *bias, const char *pf, uint64_t pf_inc, int far) {
     switch (mt) {
-/* heights below MT_MAX each get their copy; MT_MAX (and, never reached, the heights past it) the default */
-#define TILE_CASE(h) case h: if (h < MT_MAX) { tile(h < MT_MAX ? h : 1, wt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, \
-                                                  bias, pf, pf_inc, far); break; } __attribute__((fallthrough));
-    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-    default: tile(MT_MAX, wt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, bias, pf, pf_inc, far); break;
+/* heights below MT_OF(wt) each get their copy; MT_OF(wt) (and, never reached, the heights past it) the default */
+#define TILE_CASE(h) case h: if (h < MT_OF(wt)) { tile(h < MT_OF(wt) ? h : 1, wt, x, ldx, m0, wb, K, y, ldy, n0, N, \
+                                                       scale, bias, pf, pf_inc, far); break; }                  \
+                         __attribute__((fallthrough));
+    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+    TILE_CASE(9) TILE_CASE(10) TILE_CASE(11)
+    default: tile(MT_OF(wt), wt, x, ldx, m0, wb, K, y, ldy, n0, N, scale, bias, pf, pf_inc, far); break;
 #undef TILE_CASE
     }
 }
 
-/* Out of line, one per weight type: the MT_MAX tile heights are compiled once, not at every caller. */
+/* Out of line, one per weight type: the tile heights are compiled once, not at every caller. */
 static void tile_f32(int mt, const float *x, int64_t ldx, int64_t m0, const float *wb, int64_t K, float *y,
                      int64_t ldy, int64_t n0, int64_t N, const float *bias, const char *pf, uint64_t pf_inc,
                      int far) {
@@ -163,30 +172,32 @@ static void tile_i8(int mt, const float *x, int64_t ldx, int64_t m0, const int8_
 
 /* Blocks go to threads as contiguous ranges, a thread done with its own taking from the back of the others'
  * (deal.h: a preempted thread - 2 cores shared with a server - does not hold up the call, and each thread streams
- * one long run of blocks); within a block the rows go in tiles of MT_MAX, so a block is read from memory once and
- * from cache for later tiles. With more than one tile, the first tile would wait on memory while the FMA units
+ * one long run of blocks); within a block the rows go in tiles of at most MT_OF(wt), so a block is read from memory
+ * once and from cache for later tiles. With more than one tile, the first tile would wait on memory while the FMA units
  * idle, and the later tiles compute while the memory bus idles: so the tiles of a block also prefetch the
  * thread's next block into L2, one slice each, and memory and arithmetic overlap (measured on 30 layers' weights
- * from DRAM: M = 40 rows 45 -> 35 ms, 16 rows 26 -> 21 ms; M <= 8 unchanged). Prefill-sized calls (16 tiles or
- * more: compute-bound, the streaming a small share) take single blocks from OpenMP's dynamic schedule instead,
- * which balances the threads' shares block by block. Neither dealing nor prefetching changes any arithmetic: the
- * results are bitwise the same whichever thread computes a block. */
-#define PREFILL_TILES 16
+ * from DRAM: M = 40 rows 45 -> 35 ms, 16 rows 26 -> 21 ms; M <= 8 unchanged). Prefill-sized calls (121 rows or
+ * more, 16 tiles of 8: compute-bound, the streaming a small share) take single blocks from OpenMP's dynamic
+ * schedule instead, which balances the threads' shares block by block. Neither dealing nor prefetching changes
+ * any arithmetic: the results are bitwise the same whichever thread computes a block. */
+#define PREFILL_TILES 16   /* of 8 rows, whatever MT_MAX */
 
-/* Block b (outputs 32 b .. 32 b + 31) for all M rows, in tiles of MT_MAX rows (the last one shorter). With more
- * than one tile, tile t also prefetches lines [t * per_tile, (t + 1) * per_tile) of block b + 1 when `ours`
- * says the same thread takes that block next. */
+/* Block b (outputs 32 b .. 32 b + 31) for all M rows, in the fewest tiles of at most MT_OF(wt) rows, of balanced
+ * heights (16 rows: 8 + 8, which ran faster than 12 + 4: each tile computes as long while its share of the next
+ * block's prefetch goes out). With more than one tile, tile t also prefetches lines [t * per_tile, (t + 1) *
+ * per_tile) of block b + 1 when `ours` says the same thread takes that block next. */
 ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int ours, const float *x, int64_t M, int64_t K,
                               int64_t ldx, const void *w, int64_t N, const float *scale, const float *bias, float *y,
                               int64_t ldy) {
     const int64_t block_bytes = K * NB * WT_BYTES(wt);
-    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT_MAX - 1) / MT_MAX;
+    const int64_t MT = MT_OF(wt);
+    int64_t nblocks = (N + NB - 1) / NB, ntiles = (M + MT - 1) / MT, base = M / ntiles, taller = M % ntiles;
     int64_t lines = block_bytes / 64, per_tile = (lines + ntiles - 1) / ntiles;
     const char *wb = (const char *)w + b * block_bytes;
     int next = ntiles > 1 && ours && b + 1 < nblocks;
     for (int64_t t = 0; t < ntiles; ++t) {
-        int64_t m0 = t * MT_MAX, first = t * per_tile;
-        int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+        int64_t m0 = t * base + (t < taller ? t : taller), first = t * per_tile;   /* the first `taller` tiles */
+        int mt = (int)(base + (t < taller));                                        /* one row more */
         int64_t count = lines - first < per_tile ? lines - first : per_tile;
         const char *pf = next && count > 0 ? wb + block_bytes + first * 64 : NULL;
         uint64_t inc = pf ? ((uint64_t)count << 32) / (uint64_t)K : 0;
@@ -201,7 +212,7 @@ ALWAYS_INLINE void gemm_block(const int wt, int64_t b, int ours, const float *x,
 
 /* Whether a product of M rows deals its blocks as ranges (deal.h), or, prefill-sized, takes them one at a time from
  * OpenMP's dynamic schedule. */
-int specgram_gemm_deals(int64_t M) { return (M + MT_MAX - 1) / MT_MAX < PREFILL_TILES; }
+int specgram_gemm_deals(int64_t M) { return (M + 7) / 8 < PREFILL_TILES; }   /* M < 121 rows */
 
 /* Every thread of the caller's OpenMP team: the blocks of one product, x [M, K] (row stride ldx) by w of weight
  * type wt into y [M, ldy]. ranges: nthreads ranges deal_init'ed for the product's blocks before any thread gets
