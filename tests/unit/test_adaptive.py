@@ -42,16 +42,60 @@ def frozen(monkeypatch, costs: StepCosts) -> StepCosts:
 # ---- pure parts -------------------------------------------------------------------------------------------
 
 def test_step_costs_recover_a_line():
-    a, b = costs_of(0.030, 0.002).line()
+    a, b, c = costs_of(0.030, 0.002).fit()
     assert a == pytest.approx(0.030, rel=0.02) and b == pytest.approx(0.002, rel=0.05)
+    assert c * 16 ** 2 < 0.02 * (a + 16 * b)             # no bend worth the name (the slope prior's pull)
+
+
+def test_step_costs_recover_a_knee():
+    # a CPU target: nearly flat while it streams its weights, then compute-bound (SmolLM2-135M at 8 streams)
+    measured = {8: 0.0135, 16: 0.0150, 24: 0.0175, 32: 0.0228, 40: 0.0288}
+    c = StepCosts()
+    for _ in range(30):
+        for n, s in measured.items():
+            c.record(n, s)
+    cost = c.curve()
+    for n, s in measured.items():
+        assert cost(n) == pytest.approx(s, rel=0.05)           # a line through these misses by 11-12%
+    assert c.fit()[2] > 0
+
+
+def test_step_costs_that_bend_down_fit_the_line():
+    c = StepCosts()
+    for _ in range(30):
+        for n in (1, 4, 9, 16):
+            c.record(n, 0.010 + 0.001 * n ** 0.5)       # concave: no square term, the least-squares line
+    a, b, curvature = c.fit()
+    assert curvature == 0 and b > 0 and a > 0
 
 
 def test_step_costs_with_one_row_count_use_the_prior_slope():
     c = StepCosts()
     for _ in range(10):
         c.record(4, 0.024)
-    a, b = c.line()
+    a, b, curvature = c.fit()
     assert a + 4 * b == pytest.approx(0.024) and b == pytest.approx(StepCosts.SLOPE_PRIOR * a, rel=1e-6)
+    assert curvature == 0
+
+
+def test_a_depth_is_planned_by_the_knee_not_by_a_line_across_it():
+    """8 streams, the int8 copy drafting at ~5.5 ms a depth: the planned depth is the one that maximises tokens
+    per second at the measured step costs (2: +30% over none). A line fitted to the same steps prices every row
+    at the knee's slope and planned no drafts at all."""
+    measured = {8: 0.0135, 16: 0.0150, 24: 0.0175, 32: 0.0228, 40: 0.0288, 48: 0.0346}
+    costs = StepCosts()
+    for _ in range(30):
+        for n, s in measured.items():
+            costs.record(n, s)
+    costs.draft_depth_s = 0.0055
+    model = [0.93, 0.86, 0.80, 0.74, 0.69]
+    ratios = {}
+    for depth in range(6):
+        tokens = 8 * (1 + sum(model[:depth]))
+        ratios[depth] = tokens / (measured[8 * (1 + depth)] + depth * costs.draft_depth_s)
+    best = max(ratios, key=ratios.get)
+    assert best == 2 and ratios[2] > 1.05 * ratios[3]
+    assert adaptive.plan_depths([model] * 8, [None] * 8, [0] * 8, costs) == [best] * 8
 
 
 def test_allocate_drafts_while_a_draft_pays_for_its_row():
@@ -59,10 +103,10 @@ def test_allocate_drafts_while_a_draft_pays_for_its_row():
     costs = costs_of(0.030, 0.003)
     chances = [0.9, 0.8, 0.5, 0.05]
     [cut] = allocate([chances], [False], costs)
-    a, b = costs.line()
+    cost = costs.curve()
     tokens, rows, expected = 1.0, 1, 0
     for p in chances:            # the greedy rule written out: keep adding while the ratio improves
-        if (tokens + p) / (a + b * (rows + 1)) <= tokens / (a + b * rows):
+        if (tokens + p) / cost(rows + 1) <= tokens / cost(rows):
             break
         tokens, rows, expected = tokens + p, rows + 1, expected + 1
     assert cut == expected == 3
@@ -84,8 +128,8 @@ def test_allocate_drafts_nothing_when_the_gain_is_within_the_margin():
     costs = costs_of(0.016, 0.0004)
     weak = [[0.3]] + [[]] * 7
     assert allocate(weak, [False] * 8, costs) == [0] * 8
-    a, b = costs.line()
-    gain = (8 + 0.3) / (a + 9 * b) / (8 / (a + 8 * b)) - 1
+    cost = costs.curve()
+    gain = (8 + 0.3) / cost(9) / (8 / cost(8)) - 1
     assert 0 < gain <= adaptive.MIN_GAIN                     # it would pay without the margin
     strong = [[0.9, 0.8]] * 4 + [[]] * 4                     # ~+35%: verified
     assert allocate(strong, [False] * 8, costs) == [2] * 4 + [0] * 4
@@ -346,7 +390,7 @@ def test_auto_follows_the_cost_model(engines, monkeypatch):
     engine = engines["wrong"]
     base = with_oracle(engine, PROMPTS, 30)
     only_rows = costs_of(0.0, 0.05)
-    monkeypatch.setattr(only_rows, "line", lambda: (0.0, 0.05))      # the fit's intercept is not exactly 0
+    monkeypatch.setattr(only_rows, "fit", lambda: (0.0, 0.05, 0.0))  # the fit's intercept is not exactly 0
     for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
         monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs))
         monkeypatch.setattr(engine.planner, "population", adaptive.Population())    # no history from other tests

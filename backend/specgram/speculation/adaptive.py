@@ -138,33 +138,35 @@ class RequestAcceptance:
             self.get(source, follows).observe(ok, n)
 
 
-def best_ratio(chances: list[float], rows: int, a: float, per_draft: float) -> float:
-    """Tokens per second of a step of `rows` verify rows costing a + b * rows (a here: that whole cost), with
-    one request's first n drafts added at per_draft seconds each, for the best n (0 included)."""
+def best_ratio(chances: list[float], rows: int, cost) -> float:
+    """Tokens per second of a step of `rows` verify rows, cost(N) seconds at N rows, with one request's first n
+    drafts added (n more rows), for the best n (0 included)."""
     tokens = float(rows)
-    best = tokens / a
+    best = tokens / cost(rows)
     for n, p in enumerate(chances, 1):
         tokens += p
-        best = max(best, tokens / (a + per_draft * n))
+        best = max(best, tokens / cost(rows + n))
     return best
 
 
-def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool], a: float, b: float,
+def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool], cost,
                 extra: float) -> tuple[list[int], float, float]:
     """-> (cuts, tokens, seconds): request i verifies its first cuts[i] drafts (all of a fixed one's, at most
-    limits[i] of another's), maximising expected tokens / seconds of a step costing a + b * rows + extra.
-    Drafts are taken by chance, likeliest first, while one raises the ratio: with a linear cost and chances
-    nonincreasing within a request, the best set is every draft above a threshold, and this walks down to it
-    (a request's drafts are so always a prefix)."""
+    limits[i] of another's), maximising expected tokens / seconds of a step costing cost(rows) + extra.
+    Drafts are taken by chance, likeliest first, while one raises the ratio: with a convex cost (StepCosts'
+    fit) and chances nonincreasing within a request, the best set is every draft above a threshold, and this
+    walks down to it (a request's drafts are so always a prefix)."""
     cuts = [len(c) if f else 0 for c, f in zip(chances, fixed)]
     tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed) if f)
-    seconds = a + b * (len(chances) + sum(cuts)) + extra
+    rows = len(chances) + sum(cuts)
+    seconds = cost(rows) + extra
     free = sorted(((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits)) if not f for p in c[:n]),
                   reverse=True)
     for p, neg_i in free:
-        if p * seconds <= b * tokens:          # (tokens + p) / (seconds + b) <= tokens / seconds
+        more = cost(rows + 1) + extra
+        if (tokens + p) * seconds <= tokens * more:          # (tokens + p) / more <= tokens / seconds
             break
-        tokens, seconds = tokens + p, seconds + b
+        tokens, rows, seconds = tokens + p, rows + 1, more
         cuts[-neg_i] += 1
     return cuts, tokens, seconds
 
@@ -181,18 +183,17 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     ones when the kept ones raise the ratio by MIN_GAIN or less."""
     if not costs.known:
         return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
-    a, b = costs.line()
-    d = costs.draft_depth_s
+    cost, d = costs.curve(), costs.draft_depth_s
     n = len(chances)
     fixed = fixed or [False] * n
     paid = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and f), default=0)
-    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, a, b, sunk + d * paid)
+    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, cost, sunk + d * paid)
     base = tokens / seconds
     best, best_cuts = base, base_cuts
     deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and not f), default=0)
     for depth in range(0, max(deepest, paid) + 1):
         limits = [depth if m else len(c) for c, m in zip(chances, draft_model)]
-        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, a, b, sunk + d * max(depth, paid))
+        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, cost, sunk + d * max(depth, paid))
         if tokens / seconds > best:
             best, best_cuts = tokens / seconds, cuts
     return best_cuts if best > (1 + MIN_GAIN) * base else base_cuts
@@ -214,19 +215,18 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     n = len(model)
     if not costs.known:
         return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
-    a, b = costs.line()
-    d, step = costs.draft_depth_s, a + b * n
+    cost, d = costs.curve(), costs.draft_depth_s
     deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
     best, best_depths, shallow = 0.0, list(forced), 0.0
-    looked = [best_ratio(look, n, step, b) if look else 0.0 for look in lookup]     # the same at every depth
+    looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]     # the same at every depth
     for depth in range(0, deepest + 1):
         options, by_model = [], []
         for m, look, f, lr in zip(model, lookup, forced, looked):
             own = m[:f + depth]
-            use = len(own) > f and (not look or best_ratio(own, n, step, b) > lr)
+            use = len(own) > f and (not look or best_ratio(own, n, cost) > lr)
             options.append(own if use else look or own)
             by_model.append(use)
-        cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, a, b,
+        cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, cost,
                                             d * max(depth, paid))
         ratio = tokens / seconds
         if depth == 0:

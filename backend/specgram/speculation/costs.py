@@ -6,22 +6,30 @@ from __future__ import annotations
 
 
 class StepCosts:
-    """Seconds per decode step as a function of its verify rows N: a + b N, fitted online by least squares with
-    forgetting; b is shrunk toward a prior share of a, so few distinct N still give a usable slope."""
+    """Seconds per decode step as a function of its verify rows N: a + b N + c N^2, fitted online by least squares
+    with forgetting. The square term is there because a CPU target streams its weights at a few rows (a nearly flat
+    cost) and turns compute-bound past a few tens (SmolLM2-135M at 8 streams: 24 rows cost 1.3x 8 rows, 40 rows
+    2.1x): a line fitted across that knee prices a shallow depth's rows too dear and a deep one's too cheap, and
+    the planner then drafts too deep. b is shrunk toward a prior share of a and c toward 0, so few distinct N still
+    give a usable fit (a single N: the prior slope, no curvature); a fit that bends down or falls (noise) is
+    replaced by the flat-start parabola or the line."""
 
     FORGET = 0.97
     SLOPE_PRIOR = 0.05      # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
-    SLOPE_WEIGHT = 4.0      # the prior counts like this many observations one row apart
+    SLOPE_WEIGHT = 4.0      # the priors count like this many observations one row apart
 
     def __init__(self) -> None:
-        self.s0 = self.s1 = self.s2 = self.sy = self.sny = 0.0
+        # discounted sums of 1, N, N^2, N^3, N^4, y, N y, N^2 y over the observations (y: seconds)
+        self.s0 = self.s1 = self.s2 = self.s3 = self.s4 = self.sy = self.sny = self.sn2y = 0.0
         self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA
         self.read_token_s = 0.0         # the draft model's prompt read at admission, per prompt token, EMA
 
     def record(self, rows: int, seconds: float) -> None:
-        f = self.FORGET
-        self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + rows, f * self.s2 + rows * rows
-        self.sy, self.sny = f * self.sy + seconds, f * self.sny + rows * seconds
+        f, n = self.FORGET, float(rows)
+        self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + n, f * self.s2 + n * n
+        self.s3, self.s4 = f * self.s3 + n ** 3, f * self.s4 + n ** 4
+        self.sy, self.sny = f * self.sy + seconds, f * self.sny + n * seconds
+        self.sn2y = f * self.sn2y + n * n * seconds
 
     def record_draft(self, depth: int, seconds: float) -> None:
         if depth > 0:
@@ -35,16 +43,30 @@ class StepCosts:
     def known(self) -> bool:
         return self.s0 > 0
 
-    def line(self) -> tuple[float, float]:
-        """-> (a, b) of cost(N) = a + b N in seconds."""
-        mean_n, mean_y = self.s1 / self.s0, self.sy / self.s0
-        b0 = self.SLOPE_PRIOR * mean_y / (1 + self.SLOPE_PRIOR * mean_n)    # prior: a + b0 N with b0 = 5% of a
-        lam = self.SLOPE_WEIGHT
-        var = self.s2 - self.s1 * mean_n          # sum of w (N - mean)^2
-        cov = self.sny - self.s1 * mean_y         # sum of w (N - mean)(y - mean)
-        b = max((cov + lam * b0) / (var + lam), 1e-9)
-        a = max(mean_y - b * mean_n, 1e-9)
-        return a, b
+    def fit(self) -> tuple[float, float, float]:
+        """-> (a, b, c) of cost(N) = a + b N + c N^2 in seconds, b > 0 and c >= 0. Centred normal equations in
+        u = N - mean N and v = N^2 - mean N^2, with ridge priors: b toward b0 (5% of a) with weight lam, c toward
+        0 with weight lam (2 mean N + 1)^2 (N^2 moves about 2 N + 1 a row)."""
+        s0, lam = self.s0, self.SLOPE_WEIGHT
+        m1, m2, my = self.s1 / s0, self.s2 / s0, self.sy / s0
+        b0 = self.SLOPE_PRIOR * my / (1 + self.SLOPE_PRIOR * m1)    # prior: a + b0 N with b0 = 5% of a
+        lam_c = lam * (2 * m1 + 1) ** 2
+        suu, suv, svv = self.s2 - self.s1 * m1, self.s3 - self.s1 * m2, self.s4 - self.s2 * m2
+        suy, svy = self.sny - self.s1 * my + lam * b0, self.sn2y - self.s2 * my
+        det = (suu + lam) * (svv + lam_c) - suv * suv
+        b = (suy * (svv + lam_c) - suv * svy) / det
+        c = ((suu + lam) * svy - suv * suy) / det
+        if b < 0 < c:                     # falling at first: a parabola from a flat start instead
+            b, c = 0.0, svy / (svv + lam_c)
+        if c <= 0:                        # bending down: the line
+            b, c = suy / (suu + lam), 0.0
+        b = max(b, 1e-9)
+        return max(my - b * m1 - c * m2, 1e-9), b, c
+
+    def curve(self):
+        """-> cost(N), the fitted seconds of a step of N verify rows (fit() once, then pure arithmetic)."""
+        a, b, c = self.fit()
+        return lambda n: a + b * n + c * n * n
 
 
 def _ema(mean: float, x: float) -> float:
@@ -58,20 +80,20 @@ def probe_can_pay(rows: int, costs: StepCosts) -> bool:
     forward, after feeding the draft model every token it missed while idle)."""
     if not costs.known or costs.draft_depth_s == 0:
         return True
-    a, b = costs.line()
-    return (rows + 1) / (a + b * (rows + 1) + costs.draft_depth_s) > rows / (a + b * rows)
+    cost = costs.curve()
+    return (rows + 1) / (cost(rows + 1) + costs.draft_depth_s) > rows / cost(rows)
 
 
 def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     """Whether one draft-model depth could raise tokens per second in a step of `rows` verify rows if every row
     drafted a token in it, accepted with probability p (the engine-wide rate): the depth's forward is shared by
     all the rows that draft at it, so this is where the model can pay at that many streams (its prompt reads at
-    admission are worth it). rows (1 + p) / (a + 2 b rows + d) > rows / (a + b rows), i.e.
-    p a - (1 - p) b rows > d: fewer streams pay as the verify rows' cost grows."""
+    admission are worth it): rows (1 + p) / (cost(2 rows) + d) > rows / cost(rows). Fewer streams pay as the
+    verify rows' cost grows."""
     if not costs.known or costs.draft_depth_s == 0:
         return True
-    a, b = costs.line()
-    return rows * (1 + p) / (a + 2 * b * rows + costs.draft_depth_s) > rows / (a + b * rows)
+    cost = costs.curve()
+    return rows * (1 + p) / (cost(2 * rows) + costs.draft_depth_s) > rows / cost(rows)
 
 
 JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (int8 copy of SmolLM2-135M:
@@ -83,22 +105,22 @@ def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_le
     the measured seconds per token) costs less than the model's drafts can save over the tokens_left tokens it
     may still produce, at `rows` streams, `joined` of the others already drafting with the model. Two ways the
     drafts can save, the better counting:
-    - a depth shared by every row, accepted with probability p: a step yields R = (1 + p)(a + b rows) /
-      (a + 2 b rows + d) times the tokens per second (depth_can_pay's comparison), so each of its tokens takes
-      1 - 1 / R less of its share of a step, (a + b rows) / rows;
+    - a depth shared by every row, accepted with probability p: a step yields R = (1 + p) cost(rows) /
+      (cost(2 rows) + d) times the tokens per second (depth_can_pay's comparison), so each of its tokens takes
+      1 - 1 / R less of its share of a step, cost(rows) / rows;
     - joining depths the others pay for anyway (joined > 0): two drafts a step, p + p^2 tokens expected, each
-      worth a token's share of a step, for two verify rows and two rows more in the depth forwards (b +
-      JOIN_ROW_SHARE d each), over tokens_left / (1 + p + p^2) steps.
+      worth a token's share of a step, for two verify rows (cost(rows + 2) - cost(rows)) and two rows more in
+      the depth forwards (JOIN_ROW_SHARE d each), over tokens_left / (1 + p + p^2) steps.
     Unknown costs (nothing measured yet): it pays, and the read is measured."""
     if not costs.known or costs.draft_depth_s == 0 or costs.read_token_s == 0:
         return True
-    a, b = costs.line()
+    cost = costs.curve()
     rows = max(rows, 1)
-    d, per_token = costs.draft_depth_s, (a + b * rows) / rows
-    gain = (1 + p) * (a + b * rows) / (a + 2 * b * rows + d)
+    d, per_token = costs.draft_depth_s, cost(rows) / rows
+    gain = (1 + p) * cost(rows) / (cost(2 * rows) + d)
     saved = tokens_left * per_token * (1 - 1 / gain) if gain > 1 else 0.0
     if joined > 0:
         expected = p + p * p
-        per_step = expected * per_token - 2 * (b + JOIN_ROW_SHARE * d)
+        per_step = expected * per_token - (cost(rows + 2) - cost(rows)) - 2 * JOIN_ROW_SHARE * d
         saved = max(saved, tokens_left / (1 + expected) * per_step)
     return saved > costs.read_token_s * prompt_len
