@@ -42,8 +42,8 @@ SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
 # allocate() keeps a step's drafts (beyond fixed-k requests' own) only when they raise its expected goodput by
 # more than this share: below it the
-# gain is within the cost line's error (a verify row's measured cost varies 2-5x with the rows' shapes: eight
-# 2-token rows cost less per row than one 5-token row) and the per-draft work the line does not time (lookup,
+# gain is within the cost fit's error (a verify row's measured cost varies 2-5x with the rows' shapes: eight
+# 2-token rows cost less per row than one 5-token row) and the per-draft work the fit does not time (lookup,
 # masks, commit). Measured: free text at 8 streams, lookup auto verified 30%-accepted drafts whose predicted gain
 # was 1-5% and lost 3-8% to no drafting; at one stream and on prompts that repeat, drafts gain 10-100%.
 MIN_GAIN = 0.03
