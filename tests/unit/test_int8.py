@@ -124,13 +124,38 @@ def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_i
     with closing(make_engine(draft_quantization="int8")) as engine:
         copy = engine.drafters["draft_model"].runner
         assert engine.target.weights == "auto" and copy.weights == "int8" and copy.native.lib is lib
-        assert copy.model is engine.target.model and copy.cache is not engine.target.cache  # shared model, own cache
+        assert copy.model is engine.target.model and copy.cache is engine.target.cache  # shared model, shared cache
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
         spec = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=3, drafter="draft_model")
     assert [tokens_of(o) for o in spec] == alone
     drafted = sum(o[-1].spec.drafted for o in spec)
     accepted = sum(o[-1].spec.accepted for o in spec)
     assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
+
+
+def test_the_target_copy_shares_the_target_cache_reads_no_prompt_and_leaves_the_target_kv_as_without_drafts(
+        lib, make_engine):
+    """The copy attends to the target's K and V: admission feeds it nothing, a proposal feeds the last committed
+    token (and the forced prefix, and its drafts), and after the run every committed position of the target's
+    cache holds bitwise what a run without speculation wrote there (the verify overwrote what the copy wrote)."""
+    prompt, n_out = PROMPTS[0], 24
+    with closing(make_engine(draft_quantization="int8")) as plain:
+        alone = tokens_of(run(plain, [prompt], max_tokens=n_out, ignore_eos=True)[0])
+        k_ref, v_ref = plain.target.cache.k.clone(), plain.target.cache.v.clone()
+        n_prompt = len(plain.make_request(SamplingParams(), text=prompt).prompt_ids)
+    with closing(make_engine(draft_quantization="int8")) as engine:
+        drafter = engine.drafters["draft_model"]
+        assert drafter.shares_cache and not drafter.reads_prompts
+        fed = []
+        forward_rows = drafter.runner.forward_rows
+        drafter.runner.forward_rows = lambda rows, *a, **kw: fed.append(list(map(len, rows))) or forward_rows(
+            rows, *a, **kw)
+        spec = run(engine, [prompt], max_tokens=n_out, ignore_eos=True, num_draft_tokens=3, drafter="draft_model")
+        assert tokens_of(spec[0]) == alone and spec[0][-1].spec.accepted > 0
+        assert fed and max(max(f) for f in fed) == 1        # never a prompt or a catch-up: one token a row
+        n = n_prompt + n_out - 1                            # committed tokens with K and V in the cache
+        cache = engine.target.cache
+        assert torch.equal(cache.k[..., :n], k_ref[..., :n]) and torch.equal(cache.v[:, :, :, :n], v_ref[:, :, :, :n])
 
 
 def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(make_engine, monkeypatch):

@@ -48,10 +48,19 @@ def test_an_engine_with_a_bfloat16_cache_gives_the_same_tokens_alone_batched_and
             assert [tokens_of(o) for o in spec] == alone, (k, drafter)
 
 
-def test_the_int8_copy_keeps_a_bfloat16_cache_for_a_float32_target(lib, make_engine):
-    with closing(make_engine(draft_quantization="int8")) as engine:
+@pytest.mark.parametrize("kv", ["auto", "bfloat16"])
+def test_the_target_int8_copy_uses_the_target_cache_and_another_checkpoint_copy_a_bfloat16_one(lib, make_engine,
+                                                                                             tiny_ckpt, kv):
+    with closing(make_engine(draft_quantization="int8", kv_cache_dtype=kv)) as engine:
+        assert engine.target.cache.k.dtype == (torch.bfloat16 if kv == "bfloat16" else torch.float32)
+        assert engine.drafters["draft_model"].runner.cache is engine.target.cache
+        alone = [tokens_of(run(engine, [p], max_tokens=16)[0]) for p in PROMPTS]
+        spec = run(engine, PROMPTS, max_tokens=16, num_draft_tokens=3, drafter="draft_model")
+        assert [tokens_of(o) for o in spec] == alone
+    with closing(make_engine(draft_quantization="int8", draft_checkpoint=str(tiny_ckpt))) as engine:
+        copy = engine.drafters["draft_model"]
+        assert not copy.shares_cache and copy.runner.cache.k.dtype == torch.bfloat16
         assert engine.target.cache.k.dtype == torch.float32
-        assert engine.drafters["draft_model"].runner.cache.k.dtype == torch.bfloat16
 
 
 def test_the_kv_cache_dtype_setting_is_validated(tiny_ckpt):

@@ -142,8 +142,9 @@ def test_cancelled_stream_gets_final_and_frees_its_slot(model):
 
 
 def test_cancellation_is_polled_at_a_bounded_rate(model):
-    """is_cancelled() is a round trip to the server process: each stream is asked at most every 0.25 s."""
-    reqs = [request(stream=True, max_tokens=60, ignore_eos=True) for _ in range(2)]
+    """is_cancelled() is a round trip to the server process: each stream is asked at most every 0.25 s (one
+    token a step, no drafts: 60 steps and responses each)."""
+    reqs = [request(stream=True, max_tokens=60, ignore_eos=True, num_draft_tokens=0) for _ in range(2)]
     t0 = time.monotonic()
     model.execute(reqs)
     for r in reqs:

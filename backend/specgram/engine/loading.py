@@ -1,11 +1,12 @@
 """Loading: the target, the tokenizer, the EOS ids and the draft model a configuration names.
 
 draft_quantization int8: the draft is an int8 copy of draft_checkpoint's model, or of the target's when there is
-none, with a KV cache of its own. Where the native CPU forward runs that model it is an int8 copy on the native
+none. Where the native CPU forward runs that model it is an int8 copy on the native
 kernels (model/int8.py: a scale per output channel; it shares the loaded model with the target rather than
 copying it): int8 weights and activations quantized per row to int16 (weights "int8-dynamic") where the CPU has
 VNNI, else int8 weights with fp32 activations ("int8"); elsewhere it is torch's dynamic-quantized copy
-(model/quantize.py).
+(model/quantize.py). The target's own native copy reads and writes the target's KV cache (nothing to read at
+admission, no second cache); any other draft has a KV cache of its own.
 draft_quantization auto: the target's int8 copy where the native forward runs the target, else no draft model.
 weights int8 (the target's): the same native int8 forms, int16 activations where the CPU has VNNI, else fp32 ones.
 """
@@ -76,10 +77,10 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
         if config.draft_quantization != "int8":
             draft = ModelRunner(base, config.max_slots, config.max_seq_len, static, config.linear)
     if draft_quantization(config, target) == "int8":
-        draft = int8_draft(base, config, static)
+        draft = int8_draft(base, config, static, target)
     drafters: dict[str, Drafter] = {}
     if draft is not None:
-        drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
+        drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size, shares_cache=draft.cache is target.cache)
     elif config.drafter == "draft_model":
         raise ModelLoadError("drafter 'draft_model': draft_quantization auto found no draft model to load here "
                              "(the native CPU forward does not run the target); set draft_checkpoint")
@@ -108,14 +109,20 @@ def target_weights(config: EngineConfig) -> str:
     return int8_form(kernels.load()) if config.weights == "int8" else config.weights
 
 
-def int8_draft(model, config: EngineConfig, static: int) -> ModelRunner:
+def int8_draft(model, config: EngineConfig, static: int, target: ModelRunner | None = None) -> ModelRunner:
     """An int8 copy of `model` as a draft runner: where the native forward runs it, int8 weights with int16
     activations on a CPU with VNNI (as close to the target as int8 weights alone and cheaper: int8 activations
-    would be cheaper still at M = 8 but agree with it less, int8.py), else int8 weights, and a bfloat16 KV cache
-    (at 8 streams attention reads as many bytes as the int8 weights; a draft may be lossy, the target verifies);
-    elsewhere torch's dynamic quantization (which the PyTorch forward runs)."""
+    would be cheaper still at M = 8 but agree with it less, int8.py), else int8 weights; elsewhere torch's
+    dynamic quantization (which the PyTorch forward runs).
+    The native copy of the target's own model shares the target's KV cache: it attends to the target's K and V
+    of every committed token (closer drafts than its own int8 ones), reads no prompt at admission and feeds only
+    the last committed token a step (docs/performance.md, "The copy shares the target's KV cache"). A copy of another checkpoint keeps a bfloat16 cache of its own (at 8
+    streams attention reads as many bytes as the int8 weights; a draft may be lossy, the target verifies)."""
     kind, lib = choose_forward(model, config.linear, static)
     if kind == "native":
+        if target is not None and target.native is not None and model is target.model:
+            return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear,
+                               weights=int8_form(lib), cache=target.cache)
         return ModelRunner(model, config.max_slots, config.max_seq_len, static, config.linear,
                            weights=int8_form(lib), kv_dtype="bfloat16")
     from ..model.quantize import quantize_dynamic_int8

@@ -106,7 +106,7 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> to
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0,
-                 linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto"):
+                 linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto", cache: KVCache | None = None):
         """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
         positions of headroom per row (for the padded entries of a row near max_seq_len).
@@ -118,7 +118,11 @@ class ModelRunner:
         int8, int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
         copy of a target), each with its own cache.
         kv_dtype: "auto" (the activations' dtype: float32 on the native forward) | "bfloat16" (the native forward
-        only: half the bytes for attention to read, lossy; the int8 draft copy's)."""
+        only: half the bytes for attention to read, lossy).
+        cache: another runner's KV cache to read and write instead of a cache of its own (the native forward only;
+        the int8 draft copy of its target: the same layers, heads and slots, so the copy attends to the target's
+        own K and V of every committed token, and the target's verify overwrites what the copy wrote past them).
+        kv_dtype is then that cache's."""
         if weights not in RUNNER_WEIGHTS:
             raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
         self.model = model.eval()
@@ -157,9 +161,16 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.scratch_slot = max_slots                       # used only by the static path
         extra_slots, headroom = (1, static_width) if static_width else (0, 0)
-        self.cache = KVCache(cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads,
-                             max_seq_len + headroom, self.head_dim, kv, self.device,
-                             k_positions_last=self.native is not None)
+        shape = (cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads, max_seq_len + headroom,
+                 self.head_dim)
+        if cache is not None:
+            if self.native is None or not cache.k_positions_last or tuple(cache.v.shape) != shape:
+                raise ModelLoadError(f"a shared KV cache needs the native forward and a cache of V shape {shape} "
+                                     f"with positions last; got V {tuple(cache.v.shape)} on the {kind} forward")
+            self.cache = cache
+            self.kv_dtype = "bfloat16" if cache.v.dtype == torch.bfloat16 else "auto"
+        else:
+            self.cache = KVCache(*shape, kv, self.device, k_positions_last=self.native is not None)
         self.graphed = None
         if static_width:
             from .cuda_graphs import GraphedForward

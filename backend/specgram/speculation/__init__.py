@@ -2,7 +2,7 @@
 
 drafter      the Drafter interface, Proposal, and the grammar-only drafter (tokens a grammar forces)
 ngram        prompt lookup: continue the latest earlier occurrence of the current suffix (free)
-draft_model  a second, cheaper model (another ModelRunner with its own KV cache)
+draft_model  a second, cheaper model (another ModelRunner; the target's int8 copy shares its KV cache)
 planner      a step's drafts: drafting, the grammar's seal, the draft-length cuts, bookkeeping
 adaptive     the draft length per request per step (acceptance estimates, step costs)
 sampling     token choice: greedy and sampled picks, greedy and rejection-sampling verification

@@ -1,4 +1,4 @@
-"""A draft model: a second ModelRunner (own KV cache, same slots) proposing k tokens autoregressively.
+"""A draft model: a second ModelRunner (same slots) proposing k tokens autoregressively.
 
 Per request we track how many committed tokens the draft cache holds (`lens`). Proposing feeds the
 tokens it lacks (1–2 after a step; more after steps that drafted otherwise) plus any forced prefix, then
@@ -6,6 +6,13 @@ its own drafts one at a time; after verification the valid length is the committ
 actually fed. Rows are batched across requests; requests with a smaller k drop out of later draft
 iterations. A prompt is read at admission, or (admit(now=False), auto requests among many streams) not at
 all: the planner then never drafts for that request with the model.
+
+shares_cache: the draft runner reads and writes the target's own KV cache (the target's int8 copy,
+engine/loading.py). Then the cache always holds the target's K and V of every committed token but the last
+(request.cache_len of them): there is no prompt to read and nothing to catch up, a proposal feeds the last
+committed token, the forced prefix and its drafts at positions cache_len and on, and the target's verify
+forward, which writes all of its tokens' K and V before any attends, overwrites each of those positions
+that it goes on to keep (positions past the committed ones are never read before they are written again).
 """
 from __future__ import annotations
 
@@ -26,9 +33,10 @@ def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 class DraftModelDrafter(Drafter):
-    def __init__(self, runner: ModelRunner, target_vocab: int):
+    def __init__(self, runner: ModelRunner, target_vocab: int, shares_cache: bool = False):
         self.runner = runner
         self.vocab = target_vocab
+        self.shares_cache = shares_cache
         self.lens: dict[int, int] = {}             # request id -> committed tokens in the draft cache
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
 
@@ -40,6 +48,8 @@ class DraftModelDrafter(Drafter):
         """The requests' prompts go into the draft cache now, in one forward; now=False (native runners only,
         whose rows are packed, never padded to the longest): not now (the planner passes it for auto requests
         admitted where no draft could pay, and then never drafts for them with the model)."""
+        if self.shares_cache:
+            return                                 # the target's prefill wrote the prompt's K and V
         if not now and self.runner.native is not None:
             for r in reqs:
                 self.lens[r.request_id] = 0
@@ -48,17 +58,26 @@ class DraftModelDrafter(Drafter):
         for r in reqs:
             self.lens[r.request_id] = len(r.prompt_ids)
 
+    @property
+    def reads_prompts(self) -> bool:
+        """Whether admit() costs a forward (a cache of its own), which the planner may decide against."""
+        return not self.shares_cache
+
+    def _held(self, req: Request) -> int:
+        """Committed tokens whose K and V the draft cache holds."""
+        return req.cache_len if self.shares_cache else self.lens.get(req.request_id, 0)
+
     def started(self, req: Request) -> bool:
         """Whether the draft cache holds any of req's tokens (its prompt went in at admission or since)."""
-        return self.lens.get(req.request_id, 0) > 0
+        return self._held(req) > 0
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
         out = [Proposal(list(p)) for p in prefixes]
         active = [i for i, k in enumerate(ks) if k > len(prefixes[i])]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
         # first forward: the committed tokens the draft cache lacks (>= 1: the last one) + the forced prefix
-        rows = [reqs[i].all_ids[self.lens.setdefault(reqs[i].request_id, 0):] + prefixes[i] for i in active]
-        starts = [self.lens[reqs[i].request_id] for i in active]
+        starts = [self._held(reqs[i]) for i in active]
+        rows = [reqs[i].all_ids[s:] + prefixes[i] for i, s in zip(active, starts)]
         while active:
             group = [reqs[i] for i in active]
             ids, p = pick(self._forward(rows, group, starts), group, [len(out[i].tokens) for i in active])
@@ -81,11 +100,11 @@ class DraftModelDrafter(Drafter):
 
     def behind(self, req: Request) -> int:
         """Committed tokens the draft cache lacks: what the next proposal feeds before drafting."""
-        return req.num_tokens - self.lens.get(req.request_id, 0)
+        return req.num_tokens - self._held(req)
 
     def committed(self, req: Request, accepted: int) -> None:
         fed = self.fed.pop(req.request_id, None)
-        if fed is not None:
+        if fed is not None and not self.shares_cache:
             n, drafts_fed = fed
             self.lens[req.request_id] = n + min(accepted, drafts_fed)
 

@@ -55,12 +55,13 @@ class DraftPlanner:
         could pay at this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over
         the tokens the request may still produce, alone or joining the depths that the requests it already reads
         draft in (costs.read_pays; the reads are timed for it); else it never drafts for that request under auto
-        (reading the prompt is a prefill, which then costs more than the drafts it may ever win)."""
+        (reading the prompt is a prefill, which then costs more than the drafts it may ever win). A draft model
+        that shares the target's cache reads nothing: every request may draft with it at any step."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if not users:
                 continue
-            if name != "draft_model":
+            if name != "draft_model" or not drafter.reads_prompts:
                 drafter.admit(users, True)
                 continue
             p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])

@@ -18,8 +18,8 @@ to copy, so n-gram lookup has something to find), at each --concurrency (c = 1: 
   exact    greedy output ids equal the no-speculation ones for every prompt
 Drafters: ngram (prompt lookup), bf16 (the target checkpoint in bfloat16), int8 (an int8 dynamic-quantized
 copy of the target, specgram.model.quantize), int8n (the target's int8 copy on the native kernels, what
-draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones; a bfloat16 KV
-cache). k "auto": the engine
+draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones; it reads and writes
+the target's own KV cache). k "auto": the engine
 chooses k per request per step.
 --prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
@@ -71,7 +71,7 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
         from specgram.engine.loading import int8_form
 
         return ModelRunner(target.model, slots, max_seq_len, weights=int8_form(target.native.lib),
-                           kv_dtype="bfloat16")                      # as engine.loading.int8_draft
+                           cache=target.cache)                       # as engine.loading.int8_draft
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
@@ -123,8 +123,8 @@ def run(args) -> None:
     target = ModelRunner.from_pretrained(args.model, slots, max_seq_len, torch.device("cpu"), torch.float32)
     drafts = {kind: load_draft(kind, target, args.model, slots, max_seq_len)
               for kind in dict.fromkeys(CONFIGS[n][1] for n in names) if kind}
-    engines = {kind: Engine(config, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
-               for kind, r in drafts.items()}
+    engines = {kind: Engine(config, target, tok, {"draft_model": DraftModelDrafter(
+                   r, target.vocab_size, shares_cache=r.cache is target.cache)}) for kind, r in drafts.items()}
     engines[None] = Engine(config, target, tok)
     for kind, e in engines.items():                   # warm-up: every engine, every concurrency
         for c in args.concurrency:
