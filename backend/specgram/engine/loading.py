@@ -116,8 +116,9 @@ def int8_draft(model, config: EngineConfig, static: int, target: ModelRunner | N
     dynamic quantization (which the PyTorch forward runs).
     The native copy of the target's own model shares the target's KV cache: it attends to the target's K and V
     of every committed token (closer drafts than its own int8 ones), reads no prompt at admission and feeds only
-    the last committed token a step (docs/performance.md, "The copy shares the target's KV cache"). A copy of another checkpoint keeps a bfloat16 cache of its own (at 8
-    streams attention reads as many bytes as the int8 weights; a draft may be lossy, the target verifies)."""
+    the last committed token a step (docs/performance.md, "The copy shares the target's KV cache"). A copy of
+    another checkpoint keeps a bfloat16 cache of its own (at 8 streams attention reads as many bytes as the
+    int8 weights; a draft may be lossy, the target verifies)."""
     kind, lib = choose_forward(model, config.linear, static)
     if kind == "native":
         if target is not None and target.native is not None and model is target.model:

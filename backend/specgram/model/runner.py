@@ -116,7 +116,7 @@ class ModelRunner:
         weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
         elsewhere) | "int8-dynamic" | "int8-dynamic8" (int8 weights, activations quantized per row to int16 /
         int8, int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
-        copy of a target), each with its own cache.
+        copy of a target), each with its own cache or (cache=) one of them sharing another's.
         kv_dtype: "auto" (the activations' dtype: float32 on the native forward) | "bfloat16" (the native forward
         only: half the bytes for attention to read, lossy).
         cache: another runner's KV cache to read and write instead of a cache of its own (the native forward only;
