@@ -98,6 +98,19 @@ def test_a_depth_is_planned_by_the_knee_not_by_a_line_across_it():
     assert adaptive.plan_depths([model] * 8, [None] * 8, [0] * 8, costs) == [best] * 8
 
 
+def test_a_depth_that_gains_a_little_is_planned_without_a_margin_over_none():
+    """A depth whose step expects only ~1.5% more tokens per second than no drafts is still planned (the depth
+    forward is timed; allocate's MIN_GAIN margin is for untimed per-draft work), and one that loses is not."""
+    costs = costs_of(0.016, 0.0005)                  # 8 rows 20 ms, 16 rows 24 ms
+    cost = costs.curve()
+    for d, planned in ((0.0059, 1), (0.0075, 0)):
+        costs.draft_depth_s = d
+        p = 0.52
+        gain = 8 * (1 + p) / (cost(16) + d) / (8 / cost(8)) - 1
+        assert (0 < gain < adaptive.MIN_GAIN) if planned else gain < 0, gain
+        assert adaptive.plan_depths([[p]] * 8, [None] * 8, [0] * 8, costs) == [planned] * 8
+
+
 def test_allocate_drafts_while_a_draft_pays_for_its_row():
     # one request, cost 30 ms + 3 ms per row: draft j pays iff its chance beats the running tokens/cost ratio
     costs = costs_of(0.030, 0.003)

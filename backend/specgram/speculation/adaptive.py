@@ -210,14 +210,15 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     For each depth D: each request takes the better of its lookup drafts and its first D model drafts at the
     verify row's cost alone (best_ratio), the step's cuts follow (_cut_greedy), and the D whose step expects the
     most tokens per second wins; a depth forward is shared by every request drafting at it, so at many streams
-    the model pays where one request's drafts alone could not carry it. D = 0 unless a deeper one beats it by
-    more than MIN_GAIN. Before any timing: lookup where it found something, else every model draft."""
+    the model pays where one request's drafts alone could not carry it. No margin over D = 0 (unlike allocate's
+    MIN_GAIN): a depth's forward is timed, and a 3% margin kept the int8 copy idle in steps where it gained
+    (docs/performance.md, the served default). Before any timing: lookup where it found something, else every model draft."""
     n = len(model)
     if not costs.known:
         return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
     cost, d = costs.curve(), costs.draft_depth_s
     deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
-    best, best_depths, shallow = 0.0, list(forced), 0.0
+    best, best_depths = 0.0, list(forced)
     looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]     # the same at every depth
     for depth in range(0, deepest + 1):
         options, by_model = [], []
@@ -229,9 +230,7 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
         cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, cost,
                                             d * max(depth, paid))
         ratio = tokens / seconds
-        if depth == 0:
-            shallow = ratio
-        if ratio > best and (depth == 0 or ratio > (1 + MIN_GAIN) * shallow):
+        if ratio > best:
             best = ratio
             best_depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model)]
     return best_depths
