@@ -212,7 +212,8 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     most tokens per second wins; a depth forward is shared by every request drafting at it, so at many streams
     the model pays where one request's drafts alone could not carry it. No margin over D = 0 (unlike allocate's
     MIN_GAIN): a depth's forward is timed, and a 3% margin kept the int8 copy idle in steps where it gained
-    (docs/performance.md, the served default). Before any timing: lookup where it found something, else every model draft."""
+    (docs/performance.md, the served default). Before any timing: lookup where it found something, else every
+    model draft."""
     n = len(model)
     if not costs.known:
         return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
