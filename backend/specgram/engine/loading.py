@@ -80,7 +80,7 @@ def load(config: EngineConfig) -> tuple[ModelRunner, object, dict[str, Drafter]]
         draft = int8_draft(base, config, static, target)
     drafters: dict[str, Drafter] = {}
     if draft is not None:
-        drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size, shares_cache=draft.cache is target.cache)
+        drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     elif config.drafter == "draft_model":
         raise ModelLoadError("drafter 'draft_model': draft_quantization auto found no draft model to load here "
                              "(the native CPU forward does not run the target); set draft_checkpoint")

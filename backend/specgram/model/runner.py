@@ -168,9 +168,11 @@ class ModelRunner:
                 raise ModelLoadError(f"a shared KV cache needs the native forward and a cache of V shape {shape} "
                                      f"with positions last; got V {tuple(cache.v.shape)} on the {kind} forward")
             self.cache = cache
+            self.shares_cache = True
             self.kv_dtype = "bfloat16" if cache.v.dtype == torch.bfloat16 else "auto"
         else:
             self.cache = KVCache(*shape, kv, self.device, k_positions_last=self.native is not None)
+            self.shares_cache = False
         self.graphed = None
         if static_width:
             from .cuda_graphs import GraphedForward

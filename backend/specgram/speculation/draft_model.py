@@ -7,12 +7,13 @@ actually fed. Rows are batched across requests; requests with a smaller k drop o
 iterations. A prompt is read at admission, or (admit(now=False), auto requests among many streams) not at
 all: the planner then never drafts for that request with the model.
 
-shares_cache: the draft runner reads and writes the target's own KV cache (the target's int8 copy,
-engine/loading.py). Then the cache always holds the target's K and V of every committed token but the last
-(request.cache_len of them): there is no prompt to read and nothing to catch up, a proposal feeds the last
-committed token, the forced prefix and its drafts at positions cache_len and on, and the target's verify
-forward, which writes all of its tokens' K and V before any attends, overwrites each of those positions
-that it goes on to keep (positions past the committed ones are never read before they are written again).
+shares_cache (the runner's, ModelRunner(cache=)): the draft runner reads and writes the target's own KV cache
+(the target's int8 copy, engine/loading.py). Then the cache always holds the target's K and V of every
+committed token but the last (request.cache_len of them): there is no prompt to read and nothing to catch up,
+a proposal feeds the last committed token, the forced prefix and its drafts at positions cache_len and on, and
+the target's verify forward, which writes all of its tokens' K and V before any attends, overwrites each of
+those positions that it goes on to keep (positions past the committed ones are never read before they are
+written again).
 """
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 class DraftModelDrafter(Drafter):
-    def __init__(self, runner: ModelRunner, target_vocab: int, shares_cache: bool = False):
+    def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
         self.vocab = target_vocab
-        self.shares_cache = shares_cache
+        self.shares_cache = runner.shares_cache    # its cache is the target's (the only runner it shares)
         self.lens: dict[int, int] = {}             # request id -> committed tokens in the draft cache
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
 

@@ -123,8 +123,8 @@ def run(args) -> None:
     target = ModelRunner.from_pretrained(args.model, slots, max_seq_len, torch.device("cpu"), torch.float32)
     drafts = {kind: load_draft(kind, target, args.model, slots, max_seq_len)
               for kind in dict.fromkeys(CONFIGS[n][1] for n in names) if kind}
-    engines = {kind: Engine(config, target, tok, {"draft_model": DraftModelDrafter(
-                   r, target.vocab_size, shares_cache=r.cache is target.cache)}) for kind, r in drafts.items()}
+    engines = {kind: Engine(config, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
+               for kind, r in drafts.items()}
     engines[None] = Engine(config, target, tok)
     for kind, e in engines.items():                   # warm-up: every engine, every concurrency
         for c in args.concurrency:
