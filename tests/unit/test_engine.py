@@ -211,12 +211,16 @@ def test_empty_prompt_and_chat_template(make_engine):
     assert engine.tokenizer.decode(req.prompt_ids) == "<s>user: hi\n<s>assistant: "
 
 
-def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch):
+def test_forward_failure_fails_only_that_forward(make_engine, monkeypatch, caplog):
     engine = make_engine()
     req = engine.make_request(SamplingParams(max_tokens=5), text="hi")
     monkeypatch.setattr(engine.target, "forward_rows", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     outs = run_to_end(engine, [req])[req.request_id]
     assert len(outs) == 1 and outs[0].finish_reason == "error" and "boom" in outs[0].error
+    assert outs[0].error_kind == "internal"
+    # the server log keeps the failure with its traceback, naming the request
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert str(req.request_id) in record.getMessage() and record.exc_info[1].args == ("boom",)
     assert not engine.scheduler.running and len(engine.scheduler.free_slots) == 4
 
 

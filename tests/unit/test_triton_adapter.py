@@ -323,6 +323,9 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     [[refused]] = finish(m, request(max_tokens=4))
     assert refused.error.code() == pb.TritonError.UNAVAILABLE
     assert "max_waiting_requests = 1" in refused.error.message()
+    errors = lambda kind: sum(x.value() for x in metric("specgram_request_errors_total", model=name)  # noqa: E731
+                              if x.labels["kind"] == kind)
+    assert (errors("unavailable"), errors("internal"), errors("invalid")) == (1, 0, 0)
     wait_for(lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
              "the gauges show one running and one waiting request")
     assert gauge("specgram_engine_up") == 1
@@ -337,6 +340,7 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     assert not m.is_ready()
     [[refused]] = finish(m, request(max_tokens=4))
     assert refused.error.code() == pb.TritonError.UNAVAILABLE and "engine stopped" in refused.error.message()
+    assert (errors("unavailable"), errors("internal"), errors("invalid")) == (2, 2, 0)
     wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
     assert gauge("specgram_requests_running") == gauge("specgram_requests_waiting") == 0
 

@@ -11,6 +11,7 @@ the requests of that phase and no others (_contained).
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from ..config import EngineConfig
@@ -31,6 +32,8 @@ from .output import Outputs
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .step import StepPlan, StepResult
+
+log = logging.getLogger(__name__)
 
 # a CPU forward is compute-bound from a few dozen rows (native, 2 cores: ~0.9 ms a row vs ~21 ms to stream the
 # weights), so a prefill step's cost follows its tokens
@@ -242,6 +245,9 @@ class Engine:
     def _fail(self, reqs: list[Request], e: Exception) -> list[RequestOutput]:
         """Final error responses for the requests of a failed phase that have not finished yet."""
         outs = []
+        failed = [r.request_id for r in reqs if not r.finished]
+        if failed:      # the client sees the message; the server log keeps the traceback
+            log.error("requests %s failed: %r", failed, e, exc_info=e)
         for r in reqs:
             if not r.finished:
                 r.finish_reason = FinishReason.ERROR

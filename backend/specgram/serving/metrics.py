@@ -9,7 +9,7 @@ import time
 
 from ..request import RequestOutput
 from ..speculation.adaptive import SOURCES
-from ..wire import FinishReason
+from ..wire import ErrorKind, FinishReason
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -41,6 +41,10 @@ class Metrics:
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
         self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
                          for reason in FinishReason}
+        errors = family("specgram_request_errors_total", "Requests that ended with an error, by kind (invalid: the "
+                        "request's fault; unavailable: refused at capacity or shutting down; internal: a server "
+                        "failure)", F.COUNTER)
+        self.errors = {kind: errors.Metric(labels={**labels, "kind": kind.value}) for kind in ErrorKind}
         def by_source(name, doc):       # source -> counter
             fam = family(name, doc, F.COUNTER)
             return {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
@@ -108,6 +112,8 @@ class Metrics:
             if out.queue_s is not None:
                 self.queue.observe(out.queue_s)
             self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
+            if out.finish_reason in (None, FinishReason.ERROR):
+                self.errors[out.error_kind or ErrorKind.INTERNAL].increment(1)
             self.prompt.increment(out.num_input_tokens)
             self.reused.increment(out.num_cached_tokens)
             spec = out.spec
