@@ -168,6 +168,28 @@ def test_lookup_drafts_win_where_they_expect_as_many_tokens_for_less():
     assert plan([model, model], [[0.1], None], [0, 0], StepCosts()) == [0, 3]   # before any timing
 
 
+def test_a_depth_is_priced_by_the_requests_drafting_in_it():
+    # an int8 copy on AVX2: a draft forward costs 11 ms for one row and 30 ms for eight (a 42 ms target step at
+    # eight rows); one mean over both row counts (~20 ms) would have all eight streams draft, 15.6 tokens in
+    # 74 ms against 8 in 42 ms; priced at eight rows the depth loses (15.6 in 84 ms), while one stream still
+    # drafts two (2.8 tokens in 56 ms against 1 in 31.5 ms)
+    costs = costs_of(0.030, 0.0015)
+    for _ in range(10):
+        costs.record_draft(1, 0.011, rows=1)
+        costs.record_draft(2, 0.060, rows=8)
+    d = costs.depth_curve()
+    assert d(0) == 0 and abs(d(1) - 0.011) < 0.001 and abs(d(8) - 0.030) < 0.001 and d(1) < d(4) < d(8)
+    model = [[0.95, 0.9]] * 8
+    assert adaptive.plan_depths(model, [None] * 8, [0] * 8, costs) == [0] * 8
+    assert adaptive.plan_depths(model[:1], [None], [0], costs) == [2]
+    flat = costs_of(0.030, 0.0015)
+    flat.draft_depth_s = costs.draft_depth_s                         # the mean alone: the old pricing
+    assert 0.015 < flat.draft_depth_s < 0.025
+    assert adaptive.plan_depths(model, [None] * 8, [0] * 8, flat) != [0] * 8
+    # after the cuts a depth is priced by the drafts the model will make: two streams at depth 1, not eight
+    assert adaptive.depth_seconds(d, [1, 1, 0, 0]) == d(2) and adaptive.depth_seconds(d, [2, 1]) == d(2) + d(1)
+
+
 def test_a_draft_depth_shared_by_many_streams_pays_where_one_streams_drafts_would_not():
     # 8 streams, a 19 ms step, a draft forward 6 ms: one stream's 0.9-likely draft alone would cost the step
     # 6.4 ms for 0.9 tokens (-15% tokens/s); all eight drafting in the same depth forwards gain ~40%
@@ -475,7 +497,7 @@ def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkey
     """A proposal that first feeds the draft model many missed tokens (a prefill) is not timed as a depth."""
     engine = engines["right"]
     recorded = []
-    monkeypatch.setattr(engine.planner.costs, "record_draft", lambda depth, s: recorded.append(depth))
+    monkeypatch.setattr(engine.planner.costs, "record_draft", lambda depth, s, rows: recorded.append(depth))
     run(engine, PROMPTS[:1], max_tokens=12, num_draft_tokens=2, drafter="draft_model")
     steps = len(recorded)
     assert steps > 0

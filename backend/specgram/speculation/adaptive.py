@@ -149,6 +149,12 @@ def best_ratio(chances: list[float], rows: int, cost) -> float:
     return best
 
 
+def depth_seconds(depth_cost, drafts: list[int]) -> float:
+    """Seconds of the draft-model forwards that make drafts[i] drafts for request i: level l is one forward over
+    the requests with at least l (depth_cost(R): StepCosts.depth_curve())."""
+    return sum(depth_cost(sum(1 for n in drafts if n >= level)) for level in range(1, max(drafts, default=0) + 1))
+
+
 def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool], cost,
                 extra: float) -> tuple[list[int], float, float]:
     """-> (cuts, tokens, seconds): request i verifies its first cuts[i] drafts (all of a fixed one's, at most
@@ -183,17 +189,18 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     ones when the kept ones raise the ratio by MIN_GAIN or less."""
     if not costs.known:
         return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
-    cost, d = costs.curve(), costs.draft_depth_s
+    cost, dc = costs.curve(), costs.depth_curve()
     n = len(chances)
     fixed = fixed or [False] * n
-    paid = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and f), default=0)
-    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, cost, sunk + d * paid)
+    paid = [len(c) if m and f else 0 for c, m, f in zip(chances, draft_model, fixed)]
+    base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, cost, sunk + depth_seconds(dc, paid))
     base = tokens / seconds
     best, best_cuts = base, base_cuts
     deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and not f), default=0)
-    for depth in range(0, max(deepest, paid) + 1):
+    for depth in range(0, max(deepest, *paid, 0) + 1):
         limits = [depth if m else len(c) for c, m in zip(chances, draft_model)]
-        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, cost, sunk + d * max(depth, paid))
+        drafts = [p or (min(len(c), depth) if m else 0) for c, m, p in zip(chances, draft_model, paid)]
+        cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, cost, sunk + depth_seconds(dc, drafts))
         if tokens / seconds > best:
             best, best_cuts = tokens / seconds, cuts
     return best_cuts if best > (1 + MIN_GAIN) * base else base_cuts
@@ -217,7 +224,7 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     n = len(model)
     if not costs.known:
         return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
-    cost, d = costs.curve(), costs.draft_depth_s
+    cost, dc = costs.curve(), costs.depth_curve()
     deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
     best, best_depths = 0.0, list(forced)
     looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]     # the same at every depth
@@ -228,10 +235,14 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
             use = len(own) > f and (not look or best_ratio(own, n, cost) > lr)
             options.append(own if use else look or own)
             by_model.append(use)
-        cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, cost,
-                                            d * max(depth, paid))
-        ratio = tokens / seconds
+        # the depth forwards are priced by the requests drafting at each level (the fixed-k ones as one more);
+        # first by the drafts on offer, then, once cut, by those the model will make
+        offered = [len(o) - f if use else 0 for o, f, use in zip(options, forced, by_model)] + [paid]
+        ahead = depth_seconds(dc, offered)
+        cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, cost, ahead)
+        depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model)]
+        made = [dp - f for dp, f in zip(depths, forced)] + [paid]
+        ratio = tokens / (seconds - ahead + depth_seconds(dc, made))
         if ratio > best:
-            best = ratio
-            best_depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model)]
+            best, best_depths = ratio, depths
     return best_depths

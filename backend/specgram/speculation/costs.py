@@ -21,7 +21,8 @@ class StepCosts:
     def __init__(self) -> None:
         # discounted sums of 1, N, N^2, N^3, N^4, y, N y, N^2 y over the observations (y: seconds)
         self.s0 = self.s1 = self.s2 = self.s3 = self.s4 = self.sy = self.sny = self.sn2y = 0.0
-        self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA
+        self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA over every row count
+        self.depth_fit: StepCosts | None = None   # one depth level's seconds by the requests drafting in it
         self.read_token_s = 0.0         # the draft model's prompt read at admission, per prompt token, EMA
 
     def record(self, rows: int, seconds: float) -> None:
@@ -31,9 +32,23 @@ class StepCosts:
         self.sy, self.sny = f * self.sy + seconds, f * self.sny + n * seconds
         self.sn2y = f * self.sn2y + n * n * seconds
 
-    def record_draft(self, depth: int, seconds: float) -> None:
+    def record_draft(self, depth: int, seconds: float, rows: float = 1.0) -> None:
+        """A draft-model call of `depth` levels (forwards) took `seconds`; rows: requests per level, on average."""
         if depth > 0:
             self.draft_depth_s = _ema(self.draft_depth_s, seconds / depth)
+            if self.depth_fit is None:
+                self.depth_fit = StepCosts()
+            self.depth_fit.record(rows, seconds / depth)
+
+    def depth_curve(self):
+        """-> d(R), the seconds of one draft-model forward with R requests drafting in it (0 for none): the same
+        fit as the verify step's over the timed depth forwards, else draft_depth_s for any R. A depth's cost
+        grows with its rows as a verify's does, and on some CPUs steeply (an int8 copy on AVX2, whose products
+        convert every weight: 8 rows cost 2.7x one, against 1.6x with VNNI): one mean over every row count
+        prices a depth all eight streams draft at like the one-stream depths, and the copy drafts where it
+        loses."""
+        flat, fit = self.draft_depth_s, self.depth_fit.curve() if self.depth_fit is not None else None
+        return lambda rows: 0.0 if rows <= 0 else fit(rows) if fit is not None else flat
 
     def record_read(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -81,7 +96,7 @@ def probe_can_pay(rows: int, costs: StepCosts) -> bool:
     if not costs.known or costs.draft_depth_s == 0:
         return True
     cost = costs.curve()
-    return (rows + 1) / (cost(rows + 1) + costs.draft_depth_s) > rows / cost(rows)
+    return (rows + 1) / (cost(rows + 1) + costs.depth_curve()(1)) > rows / cost(rows)
 
 
 def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
@@ -93,7 +108,7 @@ def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     if not costs.known or costs.draft_depth_s == 0:
         return True
     cost = costs.curve()
-    return rows * (1 + p) / (cost(2 * rows) + costs.draft_depth_s) > rows / cost(rows)
+    return rows * (1 + p) / (cost(2 * rows) + costs.depth_curve()(rows)) > rows / cost(rows)
 
 
 JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (int8 copy of SmolLM2-135M:
@@ -116,7 +131,7 @@ def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_le
         return True
     cost = costs.curve()
     rows = max(rows, 1)
-    d, per_token = costs.draft_depth_s, cost(rows) / rows
+    d, per_token = costs.depth_curve()(rows), cost(rows) / rows
     gain = (1 + p) * cost(rows) / (cost(2 * rows) + d)
     saved = tokens_left * per_token * (1 - 1 / gain) if gain > 1 else 0.0
     if joined > 0:

@@ -45,6 +45,7 @@ class DraftPlanner:
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
         # request id -> this step's lookup drafts that lost to the draft model's (settle() observes them for free)
         self.shadows: dict[int, Proposal] = {}
+        self.drafted_s = 0.0      # the draft model's seconds in the step being drafted (sunk for choose_cuts)
 
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
@@ -100,6 +101,7 @@ class DraftPlanner:
         # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
         lookups = self._lookups(reqs, ks, prefixes, pick, rests)
+        self.drafted_s = 0.0          # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
         depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
         proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
@@ -112,9 +114,12 @@ class DraftPlanner:
                 start = time.perf_counter()
                 props = drafter.propose([reqs[i] for i in idx], [depths[i] for i in idx], pick,
                                         [prefixes[i] for i in idx])
+                spent = time.perf_counter() - start
+                if name == "draft_model":
+                    self.drafted_s += spent
                 if timed:
-                    self.costs.record_draft(max(depths[i] - len(prefixes[i]) for i in idx),
-                                            time.perf_counter() - start)
+                    made = [depths[i] - len(prefixes[i]) for i in idx]
+                    self.costs.record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props):
                     proposals[i] = tagged(prop, len(prefixes[i]), name)
         self.shadows = {}
@@ -177,9 +182,8 @@ class DraftPlanner:
                    for r, p in zip(reqs, proposals)]
         # the drafts are made: their draft forwards are spent (in the step's seconds, whatever is cut), and only
         # the verify rows are still to choose
-        depth = max((sum(s == "draft_model" for s in p.sources) for p in proposals), default=0)
         cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs],
-                                 sunk=self.costs.draft_depth_s * depth)
+                                 sunk=self.drafted_s)
         out = []
         for r, p, c in zip(reqs, proposals, cuts):
             if r.params.auto_draft:
