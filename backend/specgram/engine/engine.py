@@ -244,13 +244,12 @@ class Engine:
 
     def _fail(self, reqs: list[Request], e: Exception) -> list[RequestOutput]:
         """Final error responses for the requests of a failed phase that have not finished yet."""
-        outs = []
-        failed = [r.request_id for r in reqs if not r.finished]
+        failed = [r for r in reqs if not r.finished]
         if failed:      # the client sees the message; the server log keeps the traceback
-            log.error("requests %s failed: %r", failed, e, exc_info=e)
-        for r in reqs:
-            if not r.finished:
-                r.finish_reason = FinishReason.ERROR
-                error = f"internal error during generation: {e!r}"
-                outs.append(self._finish(r, self.output.final(r, [], "", error)))
+            log.error("requests %s failed: %r", [r.request_id for r in failed], e, exc_info=e)
+        error = f"internal error during generation: {e!r}"
+        outs = []
+        for r in failed:
+            r.finish_reason = FinishReason.ERROR
+            outs.append(self._finish(r, self.output.final(r, [], "", error)))
         return outs

@@ -111,8 +111,9 @@ class Metrics:
                     self.tpot.observe((now - st.first_token_at) / (out.num_output_tokens - 1))
             if out.queue_s is not None:
                 self.queue.observe(out.queue_s)
-            self.requests[out.finish_reason or FinishReason.ERROR].increment(1)
-            if out.finish_reason in (None, FinishReason.ERROR):
+            reason = out.finish_reason or FinishReason.ERROR
+            self.requests[reason].increment(1)
+            if reason == FinishReason.ERROR:
                 self.errors[out.error_kind or ErrorKind.INTERNAL].increment(1)
             self.prompt.increment(out.num_input_tokens)
             self.reused.increment(out.num_cached_tokens)
