@@ -6,8 +6,12 @@ One step path serves every mix of work:
     first token; verify rows are masked, accepted and committed (output.py).
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
 carry a Guide (grammar/guide.py); grammar/masks.py holds the bitmask rows, keyed by (slot, position), and
-logits.py applies them with the min_tokens EOS ban wherever a token is chosen. A failure inside a phase fails
-the requests of that phase and no others (_contained).
+logits.py applies them with the min_tokens EOS ban wherever a token is chosen.
+
+Failure belongs to a request (faults.py): a request's own work in any phase runs under the step's Faults, and a
+request whose work raised ends with its own error after that phase (_end_failed) while the step goes on for the
+others. A failure of a phase's shared work (the target forward) fails the requests of that phase and no others
+(_contained).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import logging
 import time
 
 from ..config import EngineConfig
+from ..errors import InvalidRequest
+from ..faults import Faults
 from ..grammar.compiler import GrammarCompiler
 from ..grammar.masks import StepMasks
 from ..model.runner import ModelRunner
@@ -62,9 +68,10 @@ class Engine:
                                        unsupported_keywords=config.json_unsupported_keywords)
         self.intake = Intake(config, tokenizer, self.grammar, all_drafters, target.vocab_size)
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
+        self.faults = Faults()          # the requests whose own work failed in the phase that is running
         self.planner = DraftPlanner(all_drafters, masks, config.max_draft_len, config.max_seq_len,
-                                    config.forced_strings)
-        self.logits = LogitsProcessor(masks, eos, coupled=config.speculative_sampling == "coupled")
+                                    config.forced_strings, self.faults)
+        self.logits = LogitsProcessor(masks, eos, self.faults, coupled=config.speculative_sampling == "coupled")
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
         # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
         reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
@@ -140,6 +147,7 @@ class Engine:
         outputs = self._admit()
         plan = StepPlan(self.scheduler.prefill_chunks())
         self._contained(decoding, outputs, self._draft, plan, decoding)
+        plan.drop_finished()            # requests that failed while drafting verify nothing
         if plan.empty:
             return outputs
         result = self._contained(plan.requests, outputs, self._forward, plan)
@@ -150,12 +158,24 @@ class Engine:
 
     def _contained(self, reqs: list[Request], outputs: list[RequestOutput], phase, *args):
         """phase(*args), or None when it raised: then each of reqs that has not finished ends with an error
-        (appended to outputs), and the other requests of the step go on."""
+        (appended to outputs), and the other requests of the step go on. Either way, the requests whose own work
+        failed in the phase (self.faults) end with their own errors."""
         try:
             return phase(*args)
         except Exception as e:  # noqa: BLE001 - reported to each affected client
+            outputs += self._end_failed()
             outputs += self._fail(reqs, e)
             return None
+        finally:
+            outputs += self._end_failed()
+
+    def _end_failed(self) -> list[RequestOutput]:
+        """End each request whose own work failed (self.faults) with its error: INVALID_ARG where the request
+        itself is at fault (e.g. faults.DeadEnd), else internal."""
+        outs = []
+        for req, e in self.faults.take():
+            outs += self._fail([req], e, ErrorKind.INVALID if isinstance(e, InvalidRequest) else None)
+        return outs
 
     def _admit(self) -> list[RequestOutput]:
         """Waiting requests into free slots; a request whose grammar did not compile ends here."""
@@ -165,8 +185,8 @@ class Engine:
             req.finish_reason = FinishReason.ERROR
             outputs.append(self._finish(req, self.output.final(req, [], "", error, ErrorKind.INVALID)))
         for req in admitted:
-            self.output.start(req)
-        return outputs
+            self.faults.guard(req, self.output.start, req)
+        return outputs + self._end_failed()
 
     def _draft(self, plan: StepPlan, decoding: list[Request]) -> None:
         """The decoding requests' drafts for this step, cut (adaptive k) and, where the forward blocks, sealed by
@@ -193,8 +213,8 @@ class Engine:
         for r, n in plan.chunks:
             r.cache_len += n
             if self.prefix:
-                self.prefix.prefilled(r.slot, r.prompt_ids, r.cache_len)
-        done = [b for b, r in enumerate(plan.prompts) if not r.prefilling]
+                self.faults.guard(r, self.prefix.prefilled, r.slot, r.prompt_ids, r.cache_len)
+        done = [b for b, r in enumerate(plan.prompts) if not r.prefilling and not self.faults.has(r)]
         if not done:
             return []
         reqs = [plan.prompts[b] for b in done]
@@ -204,7 +224,7 @@ class Engine:
         raw = self.logprobs.capture(rows, reqs, "raw")
         first = [[t] for t in self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()]     # masks in place
         captured = raw if raw is not None else self.logprobs.capture(rows, reqs, "processed")
-        return self._commit_each(reqs, first, self.logprobs.entries(captured, reqs, first))
+        return self._commit_each(reqs, first, self.logprobs.entries(captured, reqs, first, self.faults))
 
     def _verified(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Mask, accept and commit the verify rows (logits [B, 1 + max k, V])."""
@@ -212,16 +232,35 @@ class Engine:
         if not plan.sealed:
             plan.proposals = self.planner.seal(reqs, plan.proposals)
         raw = self.logprobs.capture(result.verify, reqs, "raw")
-        self.logits.mask_verify(reqs, plan.proposals, result.verify)
+        plan.proposals = self.logits.mask_verify(reqs, plan.proposals, result.verify)
         captured = raw if raw is not None else self.logprobs.capture(result.verify, reqs, "processed")
-        accepted, nxt = sampling.accept(reqs, plan.proposals, result.verify, self.logits.noise, self.logits.coupled)
         if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
             rows = sum(1 + len(p.tokens) for p in plan.proposals)
             self.planner.costs.record(rows, time.perf_counter() - result.started)
-        for r, a in zip(reqs, accepted):
+        at = {id(r): b for b, r in enumerate(reqs)}
+        picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]), None)
+        live = [b for b, r in enumerate(reqs) if picks[b] is not None and not self.faults.has(r)]
+        reqs = [reqs[b] for b in live]
+        proposals = [plan.proposals[b] for b in live]
+        accepted, nxt = [picks[b][0] for b in live], [picks[b][1] for b in live]
+        for r, a in zip(reqs, accepted, strict=True):
             r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-        tokens = self.planner.settle(reqs, plan.proposals, plan.available, accepted, nxt)
-        return self._commit_each(reqs, tokens, self.logprobs.entries(captured, reqs, tokens))
+        tokens = self.planner.settle(reqs, proposals, [plan.available[b] for b in live], accepted, nxt)
+        before = [len(r.output_ids) for r in reqs]
+        outs = self._commit_each(reqs, tokens, self.logprobs.entries(captured, reqs, tokens, self.faults))
+        for r, p, a, n in zip(reqs, proposals, accepted, before, strict=True):
+            used = len(r.output_ids) - n      # <= a: an accepted draft ended the output; the drafts after it
+            r.spec.record(p.sources[:used] if used <= a else p.sources, min(a, used))     # count for nothing
+        return outs
+
+    def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int]]:
+        """sampling.accept over the given verify rows (indices into plan.decoding) -> per row (accepted drafts,
+        the target's next token). Reads the logits only: safe to rerun for a row alone."""
+        reqs = [plan.decoding[b] for b in rows]
+        logits = result.verify if len(rows) == len(plan.decoding) else result.verify[rows]
+        accepted, nxt = sampling.accept(reqs, [plan.proposals[b] for b in rows], logits, self.logits.noise,
+                                        self.logits.coupled)
+        return list(zip(accepted, nxt, strict=True))
 
     # ---- endings ----------------------------------------------------------------------------------------
 
@@ -235,21 +274,21 @@ class Engine:
         """Commit each request's tokens (with their logprobs, None where not asked); a failure while committing
         one fails that request alone (the others' responses, final ones included, still go out)."""
         outs = []
-        for r, toks, lps in zip(reqs, tokens, logprobs):
-            try:
-                outs.append(self._finish(r, self.output.commit(r, toks, lps)))
-            except Exception as e:  # noqa: BLE001 - reported to the affected client
-                outs += self._fail([r], e)
+        for r, toks, lps in zip(reqs, tokens, logprobs, strict=True):
+            out = self.faults.guard(r, self.output.commit, r, toks, lps)
+            if out is not None:
+                outs.append(self._finish(r, out))
         return outs
 
-    def _fail(self, reqs: list[Request], e: Exception) -> list[RequestOutput]:
-        """Final error responses for the requests of a failed phase that have not finished yet."""
+    def _fail(self, reqs: list[Request], e: Exception, kind: ErrorKind | None = None) -> list[RequestOutput]:
+        """Final error responses for the requests of a failed phase that have not finished yet. kind INVALID: the
+        request's own fault, its message for the client; else an internal error, its traceback logged."""
         failed = [r for r in reqs if not r.finished]
-        if failed:      # the client sees the message; the server log keeps the traceback
+        if failed and kind is None:     # the client sees the message; the server log keeps the traceback
             log.error("requests %s failed: %r", [r.request_id for r in failed], e, exc_info=e)
-        error = f"internal error during generation: {e!r}"
+        error = str(e) if kind == ErrorKind.INVALID else f"internal error during generation: {e!r}"
         outs = []
         for r in failed:
             r.finish_reason = FinishReason.ERROR
-            outs.append(self._finish(r, self.output.final(r, [], "", error)))
+            outs.append(self._finish(r, self.output.final(r, [], "", error, kind)))
         return outs

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..faults import Faults
 from ..model.transfer import h2d, long_tensor
 from ..request import Request, TokenLogprob
 
@@ -67,18 +68,21 @@ class LogprobTaker:
         lp = log_probs(rows, temperature).view(len(want), T, V)
         return {b: lp[j] for j, b in enumerate(want)}
 
-    def entries(self, captured: dict[int, torch.Tensor], reqs: list[Request],
-                tokens: list[list[int]]) -> list[list[list[TokenLogprob]] | None]:
+    def entries(self, captured: dict[int, torch.Tensor], reqs: list[Request], tokens: list[list[int]],
+                faults: Faults) -> list[list[list[TokenLogprob]] | None]:
         """tokens[b]: the tokens reqs[b] commits, chosen from its rows 0 .. len - 1 -> per request, per token
-        [the chosen token, then the top-n others] (None for requests without logprobs)."""
+        [the chosen token, then the top-n others] (None for requests without logprobs), each under its request's
+        guard (faults.py)."""
         out: list[list[list[TokenLogprob]] | None] = [None] * len(reqs)
         for b, lp in captured.items():
-            toks = tokens[b]
-            n = reqs[b].params.logprobs or 0
-            at, rank, top_lp, top_ids = chosen_and_top(lp[:len(toks)], long_tensor(toks, lp.device), n)
-            out[b] = [self._token(t, float(at[i]), int(rank[i]), top_lp[i].tolist(), top_ids[i].tolist())
-                      for i, t in enumerate(toks)]
+            out[b] = faults.guard(reqs[b], self._entry, lp, reqs[b].params.logprobs or 0, tokens[b])
         return out
+
+    def _entry(self, lp: torch.Tensor, n: int, toks: list[int]) -> list[list[TokenLogprob]]:
+        """lp: [T, V] one request's log-probs; toks: its committed tokens -> per token [chosen, top-n others]."""
+        at, rank, top_lp, top_ids = chosen_and_top(lp[:len(toks)], long_tensor(toks, lp.device), n)
+        return [self._token(t, float(at[i]), int(rank[i]), top_lp[i].tolist(), top_ids[i].tolist())
+                for i, t in enumerate(toks)]
 
     def _token(self, token: int, logprob: float, rank: int, top_lp: list[float],
                top_ids: list[int]) -> list[TokenLogprob]:

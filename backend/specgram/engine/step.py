@@ -36,6 +36,15 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.chunks and not self.decoding
 
+    def drop_finished(self) -> None:
+        """Before the forward: requests that ended since the plan was made (their own work failed) get no row."""
+        keep = [b for b, r in enumerate(self.decoding) if not r.finished]
+        if len(keep) < len(self.decoding):
+            self.decoding = [self.decoding[b] for b in keep]
+            self.proposals = [self.proposals[b] for b in keep]
+            self.available = [self.available[b] for b in keep]
+        self.chunks = [(r, n) for r, n in self.chunks if not r.finished]
+
     def rows(self) -> tuple[list[list[int]], list[int], list[int]]:
         """-> (token rows, slots, start positions): each chunk's next prompt tokens at the end of its cache, then
         each verify row [last committed token, d_0 .. d_{k-1}] at the end of its request's cache."""

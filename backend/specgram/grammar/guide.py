@@ -60,6 +60,12 @@ class Guide:
             self.matcher.rollback(n)
         return n
 
+    def rollback_to(self, n: int) -> None:
+        """Keep only the first n tentative tokens (n <= tentative)."""
+        if self.tentative > n:
+            self.matcher.rollback(self.tentative - n)
+            self.tentative = n
+
     def rollback(self) -> None:
         if self.tentative:
             self.matcher.rollback(self.tentative)

@@ -82,14 +82,18 @@ class DraftModelDrafter(Drafter):
         while active:
             group = [reqs[i] for i in active]
             ids, p = pick(self._forward(rows, group, starts), group, [len(out[i].tokens) for i in active])
+            ended = set()
             for j, i in enumerate(active):
                 r = reqs[i]
                 fed_drafts = len(out[i].tokens)              # drafts whose KV the draft cache now holds
                 self.fed[r.request_id] = (r.num_tokens, fed_drafts)
+                if int(ids[j]) < 0:                          # no token to draft here (pick's NO_TOKEN)
+                    ended.add(i)
+                    continue
                 out[i].tokens.append(int(ids[j]))
                 if p is not None:
                     probs[i].append(p[j])
-            active = [i for i in active if len(out[i].tokens) < ks[i]]
+            active = [i for i in active if len(out[i].tokens) < ks[i] and i not in ended]
             rows = [[out[i].tokens[-1]] for i in active]
             starts = [reqs[i].num_tokens + len(out[i].tokens) - 1 for i in active]
         for i, picked in probs.items():

@@ -11,6 +11,7 @@ from ..request import Request
 # pick(logits [B, V], requests, offsets) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token
 # choice, so a draft model samples with each request's temperature / top-k / top-p, generator and min_tokens.
 # offsets[b]: the drafted token's index in this step's proposal (its output position minus len(output_ids)).
+# An id < 0 means no token may be drafted there for that request (its drafts end before it).
 PickFn = Callable[[torch.Tensor, list[Request], list[int]], tuple[torch.Tensor, torch.Tensor | None]]
 
 

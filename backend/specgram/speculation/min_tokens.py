@@ -2,9 +2,9 @@
 stop strings in output.py).
 
 A token's output position p is its index in the request's output: the first token is p = 0; in a decode step,
-verify row i (and draft i) is p = len(output_ids) + i. Wherever p < min_tokens (and the request does not
-ignore EOS, which then is an ordinary token), every EOS logit is set to -inf before anything is chosen from
-the row: the first token, each draft the draft model picks, each verify row. EOS's probability is thus
+verify row i (and draft i) is p = len(output_ids) + i. Wherever p < min_tokens, every EOS logit (unless the
+request ignores EOS, which then is an ordinary token) and every stop_token_ids logit is set to -inf before anything
+is chosen from the row: the first token, each draft the draft model picks, each verify row. EOS's probability is thus
 renormalised away, as vLLM's min_tokens logits processor does, and draft (q) and target (p) distributions
 are the same ones a non-speculative run would use at that position, so speculative sampling stays exact and
 greedy speculation token-identical.
@@ -21,38 +21,47 @@ from ..model.transfer import h2d, long_tensor
 from ..request import Request
 
 
-def eos_banned(req: Request, offset: int) -> bool:
-    """Whether req's token at output position len(req.output_ids) + offset may not be EOS."""
-    return not req.params.ignore_eos and len(req.output_ids) + offset < req.params.min_tokens
+def ends_banned(req: Request, offset: int) -> bool:
+    """Whether req's token at output position len(req.output_ids) + offset may not end the output (it is below
+    min_tokens)."""
+    return len(req.output_ids) + offset < req.params.min_tokens
+
+
+def banned_ids(req: Request, eos_ids: set[int], vocab: int) -> list[int]:
+    """The tokens that would end req's output, banned below min_tokens: EOS (unless the request ignores it, when
+    EOS is an ordinary token) and its stop_token_ids (always: they end the output under ignore_eos too, and
+    vLLM bans them below min_tokens alike)."""
+    eos = set() if req.params.ignore_eos else {e for e in eos_ids if e < vocab}
+    return sorted(eos | {t for t in req.params.stop_token_ids if t < vocab})
 
 
 def suppress_eos(logits: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor) -> None:
-    """logits: [N, V] float, changed in place; eos: [E] long, the EOS token ids; rows: [N] bool, the rows
-    whose token may not be EOS. Those rows get -inf at every EOS id, except a row where nothing but EOS ids
-    is allowed (every other logit already -inf, e.g. by a grammar mask): that row is left as it is.
+    """logits: [N, V] float, changed in place; eos: [E] long, the ending token ids; rows: [N] bool, the rows
+    whose token may not end the output. Those rows get -inf at every id of eos, except a row where nothing but
+    those ids is allowed (every other logit already -inf, e.g. by a grammar mask): that row is left as it is.
     No host sync: everything stays on the logits' device."""
     allowed = logits > float("-inf")                                          # [N, V]
-    others = allowed.sum(-1) > allowed[:, eos].sum(-1)                        # [N] a non-EOS token is allowed
+    others = allowed.sum(-1) > allowed[:, eos].sum(-1)                        # [N] a non-ending token is allowed
     ban = (rows & others)[:, None]                                            # [N, 1]
     logits[:, eos] = torch.where(ban, float("-inf"), logits[:, eos])          # [N, E]
 
 
 @torch.inference_mode()      # the forwards' logits are inference tensors: changed in place only in this mode
-def apply(logits: torch.Tensor, banned: list[bool], eos_ids: set[int],
-          stop_ids: list[list[int]] | None = None) -> None:
-    """logits: [N, V], row n for a token whose eos_banned() is banned[n]; stop_ids[n]: row n's request's
-    stop_token_ids, banned with EOS. Nothing to do (and no tensor work) when no row is banned. EOS ids beyond
-    the model's vocabulary can never be chosen anyway."""
+def apply(logits: torch.Tensor, rows: list[tuple[Request, int]], eos_ids: set[int]) -> None:
+    """logits: [N, V]; rows[n] = (the request of row n, the row's offset past its committed output). Rows below
+    their request's min_tokens get its banned_ids() at -inf. Nothing to do (and no tensor work) when no row is
+    below it. Rows whose banned ids are the EOS ids alone share one batched call; the others go one at a time."""
+    banned = [ends_banned(r, o) for r, o in rows]
     if not any(banned):
         return
     vocab, dev = logits.shape[-1], logits.device
-    extra = [n for n, b in enumerate(banned) if b and stop_ids and stop_ids[n]]
-    for n in extra:             # rows with their own stop tokens: one at a time
-        ids = sorted({e for e in eos_ids if e < vocab} | set(stop_ids[n]))
-        suppress_eos(logits[n:n + 1], long_tensor(ids, dev), torch.ones(1, dtype=torch.bool, device=dev))
-    if extra:
-        banned = [b and n not in extra for n, b in enumerate(banned)]
+    plain = [b and not r.params.ignore_eos and not r.params.stop_token_ids for b, (r, _) in zip(banned, rows,
+                                                                                                  strict=True)]
+    for n, (r, _) in enumerate(rows):
+        if banned[n] and not plain[n]:
+            ids = banned_ids(r, eos_ids, vocab)
+            if ids:
+                suppress_eos(logits[n:n + 1], long_tensor(ids, dev), torch.ones(1, dtype=torch.bool, device=dev))
     eos = sorted(e for e in eos_ids if e < vocab)
-    if not eos or not any(banned):
-        return
-    suppress_eos(logits, long_tensor(eos, dev), h2d(torch.tensor(banned), dev))
+    if eos and any(plain):
+        suppress_eos(logits, long_tensor(eos, dev), h2d(torch.tensor(plain), dev))

@@ -9,11 +9,15 @@ auto requests are then cut by adaptive.allocate over the whole batch (the drafts
 rows count); guided proposals are sealed by their
 grammar (cut at the first illegal draft, the bonus row filled, the matcher rolled back). After the verify,
 settle() records what was accepted: statistics, acceptance estimates, the drafters' own state.
+
+Each request's own work (its grammar, its drafter's proposals, its estimates) runs under the step's Faults
+(faults.py): a failure there ends that request alone, and the others draft on.
 """
 from __future__ import annotations
 
 import time
 
+from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
 from . import adaptive, costs
@@ -37,9 +41,10 @@ def tagged(p: Proposal, n_forced: int, drafter: str) -> Proposal:
 
 class DraftPlanner:
     def __init__(self, drafters: dict[str, Drafter], masks: StepMasks, max_draft_len: int, max_seq_len: int,
-                 forced_strings: bool):
+                 forced_strings: bool, faults: Faults | None = None):
         self.drafters = drafters
         self.masks = masks
+        self.faults = faults if faults is not None else Faults()
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = costs.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
@@ -63,7 +68,7 @@ class DraftPlanner:
             if not users:
                 continue
             if name != "draft_model" or not drafter.reads_prompts:
-                drafter.admit(users, True)
+                self._admit(drafter, users, True)
                 continue
             p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
             streams, new = len(running), {r.request_id for r in reqs}
@@ -75,10 +80,14 @@ class DraftPlanner:
             skip = [r for r in users if r not in read]
             if read:
                 start = time.perf_counter()
-                drafter.admit(read, True)
+                self._admit(drafter, read, True)
                 self.costs.record_read(sum(len(r.prompt_ids) for r in read), time.perf_counter() - start)
             if skip:
-                drafter.admit(skip, False)
+                self._admit(drafter, skip, False)
+
+    def _admit(self, drafter: Drafter, reqs: list[Request], now: bool) -> None:
+        """drafter.admit(reqs, now); where that fails, each request alone (a failing one ends)."""
+        self.faults.each_or_alone(reqs, lambda sub: [drafter.admit(sub, now)] * len(sub), None)
 
     def release(self, req: Request) -> None:
         self.drafters[req.params.drafter].release(req)
@@ -96,8 +105,8 @@ class DraftPlanner:
         """-> per request its drafts for this step, cut to its k; guided ones stay tentatively accepted in their
         matchers until seal(). pick: the engine's token choice, for drafters that sample."""
         ks = [self.draft_len(r) for r in reqs]
-        prefixes = [self.masks.forced_prefix(r.slot, r.guide, k, self.forced_strings) if r.guide and k else []
-                    for r, k in zip(reqs, ks)]
+        prefixes = [self.faults.guard(r, self.masks.forced_prefix, r.slot, r.guide, k, self.forced_strings,
+                                      default=[]) if r.guide and k else [] for r, k in zip(reqs, ks, strict=True)]
         # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
         lookups = self._lookups(reqs, ks, prefixes, pick, rests)
@@ -112,8 +121,8 @@ class DraftPlanner:
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
                 timed = name == "draft_model" and max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
-                props = drafter.propose([reqs[i] for i in idx], [depths[i] for i in idx], pick,
-                                        [prefixes[i] for i in idx])
+                props = self._propose(drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick,
+                                      [prefixes[i] for i in idx])
                 spent = time.perf_counter() - start
                 if name == "draft_model":
                     self.drafted_s += spent
@@ -130,7 +139,22 @@ class DraftPlanner:
                 self.shadows[reqs[i].request_id] = found
             else:
                 proposals[i], depths[i] = found, ks[i]
-        return [cut(p, k) for p, k in zip(proposals, depths)]
+        return [cut(p, k) if not self.faults.has(r) else Proposal([], sources=[])
+                for r, p, k in zip(reqs, proposals, depths, strict=True)]
+
+    def _propose(self, drafter: Drafter, reqs: list[Request], ks: list[int], pick: PickFn,
+                 prefixes: list[list[int]]) -> list[Proposal]:
+        """drafter.propose over the requests together; where that fails, for each alone (its grammar back at its
+        forced prefix first), so that the failure ends the request that causes it and the others draft on."""
+        at = {id(r): (k, pre) for r, k, pre in zip(reqs, ks, prefixes, strict=True)}
+
+        def propose(sub: list[Request]) -> list[Proposal]:
+            for r in sub:
+                if r.guide is not None:
+                    r.guide.rollback_to(len(at[id(r)][1]))
+            return drafter.propose(sub, [at[id(r)][0] for r in sub], pick, [at[id(r)][1] for r in sub])
+
+        return self.faults.each_or_alone(reqs, propose, Proposal([]))
 
     def _lookups(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn,
                  rests: list[bool]) -> list:
@@ -140,8 +164,8 @@ class DraftPlanner:
                 and ks[i] > len(prefixes[i]) and not rests[i]]
         out: list[Proposal | None] = [None] * len(reqs)
         if both:
-            found = self.drafters["ngram"].propose([reqs[i] for i in both], [ks[i] for i in both], pick,
-                                                   [prefixes[i] for i in both])
+            found = self._propose(self.drafters["ngram"], [reqs[i] for i in both], [ks[i] for i in both], pick,
+                                  [prefixes[i] for i in both])
             for i, p in zip(both, found):
                 out[i] = p if len(p.tokens) > len(prefixes[i]) else None
         return out
@@ -198,23 +222,24 @@ class DraftPlanner:
         """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
         bonus row filled, the matcher rolled back. After this every guided request has its mask rows for
         positions 0..len(proposal)."""
-        return [cut(p, self.masks.seal(r.slot, r.guide, p.tokens)) if r.guide is not None else p
-                for r, p in zip(reqs, proposals)]
+        return [cut(p, self.faults.guard(r, self.masks.seal, r.slot, r.guide, p.tokens, default=0))
+                if r.guide is not None else p for r, p in zip(reqs, proposals, strict=True)]
 
     def settle(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
                accepted: list[int], nxt: list[int]) -> list[list[int]]:
         """After the verify: per request its accepted drafts a and the target's token t -> the tokens to commit
         (drafts[:a] + [t]). available: the drafts before this step's cuts (a legal draft past the cut is a
         free observation for the acceptance estimate)."""
-        out = []
-        for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt):
-            k = len(p.tokens)             # every proposal carries its sources from draft() on
-            r.spec.record(p.sources, a)
-            beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
-            r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
-            self.drafters[r.params.drafter].committed(r, a)
-            out.append(p.tokens[:a] + [t])
-            self._observe_shadow(r, out[-1])
+        return [self.faults.guard(r, self._settle_one, r, p, full, a, t, default=[])
+                for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt, strict=True)]
+
+    def _settle_one(self, r: Request, p: Proposal, full: Proposal, a: int, t: int) -> list[int]:
+        k = len(p.tokens)             # every proposal carries its sources from draft() on
+        beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
+        r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
+        self.drafters[r.params.drafter].committed(r, a)
+        out = p.tokens[:a] + [t]
+        self._observe_shadow(r, out)
         return out
 
     def _observe_shadow(self, r: Request, committed: list[int]) -> None:
