@@ -83,6 +83,8 @@ class EngineConfig:
     request_timeout_s: int = 0      # a request running longer ends with finish_reason timeout (0 = no limit);
                                     # a client's own Triton request timeout can only shorten it
     shutdown_grace_s: int = 5       # on unload, running requests may finish for this long before they are cut
+    max_stop_chars: int = 1000      # the longest stop string and bad word a request may give (each is searched
+                                    # for in the output's text at every commit)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):        # 0 / 1 are accepted for booleans and stored as bool
@@ -91,7 +93,7 @@ class EngineConfig:
                 if value not in (0, 1):
                     raise ModelLoadError(f"engine setting {f.name} must be a boolean, got {value!r}")
                 object.__setattr__(self, f.name, bool(value))
-        for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens"):
+        for name in ("max_slots", "max_seq_len", "default_max_tokens", "max_prefill_tokens", "max_stop_chars"):
             if int(getattr(self, name)) < 1:
                 raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_waiting_prompt_tokens", "max_queue_delay_ms", "request_timeout_s", "shutdown_grace_s"):

@@ -22,6 +22,8 @@ MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20       # top-n logprobs per token, as OpenAI's top_logprobs allows
 MAX_TOKEN_LISTS = 1024  # entries in logit_bias, stop_token_ids, bad_words, allowed_token_ids
 UINT64_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1
+GREEDY_BELOW = 1e-5     # a temperature below this is greedy (as vLLM): dividing by it overflows float32 logits
 AUTO_DRAFT = -1     # num_draft_tokens: the engine chooses the draft length per request per step
 
 
@@ -79,23 +81,26 @@ class SamplingParams:
     def speculates(self) -> bool:
         return self.num_draft_tokens != 0
 
-    def validate(self, default_max_tokens: int, max_draft_len: int) -> "SamplingParams":
+    def validate(self, default_max_tokens: int, max_draft_len: int, max_stop_chars: int = 1000) -> "SamplingParams":
         if self.max_tokens is None:
             self.max_tokens = default_max_tokens
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
+                or not 1 <= self.max_tokens <= INT32_MAX:
+            raise InvalidRequest(f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
                 or not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequest(f"min_tokens must be an integer in [0, max_tokens] = [0, {self.max_tokens}], "
                                  f"got {self.min_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k == -1:
             self.top_k = 0
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise InvalidRequest(f"top_k must be in [0, {INT32_MAX}] (0 or -1 = off), got {self.top_k!r}")
         if self.seed is not None and not -2**63 <= self.seed <= UINT64_MAX:
             raise InvalidRequest(f"seed must be in [-2^63, 2^64), got {self.seed!r}")
         if self.seed is not None and self.seed < 0:
@@ -104,6 +109,11 @@ class SamplingParams:
             raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty strings")
+        for name, words in (("stop", self.stop), ("bad_words", self.bad_words)):
+            longest = max((len(w) for w in words if isinstance(w, str)), default=0)
+            if longest > max_stop_chars:
+                raise InvalidRequest(f"{name}: an entry has {longest} characters; at most {max_stop_chars} (config "
+                                     "max_stop_chars)")
         if not isinstance(self.num_draft_tokens, int) or not AUTO_DRAFT <= self.num_draft_tokens <= max_draft_len:
             raise InvalidRequest(f"num_draft_tokens must be -1 (auto) or an integer in [0, {max_draft_len}] "
                                  f"(the configured max_draft_len), got {self.num_draft_tokens!r}")

@@ -283,3 +283,16 @@ def test_min_tokens_out_of_range_fails_the_request(make_engine, params):
     bound = params.get("max_tokens", 64)
     assert engine.make_request(SamplingParams(min_tokens=bound, max_tokens=params.get("max_tokens")),
                                text="x").params.min_tokens == bound                            # the bound is allowed
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_stop_token_ids_are_banned_below_min_tokens_under_ignore_eos(engines, k):
+    """ignore_eos makes EOS an ordinary token, not a stop token id: those still end the output, and below
+    min_tokens they are banned, as vLLM does."""
+    engine = engines["wrong"]
+    first = tokens_of(run(engine, PROMPTS[:1], max_tokens=1, ignore_eos=True)[0])[0]
+    out = run(engine, PROMPTS[:1], max_tokens=MAX, min_tokens=6, ignore_eos=True, stop_token_ids=[[first]],
+              num_draft_tokens=k, drafter="ngram")[0]
+    toks = tokens_of(out)
+    assert len(toks) >= 6 and first not in toks[:6]
+    assert out[-1].finish_reason == "length" or toks[-1] == first

@@ -249,3 +249,22 @@ def test_the_final_output_says_how_long_the_request_waited_for_a_slot(make_engin
         assert cut.queue_s is None
     finally:
         engine.close()
+
+
+def test_a_refused_guided_request_cancels_its_compile(make_engine):
+    """A guide's compile starts when the request is read; refused at capacity, nothing waits for it: it stops and
+    leaves the compile queue."""
+    with serving(make_engine, max_slots=1, max_waiting_requests=1) as loop:
+        a, b = running(loop), submit(loop, max_tokens=2)
+        assert b.accepted
+        rec = Recorder()
+        schema = '{"type": "object", "properties": {"refused": {"type": "integer", "minimum": 7}}}'
+        req = loop.engine.make_request(SamplingParams(guide_type="json_schema", guide=schema, max_tokens=4),
+                                       text="x")
+        assert req.pending_grammar is not None
+        rec.accepted = loop.submit(req, rec)
+        assert_refused(rec, "at capacity")
+        grammar = loop.engine.grammar
+        assert not any(key[1] == schema for key in grammar._inflight)        # no compile of it in flight
+        loop.abort(a.request_id)
+        loop.abort(b.request_id)

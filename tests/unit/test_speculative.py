@@ -221,3 +221,19 @@ def test_seeded_speculative_sampling_is_reproducible(tiny_vocab_engine):
     a, _ = sample_outputs(tiny_vocab_engine, PROMPT, 20, 8, num_draft_tokens=3, drafter="draft_model")
     b, _ = sample_outputs(tiny_vocab_engine, PROMPT, 20, 8, num_draft_tokens=3, drafter="draft_model")
     assert a == b and len(set(a)) > 1
+
+
+@pytest.mark.parametrize("stop_at", [1, 4, 9])
+def test_accepted_drafts_after_a_token_that_ends_the_output_do_not_count(spec_engine, stop_at):
+    """An oracle drafts 8 right tokens a step; a stop token inside an accepted run ends the output there: the
+    drafts after it were never used and count neither as drafted nor as accepted."""
+    engine = spec_engine["wrong"]
+    refs = with_oracle(engine, PROMPTS[:1], 30, ignore_eos=True)
+    stop = tokens_of(refs[0])[stop_at]
+    assert stop not in tokens_of(refs[0])[:stop_at]
+    out = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=8, drafter="oracle", stop_token_ids=[[stop]],
+              ignore_eos=True)[0]
+    n, spec = len(tokens_of(out)), out[-1].spec
+    assert n == stop_at + 1 and out[-1].finish_reason == "stop"
+    # the first token comes from the prompt's logits; then 8 drafts a step: at 9 the stop is the step's bonus token
+    assert spec.accepted == spec.drafted == min(n - 1, 8)

@@ -38,7 +38,7 @@ class Intake:
         if params.num_draft_tokens is None:
             params.num_draft_tokens = config.default_num_draft_tokens_guided if params.guide_type is not None \
                 else config.default_num_draft_tokens
-        params.validate(config.default_max_tokens, config.max_draft_len)
+        params.validate(config.default_max_tokens, config.max_draft_len, config.max_stop_chars)
         kind = None
         if params.guide_type is not None:
             kind = self.grammar.check(params.guide_type, params.guide)

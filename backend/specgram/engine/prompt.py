@@ -10,7 +10,7 @@ def parse_messages(raw: str) -> list[dict]:
     """`messages` input: a JSON list of {"role": str, "content": str}."""
     try:
         messages = json.loads(raw)
-    except json.JSONDecodeError as e:
+    except ValueError as e:             # json.JSONDecodeError, and an integer too long to convert
         raise InvalidRequest(f"messages must be a JSON list of {{role, content}} objects: {e}") from None
     except RecursionError:
         raise InvalidRequest("messages is nested too deeply to parse") from None

@@ -36,7 +36,7 @@ def choices_of(guide: str) -> list[str]:
     """A choice guide (a JSON list of non-empty strings) -> the strings; raises InvalidRequest."""
     try:
         choices = json.loads(guide)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):      # ValueError: JSONDecodeError, or an integer too long to convert
         choices = None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise InvalidRequest("a choice guide must be a JSON list of non-empty strings, e.g. [\"yes\", \"no\"]")

@@ -86,7 +86,9 @@ class GrammarCompiler:
                 parsed = json.loads(guide)
                 if kind == GuideType.JSON_SCHEMA and self.unsupported_keywords == "error":
                     self._check_keywords(parsed)
-            except json.JSONDecodeError as e:
+            except (TypeError, AttributeError, KeyError):
+                pass        # a keyword of the wrong type: the compile refuses the schema, with xgrammar's reason
+            except ValueError as e:         # json.JSONDecodeError, and an integer too long to convert
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is not valid JSON: {e}") from None
             except RecursionError:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is nested too deeply") from None

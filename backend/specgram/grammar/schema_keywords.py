@@ -140,7 +140,8 @@ def _numbers(s: dict, ptr: str, types: list) -> Finding | None:
 def _strings(s: dict, ptr: str, types: list) -> Finding | None:
     if "string" not in types:
         return None
-    winner = "pattern" if "pattern" in s else "format" if s.get("format") in FORMATS else None
+    fmt = s.get("format")
+    winner = "pattern" if "pattern" in s else "format" if isinstance(fmt, str) and fmt in FORMATS else None
     if winner:
         for key in ("minLength", "maxLength"):
             if key in s:
@@ -157,7 +158,7 @@ def _objects(s: dict, ptr: str, strict: bool) -> Finding | None:
 
 def _types(s: dict) -> list:
     t = s.get("type")
-    return [t] if isinstance(t, str) else list(t) if isinstance(t, list) else []
+    return [t] if isinstance(t, str) else [x for x in t if isinstance(x, str)] if isinstance(t, list) else []
 
 
 def _escape(name: str) -> str:

@@ -10,103 +10,23 @@ Pure Python (no torch, no Triton): the client imports it too.
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import InvalidRequest
-
-# ---- value checks: (field name, python value) -> checked value; raise InvalidRequest naming the field ---------
-
-def _number(v: Any) -> Any:
-    """Numbers may arrive as JSON strings (genai-perf sends sampling_parameters {"max_tokens": "32"}, and
-    vllm_backend accepts that); anything that does not parse stays as it is and fails the type check."""
-    if isinstance(v, str):
-        try:
-            return float(v) if any(c in v for c in ".eE") or v.strip().lower() in ("nan", "inf", "-inf") else int(v)
-        except ValueError:
-            return v
-    return v
-
-
-def to_int(name: str, v: Any) -> int:
-    v = _number(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise InvalidRequest(f"{name} must be an integer, got {v!r}")
-    return int(v)
-
-
-def to_float(name: str, v: Any) -> float:
-    v = _number(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise InvalidRequest(f"{name} must be a finite number, got {v!r}")
-    return float(v)
-
-
-def to_bool(name: str, v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    if isinstance(v, int) and v in (0, 1):
-        return bool(v)
-    raise InvalidRequest(f"{name} must be a boolean, got {v!r}")
-
-
-def to_draft_len(name: str, v: Any) -> int:
-    """An integer, or "auto" (= -1: the engine chooses the draft length per step)."""
-    return -1 if isinstance(v, str) and v.strip().lower() == "auto" else to_int(name, v)
-
-
-def to_str(name: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise InvalidRequest(f"{name} must be a string, got {v!r}")
-    return v
-
-
-def to_str_list(name: str, v: Any) -> list[str]:
-    items = [v] if isinstance(v, str) else v
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise InvalidRequest(f"{name} must be a string or a list of strings, got {v!r}")
-    return list(items)
-
-
-def to_logprobs(name: str, v: Any) -> int | None:
-    """vLLM's logprobs: a count; false (older OpenAI frontends send it on every chat request) = none, true = 1."""
-    if isinstance(v, bool):
-        return 1 if v else None
-    return to_int(name, v)
-
-
-def to_int_list(name: str, v: Any) -> list[int]:
-    items = v if isinstance(v, (list, tuple)) else [v]
-    return [to_int(name, x) for x in items]
-
-
-def to_logit_bias(name: str, v: Any) -> dict[int, float]:
-    """A JSON object (or its text) of token id -> bias, as OpenAI and vLLM take it (ids may be strings)."""
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except (json.JSONDecodeError, RecursionError):
-            v = None
-    if not isinstance(v, dict):
-        raise InvalidRequest(f"{name} must be a JSON object of token id -> bias")
-    return {to_int(f"{name} token id", k): to_float(f"{name}[{k}]", b) for k, b in v.items()}
-
-
-def to_structured(name: str, v: Any) -> tuple[str, str] | None:
-    from .structured import guide_of
-
-    return guide_of(name.rsplit(".", 1)[-1], v)
-
-
-def to_messages(name: str, v: Any) -> list[dict]:
-    from ..engine.prompt import parse_messages
-
-    return parse_messages(v if isinstance(v, str) else json.dumps(v))
-
+from .values import (
+    to_bool,
+    to_draft_len,
+    to_float,
+    to_int,
+    to_int_list,
+    to_logit_bias,
+    to_logprobs,
+    to_messages,
+    to_seed,
+    to_str,
+    to_str_list,
+    to_structured,
+)
 
 # ---- the tables -------------------------------------------------------------------------------------------
 
@@ -148,7 +68,7 @@ INPUTS: tuple[Field, ...] = (
     Field("top_k", "INT32", (1,), "0 or -1 = off", "0", convert=to_int, param="top_k"),
     Field("seed", "UINT64", (1,), "per-request seed: sampled output is a function of the prompt, the settings and "
           "the seed, the same for every draft length, drafter and batch (config `speculative_sampling` coupled)",
-          "unseeded; a negative seed (OpenAI's are signed) counts as its 64 bits read unsigned", convert=to_int,
+          "unseeded; a negative seed (OpenAI's are signed) counts as its 64 bits read unsigned", convert=to_seed,
           param="seed"),
     Field("stop", "STRING", (-1,), "stop strings (cut from the output, never streamed partially)", "none",
           convert=to_str_list, param="stop"),

@@ -105,6 +105,8 @@ class EngineLoop:
                 self._admission.enter(req)
                 self._inbox.put(("add", req, (sink, time.monotonic(), timeout_s)))
         if refusal is not None:
+            if req.pending_grammar is not None:
+                req.pending_grammar.cancel()        # no request waits for it: its compile stops, its place frees
             sink(_ended(req.request_id, refusal, ErrorKind.UNAVAILABLE))
         return refusal is None
 

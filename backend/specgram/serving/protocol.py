@@ -99,7 +99,7 @@ def _sampling_parameters(raw: Any) -> dict[str, Any]:
     """The sampling_parameters JSON object (a string, or already a dict when it came as a request parameter)."""
     try:
         sp = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError as e:
+    except ValueError as e:             # json.JSONDecodeError, and an integer of more than 4300 digits
         raise InvalidRequest(f"sampling_parameters is not valid JSON: {e}") from None
     except RecursionError:
         raise InvalidRequest("sampling_parameters is nested too deeply to parse") from None

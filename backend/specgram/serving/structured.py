@@ -33,7 +33,7 @@ def guide_of(name: str, spec: Any) -> tuple[str, str] | None:
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):      # ValueError: JSONDecodeError, or an integer too long
             raise InvalidRequest(f"sampling_parameters.{name} must be a JSON object") from None
     if not isinstance(spec, dict):
         raise InvalidRequest(f"sampling_parameters.{name} must be an object with one of {sorted(KINDS)}")

@@ -84,7 +84,7 @@ def read_inputs(request) -> dict:
 def read_parameters(request) -> dict:
     try:
         return json.loads(request.parameters() or "{}")
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, AttributeError):    # ValueError: JSONDecodeError, or an integer too long to convert
         return {}
 
 
