@@ -43,6 +43,8 @@ class SamplingParams:
     drafter: str | None = None      # which drafter proposes this request's drafts (None = the configured default)
     guide_type: str | None = None   # as the client spelled it (aliases allowed); grammar.normalize_guide_type
     guide: str | None = None
+    guide_options: tuple = ()       # (name, value) overrides of the server's JSON-schema compile options
+                                    # (json_any_whitespace, json_strict): vLLM's structured-output flags
     logprobs: int | None = None     # per token: the chosen token's logprob and the top-n (None: no logprobs)
     cumulative_logprob: bool = False    # track the sum of the chosen tokens' logprobs (needs their logprobs)
     presence_penalty: float = 0.0   # vLLM's penalties (penalties.py)

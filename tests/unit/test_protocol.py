@@ -201,3 +201,35 @@ def test_negative_seeds_are_their_64_bits_read_unsigned():
         SamplingParams(seed=-2**63 - 1, num_draft_tokens=0).validate(16, 8)
     with pytest.raises(InvalidRequest, match="seed"):
         SamplingParams(seed=2**64, num_draft_tokens=0).validate(16, 8)
+
+
+@pytest.mark.parametrize("flags, options", [
+    ({}, ()), ({"disable_any_whitespace": False, "disable_additional_properties": False}, ()),
+    ({"disable_any_whitespace": True}, (("json_any_whitespace", False),)),
+    ({"disable_additional_properties": True}, (("json_strict", True),)),
+])
+def test_vllm_json_flags_become_the_requests_compile_options(flags, options):
+    p = parse({"text_input": "x", "sampling_parameters": json.dumps(
+        {"structured_outputs": {"json": {"type": "object"}, **flags}})}).params
+    assert p.guide_options == options
+    with pytest.raises(InvalidRequest, match="disable_any_whitespace must be true or false"):
+        parse({"text_input": "x", "sampling_parameters": json.dumps(
+            {"structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": "yes"}})})
+
+
+def test_vllm_json_flags_change_the_grammar(make_engine):
+    """disable_any_whitespace: the compact layout only; disable_additional_properties: no extra keys, where the
+    server's json_strict 0 would allow them. Checked on the compiled grammars' matchers, and through the engine's
+    own compile path (the cache keys the options: the same schema compiles three ways)."""
+    import xgrammar as xgr
+
+    engine = make_engine(json_strict=False)
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+
+    def accepts(options, text):
+        m = xgr.GrammarMatcher(engine.grammar.submit("json_schema", schema, options).future.result())
+        return m.accept_string(text)
+    compact = (("json_any_whitespace", False),)
+    assert accepts((), '{ "a": 1 }') and not accepts(compact, '{ "a"') and not accepts(compact, '{"a":  1')
+    assert accepts(compact, '{"a": 1}')
+    assert accepts((), '{"a": 1, "b"') and not accepts((("json_strict", True),), '{"a": 1, "b"')

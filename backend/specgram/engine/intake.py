@@ -41,7 +41,7 @@ class Intake:
         params.validate(config.default_max_tokens, config.max_draft_len, config.max_stop_chars)
         kind = None
         if params.guide_type is not None:
-            kind = self.grammar.check(params.guide_type, params.guide)
+            kind = self.grammar.check(params.guide_type, params.guide, params.guide_options)
         if params.drafter is None:
             params.drafter = self.default_drafter()
         if params.drafter not in self.drafters:
@@ -68,7 +68,8 @@ class Intake:
             if params.speculates and params.looks_up and params.guide:
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
-            req.pending_grammar = self.grammar.submit(kind, params.guide)   # compiles off the step loop; last
+            # compiles off the step loop; last, so that nothing after it can refuse the request
+            req.pending_grammar = self.grammar.submit(kind, params.guide, params.guide_options)
         return req
 
 

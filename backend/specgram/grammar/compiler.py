@@ -76,8 +76,9 @@ class GrammarCompiler:
         """Start the compile workers now rather than for the first guide."""
         self.pool  # noqa: B018 - the property starts it
 
-    def check(self, guide_type: str, guide: str) -> GuideType:
-        """Cheap checks done when the request arrives; -> the normalized guide type."""
+    def check(self, guide_type: str, guide: str, options: tuple = ()) -> GuideType:
+        """Cheap checks done when the request arrives; -> the normalized guide type. options: the request's
+        (name, value) overrides of the compile options (json_strict, json_any_whitespace)."""
         kind = normalize_guide_type(guide_type)
         if len(guide.encode("utf-8")) > self.max_guide_bytes:
             raise InvalidRequest(f"guided_decoding_guide is larger than {self.max_guide_bytes} bytes")
@@ -85,7 +86,7 @@ class GrammarCompiler:
             try:
                 parsed = json.loads(guide)
                 if kind == GuideType.JSON_SCHEMA and self.unsupported_keywords == "error":
-                    self._check_keywords(parsed)
+                    self._check_keywords(parsed, dict(options).get("json_strict", self.options["json_strict"]))
             except (TypeError, AttributeError, KeyError):
                 pass        # a keyword of the wrong type: the compile refuses the schema, with xgrammar's reason
             except ValueError as e:         # json.JSONDecodeError, and an integer too long to convert
@@ -101,22 +102,25 @@ class GrammarCompiler:
             raise InvalidRequest(f"guided_decoding_guide is empty (required for {kind})")
         return kind
 
-    def _check_keywords(self, schema) -> None:
-        found = unenforced_keyword(schema, self.options["json_strict"])
+    def _check_keywords(self, schema, strict: bool) -> None:
+        found = unenforced_keyword(schema, strict)
         if found:
             raise InvalidRequest(f"guided_decoding_guide: {describe(found)}; remove it, or ask the operator for "
                                  "json_unsupported_keywords=ignore (best effort: the keyword is then not enforced)")
 
-    def compile(self, kind: GuideType, guide: str):
+    def compile(self, kind: GuideType, guide: str, options: tuple = ()):
         """Blocking compile in this process; raises InvalidRequest. For guides already known to compile in time
-        (and for tools and tests): an arbitrary guide may take any time and memory here."""
-        return compile_guide(self.compiler, kind, guide, **self.options)
+        (and for tools and tests): an arbitrary guide may take any time and memory here. options: (name, value)
+        overrides of the compiler's options."""
+        return compile_guide(self.compiler, kind, guide, **{**self.options, **dict(options)})
 
-    def submit(self, kind: GuideType, guide: str) -> "PendingGrammar":
-        """Start compiling (or find) the guide; raises Overloaded when too many guides wait for a worker."""
+    def submit(self, kind: GuideType, guide: str, options: tuple = ()) -> "PendingGrammar":
+        """Start compiling (or find) the guide; raises Overloaded when too many guides wait for a worker.
+        options: the request's (name, value) overrides of the compile options, sorted (part of the cache key)."""
         if kind == GuideType.JSON:
             return PendingGrammar(_done(self.builtin_json))
-        key = (kind, guide)
+        options = tuple(sorted(options)) if kind == GuideType.JSON_SCHEMA else ()
+        key = (kind, guide, options)
         pool = self.pool                    # started here on first use, outside self._lock
         with self._lock:
             compiled = self.cache.get(key)
@@ -125,7 +129,7 @@ class GrammarCompiler:
             c = self._inflight.get(key)
             started = c is None
             if started:
-                c = self._inflight[key] = _Compile(key, pool.submit(kind, guide))
+                c = self._inflight[key] = _Compile(key, pool.submit(kind, guide, options))
             c.waiters += 1
         if started:     # outside the lock: a callback on a future already done runs here, and takes the lock
             c.job.future.add_done_callback(lambda _: self._verdict(c))

@@ -88,8 +88,8 @@ class CompilePool:
 
     # ---- any thread --------------------------------------------------------------------------------------
 
-    def submit(self, kind: str, guide: str) -> Job:
-        job = Job(kind, guide)
+    def submit(self, kind: str, guide: str, options: tuple = ()) -> Job:
+        job = Job(kind, guide, options)
         with self._lock:
             if self._closed or self._broken:
                 why = self._broken or "the grammar compiler is shut down"
@@ -234,7 +234,7 @@ class CompilePool:
     def _start_job(self, w: Worker, job: Job, now: float) -> None:
         w.job, w.started = job, now
         try:
-            w.conn.send((job.kind, job.guide))
+            w.conn.send((job.kind, job.guide, job.options))
         except OSError:                     # the worker died just now: the job goes back to the head of its queue
             w.job = None
             with self._lock:

@@ -28,6 +28,7 @@ class Job:
     """One guide to compile. future: -> seconds the compile took in its worker, or InvalidRequest."""
     kind: str
     guide: str
+    options: tuple = ()             # (name, value) pairs over the compiler's options (one request's JSON layout)
     future: Future = field(default_factory=Future)
     long: bool = False              # holds (or waits for) a long lane
     cancelled: bool = False
@@ -59,7 +60,8 @@ class Worker:
 
 
 def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
-    """A worker: compile each (kind, guide) it is sent; reply ("ok", seconds) or ("error", message)."""
+    """A worker: compile each (kind, guide, option overrides) it is sent; reply ("ok", seconds) or ("error",
+    message)."""
     import xgrammar as xgr
 
     from .compile import compile_guide
@@ -69,12 +71,12 @@ def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
     conn.send(("ready", os.getpid()))
     while True:
         try:
-            kind, guide = conn.recv()
+            kind, guide, overrides = conn.recv()
         except (EOFError, OSError):         # the engine process closed the pool or is gone
             return
         t0 = time.monotonic()
         try:
-            compile_guide(compiler, kind, guide, **options)
+            compile_guide(compiler, kind, guide, **{**options, **dict(overrides)})
             conn.send(("ok", time.monotonic() - t0))
         except InvalidRequest as e:
             conn.send(("error", str(e)))

@@ -31,6 +31,7 @@ NEUTRAL = {"n": 1, "best_of": 1, "min_p": 0, "length_penalty": 1, "use_beam_sear
            "include_stop_str_in_output": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
            "detokenize": True, "prompt_logprobs": None, "truncate_prompt_tokens": None}
 _STRUCTURED = ("structured_outputs", "guided_decoding")
+_GUIDE_OPTIONS = "guide_options"        # the structured object's compile options (vLLM's flags), not an input
 
 
 @dataclass
@@ -75,6 +76,7 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
     stream = values.get("stream", False)
     _structured(values)
     params = SamplingParams(**{param: values[name] for name, param in _PARAMS.items() if name in values})
+    params.guide_options = values.get(_GUIDE_OPTIONS, ())
     asked = frozenset(name for name in _SWITCHES if inputs.get(name) is not None
                       and INPUT[name].convert(name, inputs[name]))
     params.cumulative_logprob = "return_cumulative_logprob" in asked
@@ -92,7 +94,7 @@ def _structured(values: dict[str, Any]) -> None:
         names = [k for k, _ in given] + (["guided_decoding_guide_type"] if "guided_decoding_guide_type" in values
                                          else [])
         raise InvalidRequest(f"a guide is given more than once ({', '.join(names)}); give one")
-    values["guided_decoding_guide_type"], values["guided_decoding_guide"] = given[0][1]
+    values["guided_decoding_guide_type"], values["guided_decoding_guide"], values[_GUIDE_OPTIONS] = given[0][1]
 
 
 def _sampling_parameters(raw: Any) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 
 Exactly one constraint key may be set: json (a schema, as an object or a JSON string), regex, choice (a list of
 strings), grammar (xgrammar EBNF), json_object (true: guide type json, xgrammar's built-in JSON grammar, which
-vLLM's xgrammar backend uses for it too), structural_tag (xgrammar's JSON format). vLLM's tuning keys that change
-nothing here are accepted: `backend` (the engine always uses xgrammar), `disable_fallback`,
-`disable_any_whitespace` (whitespace is the config setting json_any_whitespace), `disable_additional_properties`,
-and `whitespace_pattern` at null.
+vLLM's xgrammar backend uses for it too), structural_tag (xgrammar's JSON format). Two of vLLM's flags change a
+`json` schema's grammar as they do in vLLM: `disable_any_whitespace` true = the compact layout, no free whitespace
+(the request's own json_any_whitespace false), `disable_additional_properties` true = no properties beyond the
+schema's unless it allows them (the request's own json_strict true); false or absent = the server's settings.
+vLLM's tuning keys that change nothing here are accepted: `backend` (the engine always uses xgrammar),
+`disable_fallback`, and `whitespace_pattern` at null.
 """
 from __future__ import annotations
 
@@ -18,18 +20,22 @@ from ..errors import InvalidRequest
 # constraint key -> guide type
 KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf", "json_object": "json",
          "structural_tag": "structural_tag"}
+# vLLM's flags that change a JSON schema's grammar: flag -> the compile option it sets to that value when true
+FLAGS = {"disable_any_whitespace": ("json_any_whitespace", False),
+         "disable_additional_properties": ("json_strict", True)}
 # keys that tune vLLM's own guided-decoding backends; accepted, they change nothing here
-TUNING = ("backend", "disable_fallback", "disable_any_whitespace", "disable_additional_properties",
-          "whitespace_pattern", "_backend", "_backend_was_auto", "backend_was_auto")
+TUNING = ("backend", "disable_fallback", "whitespace_pattern", "_backend", "_backend_was_auto", "backend_was_auto",
+          *FLAGS)
 
 
 def _given(value: Any) -> bool:
     return value is not None and value is not False and value != ""
 
 
-def guide_of(name: str, spec: Any) -> tuple[str, str] | None:
-    """spec: the dict (or its JSON text) under sampling_parameters.<name> -> (guide type, guide), or None when
-    no constraint key is set. Raises InvalidRequest naming the problem."""
+def guide_of(name: str, spec: Any) -> tuple[str, str, tuple] | None:
+    """spec: the dict (or its JSON text) under sampling_parameters.<name> -> (guide type, guide, the request's
+    (name, value) compile options from vLLM's flags), or None when no constraint key is set. Raises InvalidRequest
+    naming the problem."""
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -37,6 +43,19 @@ def guide_of(name: str, spec: Any) -> tuple[str, str] | None:
             raise InvalidRequest(f"sampling_parameters.{name} must be a JSON object") from None
     if not isinstance(spec, dict):
         raise InvalidRequest(f"sampling_parameters.{name} must be an object with one of {sorted(KINDS)}")
+    found = _guide(name, spec)
+    if found is None:
+        return None
+    options = []
+    for flag, option in FLAGS.items():
+        if spec.get(flag) is not None and not isinstance(spec[flag], bool):
+            raise InvalidRequest(f"sampling_parameters.{name}.{flag} must be true or false")
+        if spec.get(flag) and found[0] == "json_schema":
+            options.append(option)
+    return (*found, tuple(options))
+
+
+def _guide(name: str, spec: dict) -> tuple[str, str] | None:
     unknown = sorted(set(spec) - set(KINDS) - set(TUNING))
     if unknown:
         raise InvalidRequest(f"unknown keys in sampling_parameters.{name}: {unknown}; known: {sorted(KINDS)}")

@@ -111,7 +111,7 @@ def to_logit_bias(name: str, v: Any) -> dict[int, float]:
     return {to_int(f"{name} token id", k): to_float(f"{name}[{k}]", b) for k, b in v.items()}
 
 
-def to_structured(name: str, v: Any) -> tuple[str, str] | None:
+def to_structured(name: str, v: Any) -> tuple[str, str, tuple] | None:
     from .structured import guide_of
 
     return guide_of(name.rsplit(".", 1)[-1], v)
