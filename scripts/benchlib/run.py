@@ -60,7 +60,7 @@ def run_engine(engine, cases: list[dict], max_tokens: int, concurrency: int = 0,
     out = [dict(case=i, ids=g.token_ids, ttft_s=g.first_token_s, latency_s=g.latency_s, finish=g.final.finish_reason,
                 drafted=g.spec.drafted, accepted=g.spec.accepted, steps=g.spec.steps, reused=r.cached_prompt_tokens,
                 **({"text": tok.decode(g.token_ids, skip_special_tokens=True)} if tok is not None else {}))
-           for i, (g, r) in enumerate(zip(run.generations, reqs))]
+           for i, (g, r) in enumerate(zip(run.generations, reqs, strict=True))]
     return record(out, run.wall_s, concurrency or len(reqs), drafter=drafter, k=k, guided=guided, _run=run,
                   _reqs=reqs, **meta)
 

@@ -29,7 +29,7 @@ def test_json_schema_outputs_validate(triton_server):
     with ThreadPoolExecutor(len(cases)) as pool:
         results = list(pool.map(one, cases))
     finished = 0
-    for (name, schema, _), resps in zip(cases, results):
+    for (name, schema, _), resps in zip(cases, results, strict=True):
         assert not errors_of(resps), (name, errors_of(resps))
         if last_value(resps, "finish_reason") == "stop":
             finished += 1
@@ -73,7 +73,7 @@ def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
         futures = [pool.submit(guided, triton_server, "hi", kind, guide, 10) for kind, guide, _ in bad]
         results = [f.result() for f in futures]
         assert ids_of(good.result()) == solo
-    for (kind, _guide, needle), r in zip(bad, results):
+    for (kind, _guide, needle), r in zip(bad, results, strict=True):
         # the message names what is wrong; its code (INVALID_ARG) reaches no client here: a gRPC stream carries
         # only the message and HTTP generate answers 400 for any error (test_triton_adapter checks the code)
         assert len(r) == 1 and r[0]["error"] and needle in r[0]["error"], (kind, r)

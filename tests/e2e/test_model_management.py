@@ -184,13 +184,13 @@ def test_two_models_serve_at_once_with_their_own_settings_and_series(server):
     jobs = [(A, p) for p in PROMPTS] + [(B, p) for p in PROMPTS] + [(B, PROMPTS[0])]
     with ThreadPoolExecutor(len(jobs)) as pool:
         outputs = list(pool.map(lambda job: served(server, *job), jobs))
-    by_prompt = {p: ids for (model, p), ids in zip(jobs, outputs) if model == A}
-    for (model, prompt), ids in zip(jobs, outputs):
+    by_prompt = {p: ids for (model, p), ids in zip(jobs, outputs, strict=True) if model == A}
+    for (model, prompt), ids in zip(jobs, outputs, strict=True):
         assert len(ids) == (A_MAX_TOKENS if model == A else B_MAX_TOKENS), (model, prompt, ids)
         assert ids == by_prompt[prompt][:len(ids)], (model, prompt)   # greedy: the same tokens on both models
 
     # Each model's counters count its own tokens and requests, and each has one instance of its own.
-    made = {m: sum(len(ids) for (model, _), ids in zip(jobs, outputs) if model == m) for m in (A, B)}
+    made = {m: sum(len(ids) for (model, _), ids in zip(jobs, outputs, strict=True) if model == m) for m in (A, B)}
     def counted() -> dict:
         text = metrics(server)
         return {m: (metric_total(text, "specgram_generated_tokens_total", model=m) - generated[m],

@@ -289,7 +289,7 @@ def _check_vllm_logprobs(req: FrontendRequest, responses: list[dict]) -> None:
         if not ids and data is None:
             continue
         assert isinstance(data, list) and len(data) == len(ids), (req.name, data, ids)
-        for token_id, entry in zip(ids, data):
+        for token_id, entry in zip(ids, data, strict=True):
             assert str(token_id) in entry, (token_id, entry)
             assert len(entry) == n, entry
             ranked = _by_rank(entry)

@@ -127,7 +127,7 @@ def table(triton_server, reference) -> TableRun:
         assert streaming.wait(120), "the good stream never started"
         cases = [(c.id, c.request(), c.parameters, c.http_body()) for c in BAD] + \
                 [(a.id, a.request(), a.parameters, None) for a in ACCEPTED]
-        answers = dict(zip([c[0] for c in cases], pool.map(lambda c: ask(triton_server, *c[1:]), cases)))
+        answers = dict(zip([c[0] for c in cases], pool.map(lambda c: ask(triton_server, *c[1:]), cases), strict=True))
         return TableRun(answers, good.result(), arrivals[-1])
 
 

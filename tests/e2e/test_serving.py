@@ -74,7 +74,7 @@ def test_bad_request_next_to_a_good_one(triton_server):
         bads = [pool.submit(stream_infer, triton_server.grpc_url, {"text_input": PROMPT, **b}) for b in bad_inputs]
         bad_results = [f.result() for f in bads]
         assert ids_of(good.result()) == solo
-    for b, r in zip(bad_inputs, bad_results):
+    for b, r in zip(bad_inputs, bad_results, strict=True):
         assert len(r) == 1 and r[0]["error"], (b, r)
         assert any(k in r[0]["error"] for k in b), (b, r[0]["error"])   # the message names the field
 
@@ -158,13 +158,13 @@ def test_vllm_backend_outputs_are_sent_when_asked_as_it_sends_them(triton_server
     for r in resps:
         tokens = json.loads(r["outputs"]["logprobs"][0])
         assert len(tokens) == int(r["outputs"]["num_output_tokens"][0]) == len(r["outputs"]["output_ids"])
-        for token_id, row in zip(r["outputs"]["output_ids"].tolist(), tokens):
+        for token_id, row in zip(r["outputs"]["output_ids"].tolist(), tokens, strict=True):
             assert list(row)[0] == str(token_id) and len(row) <= 3      # the chosen token first, then the top 2
             assert row[str(token_id)]["rank"] == 1 and all(e["logprob"] <= 0 for e in row.values())
         spelled = "".join(row[next(iter(row))]["decoded_token"] for row in tokens)
         assert spelled == r["outputs"]["text_output"][0].decode()
         cumulative.append(float(r["outputs"]["cumulative_logprob"][0]))
-    assert all(b < a for a, b in zip(cumulative, cumulative[1:])) and cumulative[-1] < 0
+    assert all(b < a for a, b in zip(cumulative, cumulative[1:], strict=False)) and cumulative[-1] < 0
     unasked = stream_infer(triton_server.grpc_url, {**base, "sampling_parameters": None, "return_logprobs": True},
                            timeout=60)
     assert all(r["outputs"]["logprobs"][0] == b"null" for r in unasked if r["outputs"])

@@ -54,7 +54,8 @@ def test_penalties_and_logprobs_are_exact_under_speculation(triton_server):
     for lp in logprobs[1:]:
         assert [list(row) for row in lp] == [list(row) for row in logprobs[0]]       # the same tokens listed
         assert lp == logprobs[0] if native else all(
-            abs(row[t]["logprob"] - ref[t]["logprob"]) < 1e-4 for row, ref in zip(lp, logprobs[0]) for t in row)
+            abs(row[t]["logprob"] - ref[t]["logprob"]) < 1e-4
+            for row, ref in zip(lp, logprobs[0], strict=True) for t in row)
     assert len(logprobs[0]) == len(ids_of(runs[0])) and last_value(runs[1], "spec_drafted_tokens") > 0
 
 

@@ -64,7 +64,7 @@ def run(engine, prompts, **params):
     -> each request's outputs, in prompt order."""
     per_request = [{k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()}
                    for i in range(len(prompts))]
-    reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, per_request)]
+    reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, per_request, strict=True)]
     outs = run_to_end(engine, reqs)
     return [outs[r.request_id] for r in reqs]
 
@@ -176,7 +176,7 @@ def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None, e
         n = len(seqs)
         p = sampling.probabilities(logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long),
                                    torch.full((n,), top_p))
-        for s, row in zip(seqs, p.tolist()):
+        for s, row in zip(seqs, p.tolist(), strict=True):
             for t, pt in enumerate(row):
                 if pt > 0:
                     (ended if t == eos else nxt)[s + (t,)] = probs[s] * pt

@@ -40,7 +40,7 @@ def test_other_llama_family_types_equal_hf(tmp_path, model_type):
 def test_concurrent_requests_equal_alone(make_engine):
     """More requests than slots, mixed prompt lengths and max_tokens: each output equals its solo run."""
     engine = make_engine(max_slots=3)
-    specs = [(p, m) for p, m in zip(PROMPTS * 2, [5, 17, 30, 9, 23, 1, 12, 40])]
+    specs = [(p, m) for p, m in zip(PROMPTS * 2, [5, 17, 30, 9, 23, 1, 12, 40], strict=True)]
     alone = []
     for p, m in specs:
         r = engine.make_request(SamplingParams(max_tokens=m), text=p)

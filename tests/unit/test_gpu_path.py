@@ -52,8 +52,9 @@ def test_static_forward_matches_dynamic_forward(make_engine):
     b = sta.forward_rows(rows, slots, starts, last_only=False)
     for i, row in enumerate(rows):
         torch.testing.assert_close(b[i, :len(row)], a[i, :len(row)], rtol=1e-4, atol=1e-4)
-    la = dyn.forward_rows([[7], [8], [9]], slots, [s + len(r) for s, r in zip(starts, rows)], last_only=True)
-    lb = sta.forward_rows([[7], [8], [9]], slots, [s + len(r) for s, r in zip(starts, rows)], last_only=True)
+    ends = [s + len(r) for s, r in zip(starts, rows, strict=True)]
+    la = dyn.forward_rows([[7], [8], [9]], slots, ends, last_only=True)
+    lb = sta.forward_rows([[7], [8], [9]], slots, ends, last_only=True)
     torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-4)
 
 

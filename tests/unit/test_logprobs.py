@@ -40,12 +40,12 @@ def test_logprobs_are_transformers_log_softmax(engines):
     with torch.no_grad():
         logits = engine.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
     ref = torch.log_softmax(logits, -1)                                         # [len(ids), V]
-    for i, (t, row) in enumerate(zip(ids, rows)):
+    for i, (t, row) in enumerate(zip(ids, rows, strict=True)):
         assert row[0].token_id == t and row[0].rank == 1, "greedy: the chosen token is the most likely"
         assert abs(row[0].logprob - ref[i, t].item()) < 1e-4
         top_lp, top_ids = ref[i].topk(TOP)
         assert [e.token_id for e in row] == top_ids.tolist(), "the chosen token, then the other top tokens"
-        assert all(abs(e.logprob - v) < 1e-4 for e, v in zip(row, top_lp.tolist()))
+        assert all(abs(e.logprob - v) < 1e-4 for e, v in zip(row, top_lp.tolist(), strict=True))
         assert [e.rank for e in row] == list(range(1, TOP + 1))
         assert row[0].decoded == engine.tokenizer.decode([t], skip_special_tokens=True)
     assert final.cumulative_logprob == pytest.approx(sum(r[0].logprob for r in rows), abs=1e-4)
@@ -67,8 +67,8 @@ def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which,
     else:
         assert [[(t, r) for t, _, r in row] for row in as_table(rows)] == \
             [[(t, r) for t, _, r in row] for row in as_table(base_rows)]
-        assert all(abs(a - b) < 1e-5 for ra, rb in zip(as_table(rows), as_table(base_rows))
-                   for (_, a, _), (_, b, _) in zip(ra, rb))
+        assert all(abs(a - b) < 1e-5 for ra, rb in zip(as_table(rows), as_table(base_rows), strict=True)
+                   for (_, a, _), (_, b, _) in zip(ra, rb, strict=True))
 
 
 def test_logprobs_zero_is_the_chosen_token_alone_and_none_asks_nothing(engines):
@@ -114,4 +114,5 @@ def test_processed_logprobs_of_a_sampled_request_divide_by_the_temperature(proce
     with torch.no_grad():
         logits = processed.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
     for reported, ref in ((rows, torch.log_softmax(logits / 0.7, -1)), (raw_rows, torch.log_softmax(logits, -1))):
-        assert all(abs(row[0].logprob - ref[i, t].item()) < 1e-4 for i, (t, row) in enumerate(zip(ids, reported)))
+        assert all(abs(row[0].logprob - ref[i, t].item()) < 1e-4
+                   for i, (t, row) in enumerate(zip(ids, reported, strict=True)))

@@ -84,14 +84,14 @@ def test_eos_is_held_off_until_min_tokens_as_hf_min_new_tokens(engines, eos, edg
         held = run(engine, PROMPTS + texts, max_tokens=MAX, min_tokens=[N] * len(PROMPTS) + mins)
     assert tokens_of(free[0]) == [eos] and free[0][-1].finish_reason == "stop"
     assert sum(len(tokens_of(o)) < N for o in free) >= 2
-    for text, m, o in zip(PROMPTS + texts, [N] * len(PROMPTS) + mins, held):
+    for text, m, o in zip(PROMPTS + texts, [N] * len(PROMPTS) + mins, held, strict=True):
         ids = tokens_of(o)
         assert len(ids) >= m and eos not in ids[:m]
         assert ids == hf_greedy(engine, text, MAX, eos, m)
         assert o[-1].finish_reason == ("stop" if ids[-1] == eos else "length")
     # the edges themselves: min_tokens h ends with EOS at h, min_tokens h + 1 goes on past h
     ends = [len(tokens_of(o)) - 1 if tokens_of(o)[-1] == eos else None for o in held[len(PROMPTS):]]
-    assert [e == m for e, m in zip(ends, mins)] == [True, False] * (len(edges) // 2)
+    assert [e == m for e, m in zip(ends, mins, strict=True)] == [True, False] * (len(edges) // 2)
 
 
 def test_with_ignore_eos_eos_is_an_ordinary_token(engines, eos):
@@ -125,12 +125,12 @@ def test_mixed_batch_equals_solo_runs(engines, eos, edges):
     texts = PROMPTS + [t for t, _ in edges]
     mins = [N, 0, 7, MAX] + [m for _, m in edges]
     with pinned_eos(engine, eos):
-        solo = [tokens_of(run(engine, [t], max_tokens=MAX, min_tokens=m)[0]) for t, m in zip(texts, mins)]
+        solo = [tokens_of(run(engine, [t], max_tokens=MAX, min_tokens=m)[0]) for t, m in zip(texts, mins, strict=True)]
         mixed = run(engine, texts, max_tokens=MAX, min_tokens=mins,
                     num_draft_tokens=[(0, 1, 3, 8, 2, 5, 7, 4)[i % 8] for i in range(len(texts))],
                     drafter=["ngram", "draft_model"] * len(texts))
     assert [tokens_of(o) for o in mixed] == solo
-    assert all(eos not in ids[:m] for ids, m in zip(solo, mins))
+    assert all(eos not in ids[:m] for ids, m in zip(solo, mins, strict=True))
 
 
 class EosDrafter(Drafter):
@@ -151,7 +151,7 @@ def test_drafted_eos_is_rejected_below_min_tokens(engines, eos, edges):
         base = run(engine, texts, max_tokens=MAX, min_tokens=mins)
         spec = run(engine, texts, max_tokens=MAX, min_tokens=mins, num_draft_tokens=4, drafter="eos")
     assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
-    assert all(eos not in tokens_of(o)[:m] for o, m in zip(spec, mins))
+    assert all(eos not in tokens_of(o)[:m] for o, m in zip(spec, mins, strict=True))
 
 
 # ---- stop strings ------------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
     kc, vc = torch.randn(S, Hkv, D, P, generator=g), torch.randn(S, Hkv, P, D, generator=g)
     widths, starts = [9, 1, 5, 3, 13, 2], [20, 0, 7, 40, 30, 11]      # verify rows, a decode row, prefill chunks
     slots = torch.tensor([s for s, w in enumerate(widths) for _ in range(w)])
-    positions = torch.tensor([p + t for p, w in zip(starts, widths) for t in range(w)])
+    positions = torch.tensor([p + t for p, w in zip(starts, widths, strict=True) for t in range(w)])
     N = slots.numel()
     q = torch.randn(N, H * D, generator=g)
 

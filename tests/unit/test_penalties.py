@@ -105,7 +105,7 @@ def test_processors_in_a_batch_apply_to_their_own_request_alone(engines):
                                                **(PENALTIES["all"] if i % 2 else {})), text=t)
             for i, t in enumerate(PROMPTS)]
     outs = run_to_end(engine, reqs)
-    for i, (t, r) in enumerate(zip(PROMPTS, reqs)):
+    for i, (t, r) in enumerate(zip(PROMPTS, reqs, strict=True)):
         assert tokens_of(outs[r.request_id]) == (alone if i % 2 else plain)[t]
 
 

@@ -30,7 +30,7 @@ class OracleDrafter(Drafter):
 
     def propose(self, reqs, ks, pick, prefixes):
         out = []
-        for r, k in zip(reqs, ks):
+        for r, k in zip(reqs, ks, strict=True):
             ref = self.references[tuple(r.prompt_ids)][len(r.output_ids):len(r.output_ids) + k]
             out.append(Proposal([(t + 1) % self.vocab for t in ref] if self.wrong else list(ref)))
         return out
@@ -44,7 +44,7 @@ def spec_engine(tmp_path_factory):
 def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
     refs = run(engine, prompts, max_tokens=max_tokens, **extra)
     keys = [tuple(engine.make_request(SamplingParams(), text=t).prompt_ids) for t in prompts]
-    engine.drafters["oracle"] = OracleDrafter({k: tokens_of(o) for k, o in zip(keys, refs)},
+    engine.drafters["oracle"] = OracleDrafter({k: tokens_of(o) for k, o in zip(keys, refs, strict=True)},
                                               engine.target.vocab_size, wrong)
     return refs
 

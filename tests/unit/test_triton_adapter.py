@@ -187,9 +187,9 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert len(metric("specgram_time_to_first_token_seconds")[0].observations) == ttft_before + 2
     latency = metric("specgram_e2e_request_latency_seconds")[0].observations[len(latency_before):]
     tpot = metric("specgram_time_per_output_token_seconds")[0].observations[len(tpot_before):]
-    assert len(latency) == len(tpot) == 2 and all(0 < t < x for t, x in zip(tpot, latency))
+    assert len(latency) == len(tpot) == 2 and all(0 < t < x for t, x in zip(tpot, latency, strict=True))
     queue = metric("specgram_request_queue_time_seconds")[0].observations[len(queue_before):]
-    assert len(queue) == 2 and all(0 <= q < x for q, x in zip(queue, latency))
+    assert len(queue) == 2 and all(0 <= q < x for q, x in zip(queue, latency, strict=True))
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
     assert metric("specgram_requests_total", finish_reason="length")[0].value() - length_before == 2
@@ -432,6 +432,6 @@ def test_vllm_backends_outputs_only_when_asked(model):
     ids = joined(asked_resps, "output_ids")
     assert [next(iter(row)) for row in rows] == [str(t) for t in ids] and all(1 <= len(row) <= 2 for row in rows)
     assert json.loads(whole_resp.output_tensors["logprobs"][0]) == rows, "one response: every token's logprobs"
-    total = sum(row[str(t)]["logprob"] for row, t in zip(rows, ids))
+    total = sum(row[str(t)]["logprob"] for row, t in zip(rows, ids, strict=True))
     assert abs(float(asked_resps[-1].output_tensors["cumulative_logprob"][0]) - total) < 1e-3
     assert all(set(r.output_tensors) == {f.name for f in contract.OUTPUTS if f.switch is None} for r in plain_resps)

@@ -54,7 +54,7 @@ def generate(engine: Engine, requests: list[Request], concurrency: int | None = 
     requests in the engine at once, a finished one replaced by the next before the next step (a closed loop);
     None = all submitted at once."""
     gens = [Generation(r) for r in requests]
-    by_id = {r.request_id: g for r, g in zip(requests, gens)}
+    by_id = {r.request_id: g for r, g in zip(requests, gens, strict=True)}
     todo = list(gens)
     live = 0
     step_s: list[float] = []

@@ -87,7 +87,7 @@ class LogprobTaker:
     def _token(self, token: int, logprob: float, rank: int, top_lp: list[float],
                top_ids: list[int]) -> list[TokenLogprob]:
         row = [TokenLogprob(token, logprob, rank, self.piece(token))]
-        row += [TokenLogprob(t, v, j + 1, self.piece(t)) for j, (t, v) in enumerate(zip(top_ids, top_lp))
+        row += [TokenLogprob(t, v, j + 1, self.piece(t)) for j, (t, v) in enumerate(zip(top_ids, top_lp, strict=True))
                 if t != token and math.isfinite(v)]
         return row
 

@@ -49,7 +49,7 @@ class StepPlan:
         """-> (token rows, slots, start positions): each chunk's next prompt tokens at the end of its cache, then
         each verify row [last committed token, d_0 .. d_{k-1}] at the end of its request's cache."""
         rows = [r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in self.chunks]
-        rows += [[r.output_ids[-1], *p.tokens] for r, p in zip(self.decoding, self.proposals)]
+        rows += [[r.output_ids[-1], *p.tokens] for r, p in zip(self.decoding, self.proposals, strict=True)]
         reqs = self.requests
         return rows, [r.slot for r in reqs], [r.cache_len for r in reqs]
 

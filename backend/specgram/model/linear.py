@@ -154,5 +154,6 @@ def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], 
     if all(b is None for b in biases):
         bias = None
     else:
-        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0])
+                          for w, b in zip(weights, biases, strict=True)])
     return NativeLinear(weight, bias, weight_dtype, lib, activations)

@@ -175,7 +175,7 @@ class NativeForward:
     def _flatten(rows: list[list[int]], slots: list[int], starts: list[int]) -> tuple[ctypes.Array, ...]:
         """-> tokens, slots, positions [N] as int64 arrays: the rows one after another."""
         flat_tokens, flat_slots, flat_pos = [], [], []
-        for row, slot, start in zip(rows, slots, starts):
+        for row, slot, start in zip(rows, slots, starts, strict=True):
             flat_tokens += row
             flat_slots += [slot] * len(row)
             flat_pos += range(start, start + len(row))

@@ -207,7 +207,7 @@ class ModelRunner:
         dev = self.device
         widx = WriteIndex(*(h2d(t, dev) for t in (widx.batch_idx, widx.step_idx, widx.slot_idx, widx.pos_idx)))
         return self.forward(h2d(tokens, dev), h2d(s, dev), h2d(st, dev), h2d(n, dev), last_only,
-                            length=max(a + b for a, b in zip(starts, num_new)), widx=widx)
+                            length=max(a + b for a, b in zip(starts, num_new, strict=True)), widx=widx)
 
     def forward_step(self, rows: list[list[int]], slots: list[int], starts: list[int],
                      n_last: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

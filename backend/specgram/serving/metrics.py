@@ -85,7 +85,7 @@ class Metrics:
     def publish(self, load: Load, alive: bool) -> None:
         """Set the gauges whose value changed."""
         values = (load.waiting, load.running, load.compiling, int(alive))
-        for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values)):
+        for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values), strict=True):
             if value != before:
                 gauge.set(value)
         self.published = values

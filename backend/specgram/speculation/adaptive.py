@@ -162,12 +162,12 @@ def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool]
     Drafts are taken by chance, likeliest first, while one raises the ratio: with a convex cost (StepCosts'
     fit) and chances nonincreasing within a request, the best set is every draft above a threshold, and this
     walks down to it (a request's drafts are so always a prefix)."""
-    cuts = [len(c) if f else 0 for c, f in zip(chances, fixed)]
-    tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed) if f)
+    cuts = [len(c) if f else 0 for c, f in zip(chances, fixed, strict=True)]
+    tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed, strict=True) if f)
     rows = len(chances) + sum(cuts)
     seconds = cost(rows) + extra
-    free = sorted(((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits)) if not f for p in c[:n]),
-                  reverse=True)
+    free = sorted(((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits, strict=True)) if not f
+                   for p in c[:n]), reverse=True)
     for p, neg_i in free:
         more = cost(rows + 1) + extra
         if (tokens + p) * seconds <= tokens * more:          # (tokens + p) / more <= tokens / seconds
@@ -192,14 +192,14 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     cost, dc = costs.curve(), costs.depth_curve()
     n = len(chances)
     fixed = fixed or [False] * n
-    paid = [len(c) if m and f else 0 for c, m, f in zip(chances, draft_model, fixed)]
+    paid = [len(c) if m and f else 0 for c, m, f in zip(chances, draft_model, fixed, strict=True)]
     base_cuts, tokens, seconds = _cut_greedy(chances, [0] * n, fixed, cost, sunk + depth_seconds(dc, paid))
     base = tokens / seconds
     best, best_cuts = base, base_cuts
-    deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed) if m and not f), default=0)
+    deepest = max((len(c) for c, m, f in zip(chances, draft_model, fixed, strict=True) if m and not f), default=0)
     for depth in range(0, max(deepest, *paid, 0) + 1):
-        limits = [depth if m else len(c) for c, m in zip(chances, draft_model)]
-        drafts = [p or (min(len(c), depth) if m else 0) for c, m, p in zip(chances, draft_model, paid)]
+        limits = [depth if m else len(c) for c, m in zip(chances, draft_model, strict=True)]
+        drafts = [p or (min(len(c), depth) if m else 0) for c, m, p in zip(chances, draft_model, paid, strict=True)]
         cuts, tokens, seconds = _cut_greedy(chances, limits, fixed, cost, sunk + depth_seconds(dc, drafts))
         if tokens / seconds > best:
             best, best_cuts = tokens / seconds, cuts
@@ -225,23 +225,23 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     if not costs.known:
         return [forced[i] if lookup[i] else len(model[i]) for i in range(n)]
     cost, dc = costs.curve(), costs.depth_curve()
-    deepest = max((len(m) - f for m, f in zip(model, forced) if m), default=0)
+    deepest = max((len(m) - f for m, f in zip(model, forced, strict=True) if m), default=0)
     best, best_depths = 0.0, list(forced)
     looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]     # the same at every depth
     for depth in range(0, deepest + 1):
         options, by_model = [], []
-        for m, look, f, lr in zip(model, lookup, forced, looked):
+        for m, look, f, lr in zip(model, lookup, forced, looked, strict=True):
             own = m[:f + depth]
             use = len(own) > f and (not look or best_ratio(own, n, cost) > lr)
             options.append(own if use else look or own)
             by_model.append(use)
         # the depth forwards are priced by the requests drafting at each level (the fixed-k ones as one more);
         # first by the drafts on offer, then, once cut, by those the model will make
-        offered = [len(o) - f if use else 0 for o, f, use in zip(options, forced, by_model)] + [paid]
+        offered = [len(o) - f if use else 0 for o, f, use in zip(options, forced, by_model, strict=True)] + [paid]
         ahead = depth_seconds(dc, offered)
         cuts, tokens, seconds = _cut_greedy(options, [len(o) for o in options], [False] * n, cost, ahead)
-        depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model)]
-        made = [dp - f for dp, f in zip(depths, forced)] + [paid]
+        depths = [max(c, f) if use else f for c, f, use in zip(cuts, forced, by_model, strict=True)]
+        made = [dp - f for dp, f in zip(depths, forced, strict=True)] + [paid]
         ratio = tokens / (seconds - ahead + depth_seconds(dc, made))
         if ratio > best:
             best, best_depths = ratio, depths

@@ -78,7 +78,7 @@ class DraftModelDrafter(Drafter):
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
         # first forward: the committed tokens the draft cache lacks (>= 1: the last one) + the forced prefix
         starts = [self._held(reqs[i]) for i in active]
-        rows = [reqs[i].all_ids[s:] + prefixes[i] for i, s in zip(active, starts)]
+        rows = [reqs[i].all_ids[s:] + prefixes[i] for i, s in zip(active, starts, strict=True)]
         while active:
             group = [reqs[i] for i in active]
             ids, p = pick(self._forward(rows, group, starts), group, [len(out[i].tokens) for i in active])

@@ -88,7 +88,7 @@ class NgramDrafter(Drafter):
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
         out = []
-        for r, k, prefix in zip(reqs, ks, prefixes):
+        for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
             rest = k - len(prefix)
             found, source = [], ""
             if rest > 0:

@@ -129,7 +129,7 @@ class DraftPlanner:
                 if timed:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
                     self.costs.record_draft(max(made), spent, sum(made) / max(made))
-                for i, prop in zip(idx, props):
+                for i, prop in zip(idx, props, strict=True):
                     proposals[i] = tagged(prop, len(prefixes[i]), name)
         self.shadows = {}
         for i, found in enumerate(lookups):
@@ -166,7 +166,7 @@ class DraftPlanner:
         if both:
             found = self._propose(self.drafters["ngram"], [reqs[i] for i in both], [ks[i] for i in both], pick,
                                   [prefixes[i] for i in both])
-            for i, p in zip(both, found):
+            for i, p in zip(both, found, strict=True):
                 out[i] = p if len(p.tokens) > len(prefixes[i]) else None
         return out
 
@@ -181,21 +181,22 @@ class DraftPlanner:
         if not any(auto):
             return ks
         model = self.drafters["draft_model"]
-        seen = [a and model.started(r) for r, a in zip(reqs, auto)]     # a prompt the model never read: no drafts
+        # a prompt the model never read: no drafts
+        seen = [a and model.started(r) for r, a in zip(reqs, auto, strict=True)]
         chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
-                   for r, k, pre, s in zip(reqs, ks, prefixes, seen)]
+                   for r, k, pre, s in zip(reqs, ks, prefixes, seen, strict=True)]
         looked = [r.acceptance.chances(found.sources) if found is not None else None
-                  for r, found in zip(reqs, lookups)]
-        paid = max((k - len(pre) for r, k, pre, a in zip(reqs, ks, prefixes, auto)
+                  for r, found in zip(reqs, lookups, strict=True)]
+        paid = max((k - len(pre) for r, k, pre, a in zip(reqs, ks, prefixes, auto, strict=True)
                     if not a and r.params.speculates and r.params.drafter == "draft_model"), default=0)
         planned = adaptive.plan_depths(chances, looked, [len(pre) for pre in prefixes], self.costs, paid)
         # a probe (one model draft for a request that has drafted nothing for a while: its estimate's evidence)
         # rides along where the model drafts this step anyway, else only where it could pay alone
-        drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen) if s)
+        drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen, strict=True) if s)
         probe = drafting or costs.probe_can_pay(len(reqs), self.costs)
         return [k if not a else len(pre) if not s
                 else max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0)
-                for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned)]
+                for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned, strict=True)]
 
     def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
         """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
@@ -203,13 +204,13 @@ class DraftPlanner:
         if not any(r.params.auto_draft for r in reqs):
             return proposals
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
-                   for r, p in zip(reqs, proposals)]
+                   for r, p in zip(reqs, proposals, strict=True)]
         # the drafts are made: their draft forwards are spent (in the step's seconds, whatever is cut), and only
         # the verify rows are still to choose
         cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs],
                                  sunk=self.drafted_s)
         out = []
-        for r, p, c in zip(reqs, proposals, cuts):
+        for r, p, c in zip(reqs, proposals, cuts, strict=True):
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
                 probe = "draft_model" in p.sources and r.acceptance.probe_due

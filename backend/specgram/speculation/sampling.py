@@ -125,7 +125,7 @@ def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int]
     # the tokens top-k / top-p leave (masked ones are -inf already); None: every finite one, no sort needed
     plain = all(r.params.top_k == 0 and r.params.top_p == 1.0 for r in reqs)
     support = None if plain else probabilities(logits, temperature, top_k, top_p) > 0
-    g = h2d(rows.get([(r.seed, t) for r, t in zip(reqs, positions)]), logits.device)
+    g = h2d(rows.get([(r.seed, t) for r, t in zip(reqs, positions, strict=True)]), logits.device)
     return noise.gumbel_argmax(logits / temperature[:, None], support, g)
 
 
@@ -186,7 +186,7 @@ def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tenso
     p = probabilities(logits.reshape(S * T, V), *_params(reqs, dev, repeat=T)).reshape(S, T, V)
     q = torch.zeros(S, T - 1, V, device=dev)
     u_accept = torch.ones(S, T - 1, dtype=torch.float64)
-    for i, (r, prop) in enumerate(zip(reqs, proposals)):
+    for i, (r, prop) in enumerate(zip(reqs, proposals, strict=True)):
         n = len(prop.tokens)
         if n:
             q[i, :n] = prop.probs.to(dev) if prop.probs is not None else one_hot_rows(prop.tokens, V, dev)

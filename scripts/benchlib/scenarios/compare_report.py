@@ -116,7 +116,7 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
 
     files = []
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
-    for ax, guided in zip(axes, (False, True)):
+    for ax, guided in zip(axes, (False, True), strict=True):
         series = sorted({(r["system"], r["config"]) for r in rows if r["guided"] == guided})
         for system, config in series:
             pts = sorted((r["concurrency"], r["tok_s"]) for r in rows
@@ -142,7 +142,7 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
     labels = [f"{r['system']} · {r['config']}{' · guided' if r['guided'] else ''}" for r in sel]
     y = list(range(len(sel)))
     for ax, (what, keys) in zip(axes, (("request latency s", ("lat_p50", "lat_p90", "lat_p99")),
-                                       ("TTFT ms", ("ttft_p50", "ttft_p90")))):
+                                       ("TTFT ms", ("ttft_p50", "ttft_p90"))), strict=True):
         h = 0.8 / len(keys)
         for j, key in enumerate(keys):
             ax.barh([v + j * h for v in y], [r[key] for r in sel], height=h, label=key.split("_")[1])

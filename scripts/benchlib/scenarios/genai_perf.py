@@ -46,7 +46,7 @@ def read_csv(text: str) -> dict[str, dict[str, str]]:
         elif line[0] == "Metric":
             header = line
         else:
-            rows[line[0]] = dict(zip(header[1:] if header else ["value"], line[1:]))
+            rows[line[0]] = dict(zip(header[1:] if header else ["value"], line[1:], strict=False))
     return rows
 
 

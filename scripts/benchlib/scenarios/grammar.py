@@ -77,7 +77,7 @@ def forced_positions(engine, cases, outs) -> float:
 
     buf = torch.zeros((1, g_mod.bitmask_width(engine.target.vocab_size)), dtype=torch.int32)
     forced = total = 0
-    for case, out in zip(cases, outs):
+    for case, out in zip(cases, outs, strict=True):
         g = g_mod.Guide(engine.grammar.compile("json_schema", case["guide"]))
         for t in out:
             if g.terminated:

@@ -93,7 +93,7 @@ def summarize_export(path: Path) -> list[dict]:
                 known, counts = False, [1] * len(ts)        # no outputs in the export: one token per response
             tokens.append(sum(counts))
             responses.append(len(ts))
-            tok_ts = [t for t, c in zip(ts, counts) if c > 0]     # only token-carrying responses count
+            tok_ts = [t for t, c in zip(ts, counts, strict=True) if c > 0]     # only token-carrying responses count
             first = next((c for c in counts if c > 0), 0)
             if len(tok_ts) > 1 and tokens[-1] - first > 0:
                 itl.append((tok_ts[-1] - tok_ts[0]) / 1e6 / (tokens[-1] - first))
@@ -111,7 +111,7 @@ def summarize_export(path: Path) -> list[dict]:
                          e2e_ms_mean=_mean(e2e), output_tokens=sum(tokens), output_tokens_per_req_mean=_mean(tokens),
                          tokens_per_response=sum(tokens) / sum(responses) if responses else float("nan"),
                          output_tok_s=sum(tokens) / span, request_throughput=len(tokens) / span,
-                         per_stream_tok_s=_mean([n / (e / 1e3) for n, e in zip(tokens, e2e) if e > 0]),
+                         per_stream_tok_s=_mean([n / (e / 1e3) for n, e in zip(tokens, e2e, strict=True) if e > 0]),
                          tokens_from_output_ids=known, spec_acceptance_rate=accepted / drafted if drafted else None,
                          finish_reasons=finish))
     return rows

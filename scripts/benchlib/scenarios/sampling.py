@@ -69,7 +69,7 @@ def run(args) -> None:
             for name, _, k, rule in CONFIGS:
                 last = results[name][-1]
                 partner = name.replace("coupled", "rejection")
-                same = sum(a == b for a, b in zip(ids(last), base))
+                same = sum(a == b for a, b in zip(ids(last), base, strict=True))
                 rows.append(["yes" if guided else "no", c, name, f"{tps[name]:.1f}", f"{tps[name] / tps['k=0']:.2f}",
                              f"{tps[name] / tps[partner]:.2f}" if rule == "coupled" and k else "–",
                              f"{accept_rate(last):.0%}" if k else "–", f"{tok_per_step(last):.2f}" if k else "–",

@@ -135,11 +135,12 @@ def run(args) -> None:
     cost, verify, notes = {}, {}, []
     for c in args.concurrency:
         ms = forward_ms([(target, 1), *((drafts[k], 1) for k in drafts), *((target, k + 1) for k in ks)], c, context)
-        cost.update({(kind, c): m / ms[0] for kind, m in zip(drafts, ms[1:])})
-        verify.update({(k, c): m / ms[0] for k, m in zip(ks, ms[1 + len(drafts):])})
+        cost.update({(kind, c): m / ms[0] for kind, m in zip(drafts, ms[1:], strict=False)})
+        verify.update({(k, c): m / ms[0] for k, m in zip(ks, ms[1 + len(drafts):], strict=True)})
         notes.append(f"- c {c}, context {context}: forward ms: target 1 token {ms[0]:.1f}"
-                     + "".join(f", {kind} 1 token {m:.1f}" for kind, m in zip(drafts, ms[1:]))
-                     + "".join(f", target {k + 1} tokens {m:.1f}" for k, m in zip(ks, ms[1 + len(drafts):])))
+                     + "".join(f", {kind} 1 token {m:.1f}" for kind, m in zip(drafts, ms[1:], strict=False))
+                     + "".join(f", target {k + 1} tokens {m:.1f}"
+                               for k, m in zip(ks, ms[1 + len(drafts):], strict=True)))
         report.log(notes[-1][2:])
 
     rows, records = [], []
