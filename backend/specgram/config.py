@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelLoadError
-from .model.int8 import WEIGHTS
-from .model.kv_cache import KV_DTYPES
-from .model.linear import LINEAR_KINDS
 
+# the words of the settings the model package reads (it imports them from here)
+WEIGHTS = ("auto", "int8")              # weights: auto = the checkpoint's dtype, int8 = model/int8.py's form
+KV_DTYPES = ("auto", "bfloat16")        # kv_cache_dtype: the activations' dtype, or bfloat16 (native CPU forward)
+LINEAR_KINDS = ("auto", "native", "torch")  # linear: the CPU forward's matmuls
 PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is bitwise exact (native forward)
 
 # config.pbtxt parameters are strings: these spell a boolean setting

@@ -10,6 +10,11 @@ class WireEnum(str, Enum):
     __format__ = str.__format__
 
 
+# where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, n-gram
+# lookup found it in the prompt / the output / the guide's text, or the draft model drafted it
+DRAFT_SOURCES = ("forced", "prompt", "output", "guide", "draft_model")
+
+
 class FinishReason(WireEnum):
     """The `finish_reason` output of a final response (and the label of the requests metric)."""
     STOP = "stop"               # EOS, a stop string, or the request's grammar completed

@@ -505,3 +505,9 @@ def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkey
     monkeypatch.setattr(drafter, "behind", lambda req: 5)    # as after idle steps
     run(engine, PROMPTS[:1], max_tokens=12, num_draft_tokens=2, drafter="draft_model")
     assert len(recorded) == steps
+
+
+def test_every_draft_source_has_a_prior():
+    from specgram.speculation.adaptive import PRIORS
+    from specgram.wire import DRAFT_SOURCES
+    assert tuple(PRIORS) == DRAFT_SOURCES

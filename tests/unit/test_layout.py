@@ -88,3 +88,24 @@ def test_the_engine_never_imports_triton():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.startswith(("triton_python_backend_utils", "tritonclient")) for n in names), p
+
+
+# the packages in layers, lowest first: a module imports from its own package and from the layers below it only
+# (the top-level modules: settings, errors, the wire's words, per-request state, faults)
+LAYERS = [{"specgram"}, {"specgram.model", "specgram.grammar"}, {"specgram.speculation", "specgram.sample"},
+          {"specgram.engine"}, {"specgram.serving"}]
+
+
+def _layer(module: str) -> int:
+    package = ".".join(module.split(".")[:2]) if module.count(".") >= 2 or module.endswith("__init__") else None
+    if package is None:
+        package = module if module in set().union(*LAYERS) else "specgram"
+    return next(i for i, names in enumerate(LAYERS) if package in names)
+
+
+def test_no_module_imports_a_layer_above_it():
+    graph = _graph()
+    files = {_module_name(p, PKG) for p in PKG.rglob("*.py")}
+    upward = sorted((m, i) for m, imports in graph.items() for i in imports
+                    if _layer(i) > _layer(m) and i in files)
+    assert not upward, upward

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from ..config import WEIGHTS
+
 QMAX = 127
-WEIGHTS = ("auto", "int8")   # the `weights` setting: auto = the checkpoint's dtype, int8 = this quantization
 DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"   # int8 weights, activations per row to int16 / int8 (runners)
 RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8)
 ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}   # what NativeLinear's activations are under each

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-KV_DTYPES = ("auto", "bfloat16")   # a runner's kv_dtype: the activations' dtype, or bfloat16 (native CPU forward)
-
 
 @dataclass
 class WriteIndex:

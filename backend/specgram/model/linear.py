@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import LINEAR_KINDS
 from ..errors import ModelLoadError
 from . import kernels
 from .int8 import column_sums, quantize_rows
@@ -24,7 +25,6 @@ from .kernels import abi
 
 BLOCK = 32   # outputs per packed block (NB in gemm.c)
 DIGITS = {"int16": 2, "int8": 1}   # quantized activations: base-256 digits per activation (gemm_i8a8.c)
-LINEAR_KINDS = ("auto", "native", "torch")
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..config import KV_DTYPES
 from ..errors import ModelLoadError
 from . import kernels
 from .int8 import ACTIVATIONS, RUNNER_WEIGHTS
-from .kv_cache import KV_DTYPES, KVCache, WriteIndex, make_write_index
+from .kv_cache import KVCache, WriteIndex, make_write_index
 from .linear import resolve_kind
 from .transfer import h2d, right_pad
 

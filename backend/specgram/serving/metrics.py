@@ -8,8 +8,7 @@ import gc
 import time
 
 from ..request import RequestOutput
-from ..speculation.adaptive import SOURCES
-from ..wire import ErrorKind, FinishReason
+from ..wire import DRAFT_SOURCES, ErrorKind, FinishReason
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -47,7 +46,7 @@ class Metrics:
         self.errors = {kind: errors.Metric(labels={**labels, "kind": kind.value}) for kind in ErrorKind}
         def by_source(name, doc):       # source -> counter
             fam = family(name, doc, F.COUNTER)
-            return {s: fam.Metric(labels={**labels, "source": s}) for s in SOURCES}
+            return {s: fam.Metric(labels={**labels, "source": s}) for s in DRAFT_SOURCES}
 
         self.drafted_by = by_source("specgram_draft_tokens_by_source_total",
                                     "Draft tokens proposed to the target, by source")

@@ -37,8 +37,8 @@ PROBE_AFTER = 16
 # observation then still comes, a few steps apart): at 8 streams of free text the lookups cost ~3% of a step
 # while their drafts are nearly all cut
 LOOKUP_EVERY = 4
+# the acceptance prior of each of wire.DRAFT_SOURCES (a test checks that every source has one)
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
-SOURCES = tuple(PRIORS)     # every draft token is tagged with one of these
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
 # allocate() keeps a step's drafts (beyond fixed-k requests' own) only when they raise its expected goodput by
 # more than this share: below it the
