@@ -236,7 +236,7 @@ class Request:
     slot: int = -1
     cache_len: int = 0
     cached_prompt_tokens: int = 0   # prompt tokens whose KV was reused from the cache, not prefilled
-    seed: int = 0                   # the sampling noise's key (speculation/noise.py): params.seed, or drawn at
+    seed: int = 0                   # the sampling noise's key (sample/noise.py): params.seed, or drawn at
                                     # admission when the client gave none
     generator: torch.Generator | None = None    # rejection sampling's uniforms (speculative_sampling rejection)
     spec: SpecStats = field(default_factory=SpecStats)

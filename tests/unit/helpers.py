@@ -17,7 +17,7 @@ from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
 from specgram.engine.generate import generate
 from specgram.request import SamplingParams
-from specgram.speculation import sampling
+from specgram.sample import sampling
 
 from . import fake_pb_utils as pb
 from .tiny import save_checkpoint

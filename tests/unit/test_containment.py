@@ -5,7 +5,7 @@ import pytest
 from specgram import faults as faults_mod
 from specgram.engine import penalties
 from specgram.request import SamplingParams
-from specgram.speculation import sampling
+from specgram.sample import sampling
 
 from .helpers import target_and_draft, tokens_of
 

@@ -5,7 +5,7 @@ import torch
 
 from specgram.engine.detokenize import IncrementalDetokenizer
 from specgram.engine.stopping import find_stop, holdback
-from specgram.speculation import noise, sampling
+from specgram.sample import noise, sampling
 
 from .tiny import build_tokenizer
 

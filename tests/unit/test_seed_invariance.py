@@ -1,7 +1,7 @@
 """Sampled output depends on the prompt, the settings and the seed alone: a seeded sampled request gives the same
 tokens for every draft length (auto included), drafter (n-gram, grammar-forced, draft model, int8 copy), number
 of batch companions, prefix-cache and chunked-prefill setting, guided or not. Coupled verification
-(speculation/noise.py) makes that so; rejection sampling does not, which the last test shows."""
+(sample/noise.py) makes that so; rejection sampling does not, which the last test shows."""
 import pytest
 
 from specgram.request import AUTO_DRAFT, SamplingParams

@@ -3,7 +3,7 @@ drafter, draft length and batch composition; sampled output has the target's dis
 import pytest
 
 from specgram.request import SamplingParams
-from specgram.speculation import noise, sampling
+from specgram.sample import noise, sampling
 from specgram.speculation.drafter import Drafter, Proposal
 
 from .helpers import (

@@ -25,7 +25,7 @@ from ..grammar.compiler import GrammarCompiler
 from ..grammar.masks import StepMasks
 from ..model.runner import ModelRunner
 from ..request import Request, RequestOutput, SamplingParams
-from ..speculation import sampling
+from ..sample import sampling
 from ..speculation.drafter import Drafter, GrammarOnlyDrafter
 from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner

@@ -10,9 +10,9 @@ import torch
 from ..faults import DeadEnd, Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
-from ..speculation import min_tokens, sampling
+from ..sample import min_tokens, sampling
+from ..sample.noise import NoiseRows
 from ..speculation.drafter import Proposal
-from ..speculation.noise import NoiseRows
 from ..speculation.planner import cut
 from . import penalties
 

@@ -21,8 +21,8 @@ import torch
 
 from ..model.runner import ModelRunner
 from ..request import Request
+from ..sample.sampling import one_hot_rows
 from .drafter import Drafter, PickFn, Proposal
-from .sampling import one_hot_rows
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
