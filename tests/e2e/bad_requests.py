@@ -205,6 +205,16 @@ VALUES = [
     Case("bad_words-empty-word", sp(bad_words=[""]), "bad_words"),
     Case("logprobs-21", sp(logprobs=21), "logprobs"),
     Case("logprobs-word", sp(logprobs="many"), "logprobs"),
+    # magnitudes: a JSON number may be any size; the tensors that carry the same field are INT32 / FP32
+    Case("top_k-1e20-in-sampling_parameters", sp(temperature=1, top_k=10**20), "top_k"),
+    Case("top_k-1e20-as-text", sp(top_k=str(10**20)), "top_k"),
+    Case("num_draft_tokens-1e20", sp(num_draft_tokens=10**20), "num_draft_tokens"),
+    Case("stop_token_ids-1e20", sp(stop_token_ids=[10**20]), "stop_token_ids"),
+    Case("logit_bias-token-1e20", sp(logit_bias={str(10**20): 1}), "logit_bias"),
+    Case("temperature-integer-beyond-float", sp(temperature=10**400), "temperature"),
+    Case("integer-of-5000-digits", {"sampling_parameters": '{"top_k": ' + "9" * 5000 + "}"}, "sampling_parameters"),
+    Case("stop-longer-than-max_stop_chars", {"stop": ["x" * 1001]}, "max_stop_chars"),
+    Case("bad_words-longer-than-max_stop_chars", sp(bad_words=["x" * 1001]), "max_stop_chars"),
 ]
 
 # ---- the model refuses: guides ------------------------------------------------------------------------------
@@ -258,6 +268,13 @@ GUIDES = [
     Case("structured_outputs-unknown-key", sp(structured_outputs={"xml": "<a/>"}), "structured_outputs"),
     Case("structured_outputs-bad-regex", sp(structured_outputs={"regex": "a(b"}), "regex"),
     Case("guided_decoding-choice-not-a-list", sp(guided_decoding={"choice": "yes"}), "choice"),
+    Case("schema-type-list-of-objects", guide("json_schema", '{"type": [{}]}'), "json_schema guide"),
+    Case("schema-format-list", guide("json_schema", '{"type": "string", "format": ["date"]}'), "json_schema guide"),
+    Case("schema-integer-of-5000-digits", guide("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"),
+         "guided_decoding_guide"),
+    Case("structured_outputs-flag-not-boolean",
+         sp(structured_outputs={"json": {"type": "object"}, "disable_any_whitespace": "yes"}),
+         "disable_any_whitespace"),
     Case("structured_outputs-and-guide-inputs", {**guide("regex", "a"), **sp(structured_outputs={"regex": "b"})},
          "more than once"),
 ]
@@ -328,6 +345,12 @@ ACCEPTED = [
                                          logit_bias={"5": -100}, stop_token_ids=[7], bad_words=["the"], logprobs=3)),
     Accepted("logprobs-false-is-none", sp(logprobs=False)),
     Accepted("seed-negative", {"seed": None, **sp(seed=-7, temperature=0.8)}),
+    Accepted("max_tokens-1e12-as-text", {"max_tokens": None, **sp(max_tokens=str(10**12)),
+                                         **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
+    Accepted("temperature-1e-300-is-greedy", sp(temperature=1e-300)),
+    Accepted("structured_outputs-compact-json", {"max_tokens": 8, **sp(structured_outputs={
+        "json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "disable_any_whitespace": True,
+        "disable_additional_properties": True})}),
     Accepted("structured_outputs-choice", {"max_tokens": 6, **sp(structured_outputs={"choice": ["yes", "no"]})},
              finish_reasons=("stop",)),
 ]

@@ -54,6 +54,13 @@ def test_the_widest_values_each_type_carries_are_taken():
     assert (params.seed, params.top_k, params.max_tokens) == (2**64 - 1, 2**31 - 1, 2**31 - 1)
 
 
+def test_a_max_tokens_beyond_int32_means_no_limit():
+    """max_tokens is a limit: 10**12 ("no limit") is taken as INT32's largest; beyond int64 it is refused."""
+    assert _validated(_sp(max_tokens=10**12)).max_tokens == 2**31 - 1
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        _validated(_sp(max_tokens=2**63))
+
+
 @pytest.mark.parametrize("t", [1e-300, 5e-324, 9.9e-6])
 def test_a_temperature_below_1e_5_is_greedy(make_engine, t):
     params = SamplingParams(temperature=t, max_tokens=8, num_draft_tokens=0).validate(16, 8)

@@ -19,6 +19,7 @@ from .values import (
     to_float,
     to_int,
     to_int_list,
+    to_limit,
     to_logit_bias,
     to_logprobs,
     to_messages,
@@ -59,7 +60,7 @@ INPUTS: tuple[Field, ...] = (
     Field("stream", "BOOL", (1,), "stream deltas (false: one response with the full text)", "false",
           convert=to_bool),
     Field("max_tokens", "INT32", (1,), "tokens to generate", "config `default_max_tokens`",
-          convert=to_int, param="max_tokens"),
+          convert=to_limit, param="max_tokens"),
     Field("min_tokens", "INT32", (1,),
           "0..`max_tokens`: the first min_tokens tokens are never EOS and never end a stop string (a grammar that "
           "can only end still ends the output)", "0", convert=to_int, param="min_tokens"),

@@ -44,6 +44,12 @@ def to_int(name: str, v: Any, bounds: tuple[int, int] = INT32) -> int:
     return int(v)
 
 
+def to_limit(name: str, v: Any) -> int:
+    """A limit (max_tokens): any integer up to 2^63 - 1, larger than INT32 taken as INT32's largest (a client that
+    means "no limit" may say 10**12; the context cuts the output long before either)."""
+    return min(to_int(name, v, (INT32[0], 2**63 - 1)), INT32[1])
+
+
 def to_seed(name: str, v: Any) -> int:
     return to_int(name, v, SEED)
 
