@@ -50,7 +50,7 @@ class EngineConfig:
                                            # batch); "rejection" = classic speculative sampling (sampling.py)
     logprobs_mode: str = "raw"      # logprobs (engine/logprobs.py): "raw" = of the model's logits before any
                                     # processing; "processed" = of the logits the token was chosen from
-    ngram_min: int = 1              # n-gram prompt lookup: shortest suffix to match (1 measured best on JME)
+    ngram_min: int = 1              # n-gram prompt lookup: shortest suffix to match (docs/performance.md)
     ngram_max: int = 4              # ... longest suffix to match
     grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
     grammar_compile_timeout_s: int = 30  # a guide whose compile runs longer fails its request (time spent
@@ -65,7 +65,8 @@ class EngineConfig:
                                     # '": "', brackets) in xgrammar's tokenization, not only single forced tokens
     linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
                                     # batch-invariant), "torch" (transformers' modules), auto = native where
-                                    # its kernels build (x86-64 with AVX-512 and gcc), torch elsewhere and on CUDA
+                                    # its kernels build (x86-64 with AVX-512, or AVX2 + FMA, and gcc), torch
+                                    # elsewhere and on CUDA
     weights: str = "auto"           # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
                                     # scale per output channel on the native CPU forward, activations quantized
                                     # per row to int16 where the CPU has VNNI (lossy against the checkpoint,

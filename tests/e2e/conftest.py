@@ -10,16 +10,26 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))  # triton_server, collect, jme
 
-from triton_server import REPO, TritonServer  # noqa: E402
+from triton_server import REPO, TritonServer, model_repository_with  # noqa: E402
+
+
+def engine_settings() -> dict[str, str]:
+    """E2E_ENGINE_SETTINGS="key=value,...": engine settings over the served model's (e.g. linear=torch serves the
+    PyTorch forward, the code CUDA runs, on this CPU)."""
+    given = os.environ.get("E2E_ENGINE_SETTINGS", "").strip()
+    return dict(item.split("=", 1) for item in given.split(",") if item) if given else {}
 
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
-    """A started tritonserver serving E2E_MODEL_REPOSITORY (default: the repo's model_repository).
+    """A started tritonserver serving E2E_MODEL_REPOSITORY (default: the repo's model_repository), with
+    E2E_ENGINE_SETTINGS over its settings.
 
     Attributes: http_url, grpc_url, metrics_url, log_path (plus log_tail(n), process, model_repository).
     """
     repo = Path(os.environ.get("E2E_MODEL_REPOSITORY", REPO / "model_repository"))
+    if engine_settings():
+        repo = model_repository_with(engine_settings(), tmp_path_factory.mktemp("settings") / "repo", repo)
     server = TritonServer(
         model_repository=repo,
         model=os.environ.get("E2E_MODEL", "llm") or None,

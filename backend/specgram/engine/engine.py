@@ -41,8 +41,8 @@ from .step import StepPlan, StepResult
 
 log = logging.getLogger(__name__)
 
-# a CPU forward is compute-bound from a few dozen rows (native, 2 cores: ~0.9 ms a row vs ~21 ms to stream the
-# weights), so a prefill step's cost follows its tokens
+# a CPU forward is compute-bound from a few dozen rows (a row's arithmetic outweighs its share of streaming the
+# weights; docs/performance.md, Prefill scheduling), so a prefill step's cost follows its tokens
 PREFILL_PACK_TOKENS_CPU = 64
 
 

@@ -97,6 +97,9 @@ def _here(s: dict, ptr: str, strict: bool) -> Finding | None:
     head = next((k for k in HEADS if k in s), None)
     if head is not None:
         return _beside_head(s, ptr, head)
+    t = s.get("type")
+    if t is not None and not (isinstance(t, str) or isinstance(t, list) and all(isinstance(x, str) for x in t)):
+        return None         # a malformed type: the compile refuses the schema, with xgrammar's reason
     types = _types(s)
     if not types and not any(k in s for k in OBJECT_HINTS + ARRAY_HINTS):
         dropped = next((k for k in s if k in VALIDATION), None)

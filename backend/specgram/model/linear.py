@@ -2,10 +2,10 @@
 
 Why a kernel of our own on CPU: a decode, verify or draft step multiplies a few rows by every weight, so its
 cost is reading the weights once. PyTorch's CPU matmuls (MKL / oneDNN) run those shapes well below the memory
-bandwidth once M > 1 (a verify over 5 rows cost about 2x a 1-row decode), and their per-row results change
-with M (other blocking), which would let batch composition and draft width change greedy output. The native
-kernel reads each weight once per call for up to 8 rows per register tile and accumulates every output in
-the same order whatever M is: bitwise batch-invariant (tests/unit/test_native.py checks both properties).
+bandwidth once M > 1 (docs/performance.md), and their per-row results change with M (other blocking), which
+would let batch composition and draft width change greedy output. The native kernel reads each weight once per
+register tile of rows (the tile heights: kernels/gemm.c) and accumulates every output in the same order whatever
+M is: bitwise batch-invariant (tests/unit/test_native.py checks both properties).
 
 Fused projections: q, k, v share one matrix and one call, as do gate and up: fewer, longer weight streams.
 Weights are packed as float32, bfloat16 or int8 (weight-only, one scale per output: int8.py): the same panel
@@ -107,10 +107,9 @@ class NativeLinear(torch.nn.Module):
     def into(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [M, N] = the product of x [M, K] -> y; both float32 and contiguous, not checked (forward() makes them
         so; native.py passes its own buffers, reused across layers)."""
-        # ~120 calls per decode forward, each a gap in the weight stream: the constant arguments are built once
-        # (_refresh), native.py passes outputs it allocated once per forward, and the module is called without
-        # Module.__call__'s hook machinery (below). Measured on SmolLM2-135M's int8-dynamic matrices in a row:
-        # 0.30 ms more than the bare kernel calls when the arguments were gathered per call, 0.08 ms now
+        # a call per weight matrix (the PyTorch-side path): each is a gap in the weight stream, so the constant
+        # arguments are built once (_refresh), outputs come preallocated, and the module is called without
+        # Module.__call__'s hook machinery (below)
         m = x.shape[0]
         if m:
             self._fn(x.data_ptr(), m, *self._args, y.data_ptr(), self.out_features, torch.get_num_threads())

@@ -2,8 +2,8 @@
 
 Per layer:  x = rmsnorm(h) -> qkv = x W_qkv -> rotary + cache write -> attention (reads the cache in place)
             -> h += attn W_o; x = rmsnorm(h) -> gu = x W_gate|up -> a = silu(gate) * up -> h += a W_down
-Why: a decode or verify step at small batch is bound by streaming the weights once; PyTorch's eager path
-spends as long again on ~40 small ops per layer and on gathering whole cache rows for attention. Here the
+Why: a decode or verify step at small batch is bound by streaming the weights once; PyTorch's eager path adds
+dozens of small ops per layer and gathers whole cache rows for attention. Here the
 matmuls run at the memory bound (gemm.c), everything between them is one kernel per concern, and the whole
 stack runs in one OpenMP region (forward.c): no call, fork or join between the kernels.
 
@@ -24,7 +24,7 @@ Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H 
 heads of size D, intermediate size I; per layer the cache holds K as [S slots, Hkv, D, P positions] and V as
 [S, Hkv, P, D], float32, or bfloat16 (each value rounded to nearest even as it is written, widened exactly as it
 is read: lossy against float32, but the same for a token alone or batched, so the invariance holds; the int8
-draft copy's cache, where attention over 8 streams reads as many bytes as the weights).
+draft copy's own cache, where attention over many streams reads as many bytes as its int8 weights).
 """
 from __future__ import annotations
 

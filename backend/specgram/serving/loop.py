@@ -13,8 +13,8 @@ leaves its state untrusted: the thread stops, every open request fails (INTERNAL
 
 EngineLoop.build() loads the engine on the engine thread itself. That matters on CPU: OpenMP (libgomp) keeps a
 thread pool per thread that starts parallel work, and once the pools' threads outnumber the cores it stops
-spinning between parallel regions, so each of a forward's ~300 regions pays a futex wake-up. A model loaded
-on one thread and stepped on another measured ~30% fewer tokens/s on 2 cores than one thread doing both.
+spinning between parallel regions, so every parallel region pays a futex wake-up (docs/architecture.md,
+Threads).
 """
 from __future__ import annotations
 

@@ -34,18 +34,16 @@ POPULATION_FORGET = 0.999   # per observation: the engine-wide rate follows the 
 # evidence; lookup and forced drafts are observed for free even when cut)
 PROBE_AFTER = 16
 # a request whose last steps verified no drafts looks up n-grams only every LOOKUP_EVERY-th step (its free
-# observation then still comes, a few steps apart): at 8 streams of free text the lookups cost ~3% of a step
-# while their drafts are nearly all cut
+# observation then still comes, a few steps apart): at many streams of free text the lookups cost a share of
+# the step while their drafts are nearly all cut
 LOOKUP_EVERY = 4
 # the acceptance prior of each of wire.DRAFT_SOURCES (a test checks that every source has one)
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
 FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
 # allocate() keeps a step's drafts (beyond fixed-k requests' own) only when they raise its expected goodput by
-# more than this share: below it the
-# gain is within the cost fit's error (a verify row's measured cost varies 2-5x with the rows' shapes: eight
-# 2-token rows cost less per row than one 5-token row) and the per-draft work the fit does not time (lookup,
-# masks, commit). Measured: free text at 8 streams, lookup auto verified 30%-accepted drafts whose predicted gain
-# was 1-5% and lost 3-8% to no drafting; at one stream and on prompts that repeat, drafts gain 10-100%.
+# more than this share: below it the gain is within the cost fit's error (a verify row's cost varies with the
+# rows' shapes, not only their number) and the per-draft work the fit does not time (lookup, masks, commit);
+# docs/performance.md has the runs that set it.
 MIN_GAIN = 0.03
 
 

@@ -111,8 +111,8 @@ def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     return rows * (1 + p) / (cost(2 * rows) + costs.depth_curve()(rows)) > rows / cost(rows)
 
 
-JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (int8 copy of SmolLM2-135M:
-#                        3.6 ms for 1 row, 5.8 ms for 8: ~0.31 ms a row)
+JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (a streamed weight serves
+#                        every row: a row adds its arithmetic only)
 
 
 def read_pays(rows: int, costs: StepCosts, p: float, tokens_left: int, prompt_len: int, joined: int = 0) -> bool:

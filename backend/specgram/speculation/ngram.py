@@ -21,8 +21,8 @@ import numpy as np
 from ..request import Request
 from .drafter import Drafter, PickFn, Proposal
 
-# candidates looked at per corpus and suffix length: later occurrences first (measured on JME prompts: more than
-# 4 changed no draft)
+# candidates looked at per corpus and suffix length, later occurrences first: a bound on the lookup's work per
+# step (docs/architecture.md, the step)
 MAX_OCCURRENCES = 4
 
 
