@@ -2,7 +2,9 @@
 # README command 2: set up (idempotent) and run the whole test suite: unit (tiny random models, CPU) and
 # end-to-end (one real tritonserver for the session, default model), after the lint (ruff, settings in
 # pyproject.toml); then the engine's exactness tests once more over the PyTorch forward (the path CUDA runs,
-# which "auto" does not pick where the native CPU kernels build). Extra args go to the first pytest run.
+# which "auto" does not pick where the native CPU kernels build), in process and served: a second tritonserver
+# serves the model with linear=torch for the end-to-end tests of the step (serving, speculation, guides, the
+# contract fuzz). Extra args go to the first pytest run.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$REPO/scripts/setup.sh"
@@ -12,4 +14,7 @@ python -m ruff check .
 python -m pytest tests -q -rs "$@"
 SPECGRAM_TEST_LINEAR=torch python -m pytest -q -p no:cacheprovider \
   tests/unit/test_engine.py tests/unit/test_speculative.py tests/unit/test_min_tokens.py \
-  tests/unit/test_seed_invariance.py tests/unit/test_adaptive.py tests/unit/test_penalties.py tests/unit/test_logprobs.py
+  tests/unit/test_seed_invariance.py tests/unit/test_adaptive.py tests/unit/test_penalties.py tests/unit/test_logprobs.py \
+  tests/unit/test_containment.py
+E2E_ENGINE_SETTINGS=linear=torch,draft_quantization=int8 SPECGRAM_FUZZ_N=120 python -m pytest -q -p no:cacheprovider \
+  tests/e2e/test_serving.py tests/e2e/test_speculative_serving.py tests/e2e/test_guided_serving.py tests/e2e/test_fuzz.py

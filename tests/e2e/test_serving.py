@@ -9,7 +9,7 @@ import pytest
 import requests
 from collect import errors_of, ids_of, last_value, stream_infer, text_of, total_of
 from stream_client import build_inputs
-from triton_server import REPO
+from triton_server import REPO, metric_total
 
 PROMPT = "Give me three facts about the Moon."
 CHECKPOINT = REPO / "models" / "SmolLM2-135M-Instruct"
@@ -168,3 +168,14 @@ def test_vllm_backend_outputs_are_sent_when_asked_as_it_sends_them(triton_server
     unasked = stream_infer(triton_server.grpc_url, {**base, "sampling_parameters": None, "return_logprobs": True},
                            timeout=60)
     assert all(r["outputs"]["logprobs"][0] == b"null" for r in unasked if r["outputs"])
+
+
+def test_the_served_forward_is_the_one_configured(triton_server):
+    """The model serves the forward its settings ask for: the native CPU kernels by default here, the PyTorch
+    forward (the code CUDA runs) when the session serves linear=torch (scripts/test.sh's second leg)."""
+    from conftest import engine_settings
+
+    wanted = "torch" if engine_settings().get("linear") == "torch" else "native"
+    text = requests.get(triton_server.metrics_url, timeout=30).text
+    assert metric_total(text, "specgram_forward", kind=wanted) == 1, [line for line in text.splitlines()
+                                                                      if line.startswith("specgram_forward")]

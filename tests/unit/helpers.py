@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -106,7 +107,8 @@ def target_and_draft(root: Path, max_seq_len: int, max_slots: int = 4, target_se
     target = save_checkpoint(root / f"target-{target_seed}", seed=target_seed, **ckpt)
     draft = save_checkpoint(root / f"draft-{draft_seed}", seed=draft_seed, **ckpt)
     return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=max_slots,
-                                           max_seq_len=max_seq_len))
+                                           max_seq_len=max_seq_len,
+                                           linear=os.environ.get("SPECGRAM_TEST_LINEAR", "auto")))
 
 
 def cheap_draft_model(monkeypatch, engine) -> None:

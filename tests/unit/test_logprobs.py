@@ -67,7 +67,7 @@ def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which,
     else:
         assert [[(t, r) for t, _, r in row] for row in as_table(rows)] == \
             [[(t, r) for t, _, r in row] for row in as_table(base_rows)]
-        assert all(abs(a - b) < 1e-5 for ra, rb in zip(as_table(rows), as_table(base_rows), strict=True)
+        assert all(abs(a - b) < 1e-4 for ra, rb in zip(as_table(rows), as_table(base_rows), strict=True)
                    for (_, a, _), (_, b, _) in zip(ra, rb, strict=True))
 
 
