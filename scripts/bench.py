@@ -13,6 +13,7 @@ In process (no server):
     python scripts/bench.py grammar            # what the grammar costs and what speculation gains under it
     python scripts/bench.py prefill_schedule   # TTFT when prompts arrive at once, schedule choices on and off
     python scripts/bench.py prefix_cache       # TTFT and tok/s with prompt-prefix reuse off and on
+    python scripts/bench.py commits --base REV # this checkout's engine against another commit's, interleaved
 Through tritonserver (started here unless --url is given):
     python scripts/bench.py serving            # aggregate and per-stream tok/s per concurrency
     python scripts/bench.py perf_analyzer      # perf_analyzer sweep, genai-perf's four figures
@@ -38,7 +39,7 @@ from benchlib import DEFAULT_MODEL
 from benchlib.machine import load
 
 SCENARIOS = ("forward", "speculative", "draft_length", "sampling", "grammar", "prefill_schedule", "prefix_cache",
-             "serving", "perf_analyzer", "genai_perf", "soak", "compare", "gpu")
+             "commits", "serving", "perf_analyzer", "genai_perf", "soak", "compare", "gpu")
 
 # the options several scenarios take: defined here once; a scenario lists the ones it takes, with its defaults
 SHARED = {

@@ -231,7 +231,7 @@ GUIDES = [
          "guided_decoding_guide"),
     Case("guide-too-large", guide("regex", "x" * 300_000), "guided_decoding_guide"),
     Case("schema-not-json", guide("json_schema", "{not json"), "guided_decoding_guide"),
-    Case("schema-type-5", guide("json_schema", '{"type": 5}'), "guided_decoding_guide"),
+    Case("schema-type-5", guide("json_schema", '{"type": 5}'), "json_schema guide"),
     Case("schema-array", guide("json_schema", "[1, 2]"), "json_schema guide"),
     Case("schema-string", guide("json_schema", '"string"'), "json_schema guide"),
     Case("schema-ref-missing", guide("json_schema", '{"$ref": "#/definitions/missing"}'), "json_schema guide"),

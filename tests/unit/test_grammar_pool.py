@@ -109,7 +109,7 @@ def test_the_queue_is_bounded_and_identical_guides_share_one_compile(compiler):
 def test_cancelling_the_last_waiter_stops_the_compile(compiler, monkeypatch):
     cancelled = []
     pool_cancel = compiler.pool.cancel
-    monkeypatch.setattr(compiler.pool, "cancel", lambda job: (cancelled.append(job), pool_cancel(job)))
+    monkeypatch.setattr(compiler.pool, "cancel", lambda job, stop=True: (cancelled.append(job), pool_cancel(job, stop)))
     before = set(compiler.pool.worker_pids())
     first = started(compiler, slow_schema())
     second = compiler.submit(GuideType.JSON_SCHEMA, slow_schema())
@@ -122,6 +122,21 @@ def test_cancelling_the_last_waiter_stops_the_compile(compiler, monkeypatch):
         time.sleep(0.01)
     [killed] = before - set(compiler.pool.worker_pids())
     assert gone(killed)
+
+
+@pytest.mark.parametrize("compiler", [dict(trial_s=60)], indirect=True)
+def test_a_withdrawn_compile_that_runs_finishes_and_is_cached(compiler):
+    """What a request refused at capacity leaves behind (cancel(stop_running=False)): its running compile is not
+    stopped (the worker stays), and the retry finds the grammar compiled."""
+    before = set(compiler.pool.worker_pids())
+    schema = slow_schema()
+    started(compiler, schema).cancel(stop_running=False)
+    deadline = time.monotonic() + 60
+    while compiler.cache.get((GuideType.JSON_SCHEMA, schema, ())) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compiler.cache.get((GuideType.JSON_SCHEMA, schema, ())) is not None
+    assert set(compiler.pool.worker_pids()) == before
+    assert compiler.submit(GuideType.JSON_SCHEMA, schema).future.done()
 
 
 def test_close_stops_the_workers(tokenizer):

@@ -133,7 +133,7 @@ class GrammarCompiler:
             c.waiters += 1
         if started:     # outside the lock: a callback on a future already done runs here, and takes the lock
             c.job.future.add_done_callback(lambda _: self._verdict(c))
-        return PendingGrammar(c.future, lambda: self._release(c))
+        return PendingGrammar(c.future, lambda stop_running: self._release(c, stop_running))
 
     def _verdict(self, c: "_Compile") -> None:
         """A worker is done with c's guide (dispatcher thread): compile it here, or fail its requests."""
@@ -177,14 +177,15 @@ class GrammarCompiler:
             f"compiling the guide took longer than the configured grammar_compile_timeout_s ({self.timeout_s:g} s) "
             "in the server process; retry, or simplify the schema or grammar"))
 
-    def _release(self, c: "_Compile") -> None:
-        """A request stopped waiting for c (cancelled); the last one out stops the worker's compile."""
+    def _release(self, c: "_Compile", stop_running: bool = True) -> None:
+        """A request stopped waiting for c (cancelled); the last one out drops the compile from the queue, or
+        stops the worker's compile (stop_running; else the compile finishes and its grammar is cached)."""
         with self._lock:
             c.waiters -= 1
             if c.waiters or c.job.future.done():
                 return
             self._inflight.pop(c.key, None)
-        self.pool.cancel(c.job)
+        self.pool.cancel(c.job, stop_running)
 
     def _forget(self, c: "_Compile") -> None:
         with self._lock:
@@ -257,7 +258,9 @@ class GrammarCache:
 
 class PendingGrammar:
     """A compile in flight. `result()` -> compiled grammar, None while pending, raises InvalidRequest.
-    `cancel()`: the request no longer waits (its compile stops if no other request waits for it)."""
+    `cancel()`: the request no longer waits (its compile stops if no other request waits for it; with
+    stop_running False a compile already running finishes, its grammar cached, and only a queued one is
+    dropped: what a request refused at capacity, and so likely retried, leaves behind)."""
 
     def __init__(self, future: Future, on_cancel=None):
         self.future, self._on_cancel = future, on_cancel
@@ -267,7 +270,7 @@ class PendingGrammar:
             return self.future.result()     # re-raises InvalidRequest
         return None
 
-    def cancel(self) -> None:
+    def cancel(self, stop_running: bool = True) -> None:
         if self._on_cancel is not None and not self.future.done():
-            self._on_cancel()
+            self._on_cancel(stop_running)
             self._on_cancel = None

@@ -101,15 +101,19 @@ class CompilePool:
         self._wake()
         return job
 
-    def cancel(self, job: Job) -> None:
-        """Nobody waits for this job any more: drop it, or stop its worker if it runs."""
+    def cancel(self, job: Job, stop_running: bool = True) -> None:
+        """Nobody waits for this job any more: drop it if it waits for a worker; if it runs, stop its worker
+        (stop_running), or let it finish (its grammar is then cached for whoever asks next)."""
         with self._lock:
-            job.cancelled = True
             for queue in (self._new, self._long):
                 if job in queue:
+                    job.cancelled = True
                     queue.remove(job)
                     job.future.cancel()
                     return
+            if not stop_running:
+                return
+            job.cancelled = True
             self._cancelled.append(job)
         self._wake()
 

@@ -105,8 +105,8 @@ class EngineLoop:
                 self._admission.enter(req)
                 self._inbox.put(("add", req, (sink, time.monotonic(), timeout_s)))
         if refusal is not None:
-            if req.pending_grammar is not None:
-                req.pending_grammar.cancel()        # no request waits for it: its compile stops, its place frees
+            if req.pending_grammar is not None:     # nothing waits for it: a queued compile leaves the queue (a
+                req.pending_grammar.cancel(stop_running=False)      # running one finishes, for the retry)
             sink(_ended(req.request_id, refusal, ErrorKind.UNAVAILABLE))
         return refusal is None
 
