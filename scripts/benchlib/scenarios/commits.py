@@ -32,7 +32,7 @@ from benchlib.workload import compile_guide, select_cases
 from specgram.engine.loading import load_tokenizer
 a = json.loads(sys.argv[1])
 tok = load_tokenizer(a["model"])
-cases = select_cases(tok, a["prompts"], a["max_tokens"])
+cases = select_cases(tok, a["prompts"], max(128, a["max_tokens"]))   # cases whose answer fits 128
 engine = cpu_engine(a["model"], max(a["concurrency"]), 1024, a["max_tokens"], draft_quantization="auto",
                     drafter="auto")
 for c in cases:
