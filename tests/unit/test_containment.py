@@ -153,3 +153,23 @@ def test_each_or_alone_blames_the_request_whose_own_call_fails():
     assert f.each_or_alone(reqs, fn, -1) == [10, -1, 30]
     assert [(r.request_id, str(e)) for r, e in f.take()] == [(2, "two")]
     assert not f
+
+
+def test_a_failed_request_leaves_its_batch_mates_logprobs_their_own(engine, monkeypatch):
+    """The victim (verify row 0) fails in the token choice; the mate after it asked for logprobs: they are its
+    own tokens' logprobs, as alone (the rows that go on are renumbered, their logprobs with them)."""
+    mate = [("The quick brown fox jumps", {"logprobs": 2, "drafter": "ngram", "num_draft_tokens": 3})]
+
+    def logprobs(outs):
+        return [(row[0].token_id, round(row[0].logprob, 4)) for o in outs for row in o.logprobs]
+    r = _req(engine, *mate[0][:1], **mate[0][1])
+    alone = logprobs(_drive(engine, [r])[r.request_id])
+    victim = _req(engine, "abcabc abcabc abc", drafter="ngram", num_draft_tokens=3)
+    real = sampling.accept
+    monkeypatch.setattr(sampling, "accept", lambda reqs, *a: real(reqs, *a) if victim not in reqs
+                        or len(victim.output_ids) < 3 else 1 / 0)
+    other = _req(engine, *mate[0][:1], **mate[0][1])
+    outs = _drive(engine, [victim, other])
+    assert outs[victim.request_id][-1].error_kind == "internal"
+    assert logprobs(outs[other.request_id]) == alone
+    assert [t for t, _ in alone] == tokens_of(outs[other.request_id])

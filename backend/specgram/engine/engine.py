@@ -29,6 +29,7 @@ from ..sample import sampling
 from ..speculation.drafter import Drafter, GrammarOnlyDrafter
 from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner
+from ..speculation.rows import VerifyRow
 from ..wire import ErrorKind, FinishReason
 from . import loading
 from .intake import Intake
@@ -193,14 +194,13 @@ class Engine:
         the grammar: verifying a draft the grammar cuts would cost real work there. Where it does not (CUDA),
         the seal runs after the forward is queued: drafts it cuts were verified anyway, and causal attention
         keeps the logits before the cut exact (the KV written past it lies beyond cache_len)."""
-        reqs = [r for r in decoding if not r.finished]          # aborted between admission and now
-        drafted = self.planner.draft(reqs, self.logits.draft_pick)
-        if self.overlap_grammar:
-            plan.available, plan.proposals, plan.sealed = drafted, self.planner.choose_cuts(reqs, drafted), False
-        else:
-            plan.available = self.planner.seal(reqs, drafted)
-            plan.proposals = self.planner.choose_cuts(reqs, plan.available)
-        plan.decoding = reqs
+        rows = [VerifyRow(r) for r in decoding if not r.finished]          # aborted between admission and now
+        drafted_s = self.planner.draft(rows, self.logits.draft_pick)
+        if not self.overlap_grammar:
+            for v in rows:
+                v.available = self.planner.seal(v.req, v.available)
+        self.planner.choose_cuts(rows, drafted_s)
+        plan.verify, plan.sealed = rows, not self.overlap_grammar
 
     def _forward(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
@@ -227,39 +227,44 @@ class Engine:
         return self._commit_each(reqs, first, self.logprobs.entries(captured, reqs, first, self.faults))
 
     def _verified(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """Mask, accept and commit the verify rows (logits [B, 1 + max k, V])."""
-        reqs = plan.decoding
+        """Mask, accept and commit the verify rows (logits [B, 1 + max k, V], row b for plan.verify[b])."""
+        rows, reqs = plan.verify, plan.decoding
         if not plan.sealed:
-            plan.proposals = self.planner.seal(reqs, plan.proposals)
+            for v in rows:
+                v.proposal = self.planner.seal(v.req, v.proposal)
         raw = self.logprobs.capture(result.verify, reqs, "raw")
-        plan.proposals = self.logits.mask_verify(reqs, plan.proposals, result.verify)
+        cut_at = self.logits.mask_verify(reqs, [v.proposal for v in rows], result.verify)
+        for v, p in zip(rows, cut_at, strict=True):
+            v.proposal = p
         captured = raw if raw is not None else self.logprobs.capture(result.verify, reqs, "processed")
         if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
-            rows = sum(1 + len(p.tokens) for p in plan.proposals)
-            self.planner.costs.record(rows, time.perf_counter() - result.started)
-        at = {id(r): b for b, r in enumerate(reqs)}
-        picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]), None)
-        live = [b for b, r in enumerate(reqs) if picks[b] is not None and not self.faults.has(r)]
-        reqs = [reqs[b] for b in live]
-        proposals = [plan.proposals[b] for b in live]
-        accepted, nxt = [picks[b][0] for b in live], [picks[b][1] for b in live]
-        for r, a in zip(reqs, accepted, strict=True):
-            r.cache_len += 1 + a          # the fed last token and the accepted drafts now have valid KV
-        tokens = self.planner.settle(reqs, proposals, [plan.available[b] for b in live], accepted, nxt)
-        before = [len(r.output_ids) for r in reqs]
-        outs = self._commit_each(reqs, tokens, self.logprobs.entries(captured, reqs, tokens, self.faults))
-        for r, p, a, n in zip(reqs, proposals, accepted, before, strict=True):
-            used = len(r.output_ids) - n      # <= a: an accepted draft ended the output; the drafts after it
-            r.spec.record(p.sources[:used] if used <= a else p.sources, min(a, used))     # count for nothing
+            n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
+            self.planner.costs.record(n_rows, time.perf_counter() - result.started)
+        at = {id(v.req): b for b, v in enumerate(rows)}
+        picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]),
+                                          None)
+        live = [b for b, (v, pick) in enumerate(zip(rows, picks, strict=True))
+                if pick is not None and not self.faults.has(v.req)]
+        for b in live:
+            v = rows[b]
+            v.accepted, v.token = picks[b]
+            v.req.cache_len += 1 + v.accepted    # the fed last token and the accepted drafts now have valid KV
+        self.planner.settle([rows[b] for b in live])
+        before = {b: len(rows[b].req.output_ids) for b in live}
+        logprobs = self.logprobs.entries({j: captured[b] for j, b in enumerate(live) if b in captured},
+                                         [rows[b].req for b in live], [rows[b].committed for b in live], self.faults)
+        outs = self._commit_each([rows[b].req for b in live], [rows[b].committed for b in live], logprobs)
+        for b in live:
+            rows[b].record(len(rows[b].req.output_ids) - before[b])
         return outs
 
     def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int]]:
-        """sampling.accept over the given verify rows (indices into plan.decoding) -> per row (accepted drafts,
+        """sampling.accept over the given verify rows (indices into plan.verify) -> per row (accepted drafts,
         the target's next token). Reads the logits only: safe to rerun for a row alone."""
-        reqs = [plan.decoding[b] for b in rows]
-        logits = result.verify if len(rows) == len(plan.decoding) else result.verify[rows]
-        accepted, nxt = sampling.accept(reqs, [plan.proposals[b] for b in rows], logits, self.logits.noise,
-                                        self.logits.coupled)
+        verify = [plan.verify[b] for b in rows]
+        logits = result.verify if len(rows) == len(plan.verify) else result.verify[rows]
+        accepted, nxt = sampling.accept([v.req for v in verify], [v.proposal for v in verify], logits,
+                                        self.logits.noise, self.logits.coupled)
         return list(zip(accepted, nxt, strict=True))
 
     # ---- endings ----------------------------------------------------------------------------------------

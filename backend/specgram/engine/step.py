@@ -11,15 +11,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..request import Request
-from ..speculation.drafter import Proposal
+from ..speculation.rows import VerifyRow
 
 
 @dataclass
 class StepPlan:
     chunks: list[tuple[Request, int]]               # prompt chunks: (request, its next n prompt tokens)
-    decoding: list[Request] = field(default_factory=list)     # requests with a verify row
-    proposals: list[Proposal] = field(default_factory=list)   # per decoding request: the drafts its row verifies
-    available: list[Proposal] = field(default_factory=list)   # per decoding request: its drafts before the cuts
+    verify: list[VerifyRow] = field(default_factory=list)     # the decoding requests' rows, drafts and outcomes
     # whether the grammar has checked the drafts and filled their mask rows: before the forward where it blocks
     # (CPU); after it where forwards run asynchronously (CUDA), so the matchers work while the device computes
     sealed: bool = True
@@ -29,27 +27,27 @@ class StepPlan:
         return [r for r, _ in self.chunks]
 
     @property
+    def decoding(self) -> list[Request]:
+        return [v.req for v in self.verify]
+
+    @property
     def requests(self) -> list[Request]:
         return self.prompts + self.decoding
 
     @property
     def empty(self) -> bool:
-        return not self.chunks and not self.decoding
+        return not self.chunks and not self.verify
 
     def drop_finished(self) -> None:
         """Before the forward: requests that ended since the plan was made (their own work failed) get no row."""
-        keep = [b for b, r in enumerate(self.decoding) if not r.finished]
-        if len(keep) < len(self.decoding):
-            self.decoding = [self.decoding[b] for b in keep]
-            self.proposals = [self.proposals[b] for b in keep]
-            self.available = [self.available[b] for b in keep]
+        self.verify = [v for v in self.verify if not v.req.finished]
         self.chunks = [(r, n) for r, n in self.chunks if not r.finished]
 
     def rows(self) -> tuple[list[list[int]], list[int], list[int]]:
         """-> (token rows, slots, start positions): each chunk's next prompt tokens at the end of its cache, then
         each verify row [last committed token, d_0 .. d_{k-1}] at the end of its request's cache."""
         rows = [r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in self.chunks]
-        rows += [[r.output_ids[-1], *p.tokens] for r, p in zip(self.decoding, self.proposals, strict=True)]
+        rows += [v.tokens for v in self.verify]
         reqs = self.requests
         return rows, [r.slot for r in reqs], [r.cache_len for r in reqs]
 

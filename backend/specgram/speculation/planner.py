@@ -22,6 +22,7 @@ from ..grammar.masks import StepMasks
 from ..request import Request
 from . import adaptive, costs
 from .drafter import Drafter, PickFn, Proposal
+from .rows import VerifyRow
 
 
 def cut(p: Proposal, n: int) -> Proposal:
@@ -48,9 +49,6 @@ class DraftPlanner:
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = costs.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
-        # request id -> this step's lookup drafts that lost to the draft model's (settle() observes them for free)
-        self.shadows: dict[int, Proposal] = {}
-        self.drafted_s = 0.0      # the draft model's seconds in the step being drafted (sunk for choose_cuts)
 
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
@@ -101,16 +99,18 @@ class DraftPlanner:
                 self.max_seq_len - req.num_tokens - 1)
         return max(k, 0)
 
-    def draft(self, reqs: list[Request], pick: PickFn) -> list[Proposal]:
-        """-> per request its drafts for this step, cut to its k; guided ones stay tentatively accepted in their
-        matchers until seal(). pick: the engine's token choice, for drafters that sample."""
+    def draft(self, rows: list[VerifyRow], pick: PickFn) -> float:
+        """Each row's drafts for this step (row.available), cut to its k, and its lookup drafts that lost to the
+        draft model's (row.shadow); guided ones stay tentatively accepted in their matchers until seal(). pick:
+        the engine's token choice, for drafters that sample. -> the draft model's seconds (sunk for choose_cuts)."""
+        reqs = [v.req for v in rows]
         ks = [self.draft_len(r) for r in reqs]
         prefixes = [self.faults.guard(r, self.masks.forced_prefix, r.slot, r.guide, k, self.forced_strings,
                                       default=[]) if r.guide and k else [] for r, k in zip(reqs, ks, strict=True)]
         # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
         lookups = self._lookups(reqs, ks, prefixes, pick, rests)
-        self.drafted_s = 0.0          # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
+        drafted_s = 0.0               # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
         depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
         proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
@@ -125,22 +125,22 @@ class DraftPlanner:
                                       [prefixes[i] for i in idx])
                 spent = time.perf_counter() - start
                 if name == "draft_model":
-                    self.drafted_s += spent
+                    drafted_s += spent
                 if timed:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
                     self.costs.record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
                     proposals[i] = tagged(prop, len(prefixes[i]), name)
-        self.shadows = {}
         for i, found in enumerate(lookups):
             if found is None:
                 continue
             if depths[i] > len(prefixes[i]):
-                self.shadows[reqs[i].request_id] = found
+                rows[i].shadow = found
             else:
                 proposals[i], depths[i] = found, ks[i]
-        return [cut(p, k) if not self.faults.has(r) else Proposal([], sources=[])
-                for r, p, k in zip(reqs, proposals, depths, strict=True)]
+        for v, p, k in zip(rows, proposals, depths, strict=True):
+            v.available = cut(p, k) if not self.faults.has(v.req) else Proposal([], sources=[])
+        return drafted_s
 
     def _propose(self, drafter: Drafter, reqs: list[Request], ks: list[int], pick: PickFn,
                  prefixes: list[list[int]]) -> list[Proposal]:
@@ -198,56 +198,58 @@ class DraftPlanner:
                 else max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0)
                 for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned, strict=True)]
 
-    def choose_cuts(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
-        """Auto requests: how many of their available drafts this step verifies (adaptive.allocate over the
-        whole batch; fixed-k requests count with all their drafts)."""
+    def choose_cuts(self, rows: list[VerifyRow], drafted_s: float) -> None:
+        """Each row's proposal: for auto requests, how many of their available drafts this step verifies
+        (adaptive.allocate over the whole batch; fixed-k requests count with all their drafts). drafted_s: the
+        draft model's seconds this step, spent whatever is cut."""
+        reqs, proposals = [v.req for v in rows], [v.available for v in rows]
         if not any(r.params.auto_draft for r in reqs):
-            return proposals
+            for v in rows:
+                v.proposal = v.available
+            return
         chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
                    for r, p in zip(reqs, proposals, strict=True)]
         # the drafts are made: their draft forwards are spent (in the step's seconds, whatever is cut), and only
         # the verify rows are still to choose
         cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs],
-                                 sunk=self.drafted_s)
-        out = []
-        for r, p, c in zip(reqs, proposals, cuts, strict=True):
+                                 sunk=drafted_s)
+        for v, c in zip(rows, cuts, strict=True):
+            r, p = v.req, v.available
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
                 probe = "draft_model" in p.sources and r.acceptance.probe_due
                 p = cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
-            out.append(p)
-        return out
+            v.proposal = p
 
-    def seal(self, reqs: list[Request], proposals: list[Proposal]) -> list[Proposal]:
-        """Guided requests: drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
-        bonus row filled, the matcher rolled back. After this every guided request has its mask rows for
-        positions 0..len(proposal)."""
-        return [cut(p, self.faults.guard(r, self.masks.seal, r.slot, r.guide, p.tokens, default=0))
-                if r.guide is not None else p for r, p in zip(reqs, proposals, strict=True)]
+    def seal(self, req: Request, p: Proposal) -> Proposal:
+        """A guided request's drafts cut at the first one the grammar rejects (n-gram drafts are unmasked), the
+        bonus row filled, the matcher rolled back: its mask rows for positions 0..len(proposal) are then filled.
+        An unguided request's drafts as they are."""
+        if req.guide is None:
+            return p
+        return cut(p, self.faults.guard(req, self.masks.seal, req.slot, req.guide, p.tokens, default=0))
 
-    def settle(self, reqs: list[Request], proposals: list[Proposal], available: list[Proposal],
-               accepted: list[int], nxt: list[int]) -> list[list[int]]:
-        """After the verify: per request its accepted drafts a and the target's token t -> the tokens to commit
-        (drafts[:a] + [t]). available: the drafts before this step's cuts (a legal draft past the cut is a
-        free observation for the acceptance estimate)."""
-        return [self.faults.guard(r, self._settle_one, r, p, full, a, t, default=[])
-                for r, p, full, a, t in zip(reqs, proposals, available, accepted, nxt, strict=True)]
+    def settle(self, rows: list[VerifyRow]) -> None:
+        """After the verify (each row's accepted and token set): what was accepted teaches the estimates and
+        the drafters (available: the drafts before this step's cuts; a legal draft past the cut is a free
+        observation), each row under its request's guard."""
+        for v in rows:
+            self.faults.guard(v.req, self._settle_one, v)
 
-    def _settle_one(self, r: Request, p: Proposal, full: Proposal, a: int, t: int) -> list[int]:
+    def _settle_one(self, v: VerifyRow) -> None:
+        r, p, full, a, t = v.req, v.proposal, v.available, v.accepted, v.token
         k = len(p.tokens)             # every proposal carries its sources from draft() on
         beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
         r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
         self.drafters[r.params.drafter].committed(r, a)
-        out = p.tokens[:a] + [t]
-        self._observe_shadow(r, out)
-        return out
+        self._observe_shadow(r, v.shadow, v.committed)
 
-    def _observe_shadow(self, r: Request, committed: list[int]) -> None:
+    @staticmethod
+    def _observe_shadow(r: Request, shadow: Proposal | None, committed: list[int]) -> None:
         """The lookup drafts that lost to the draft model's this step, judged against the committed tokens (what
         the target would have accepted of them): the lookup estimate stays current while the model drafts.
         Skipped after a forced prefix, which the verified proposal's own observation already counted."""
-        shadow = self.shadows.pop(r.request_id, None)
         if shadow is None or shadow.sources[0] == "forced":
             return
         n = min(len(shadow.tokens), len(committed))
