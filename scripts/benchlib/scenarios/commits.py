@@ -1,6 +1,7 @@
 """This checkout's engine against another commit's, interleaved: did a change cost throughput or change output?
 
     python scripts/bench.py commits --base <rev>             # 3 rounds, c 1 and 8, 64 tokens, guided and not
+    python scripts/bench.py commits                          # the uncommitted change against HEAD
     python scripts/bench.py commits --base <rev> --quick     # 1 round, 2 prompts, 16 tokens: a smoke run
 
 The base commit is checked out (git worktree) under build/ab/<rev>; each round runs each side in a fresh process
@@ -49,7 +50,8 @@ print("RESULT " + json.dumps(out))
 
 
 def add_options(ap) -> None:
-    ap.add_argument("--base", required=True, help="the commit (any git revision) to compare this checkout with")
+    ap.add_argument("--base", default="HEAD", help="the commit (any git revision) to compare this checkout with "
+                                                   "(default: HEAD, i.e. what is not committed yet)")
 
 
 def _worktree(rev: str) -> str:
