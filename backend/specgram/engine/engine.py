@@ -249,13 +249,14 @@ class Engine:
             v = rows[b]
             v.accepted, v.token = picks[b]
             v.req.cache_len += 1 + v.accepted    # the fed last token and the accepted drafts now have valid KV
-        self.planner.settle([rows[b] for b in live])
-        before = {b: len(rows[b].req.output_ids) for b in live}
-        logprobs = self.logprobs.entries({j: captured[b] for j, b in enumerate(live) if b in captured},
-                                         [rows[b].req for b in live], [rows[b].committed for b in live], self.faults)
-        outs = self._commit_each([rows[b].req for b in live], [rows[b].committed for b in live], logprobs)
-        for b in live:
-            rows[b].record(len(rows[b].req.output_ids) - before[b])
+        kept = [rows[b] for b in live]
+        self.planner.settle(kept)
+        reqs, tokens = [v.req for v in kept], [v.committed for v in kept]
+        before = [len(r.output_ids) for r in reqs]
+        outs = self._commit_each(reqs, tokens, self.logprobs.entries(
+            {j: captured[b] for j, b in enumerate(live) if b in captured}, reqs, tokens, self.faults))
+        for v, n in zip(kept, before, strict=True):
+            v.record(len(v.req.output_ids) - n)
         return outs
 
     def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int]]:

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ..errors import InvalidRequest
+from ..request import INT32_MAX, UINT64_MAX
 
 
 def _number(v: Any) -> Any:
@@ -24,8 +25,8 @@ def _number(v: Any) -> Any:
     return v
 
 
-INT32 = (-2**31, 2**31 - 1)
-SEED = (-2**63, 2**64 - 1)      # OpenAI's signed seeds and UINT64 tensors alike
+INT32 = (-INT32_MAX - 1, INT32_MAX)
+SEED = (-2**63, UINT64_MAX)     # OpenAI's signed seeds and UINT64 tensors alike (SamplingParams' seed range)
 
 
 def _shown(v: Any) -> str:
