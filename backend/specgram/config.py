@@ -1,4 +1,6 @@
-"""Engine settings, validated once at load time."""
+"""Engine settings as written (config.pbtxt parameters), each checked for its own words and range; what they
+mean on this machine and these checkpoints (every "auto", and the combinations) is resolved once, at load, by
+engine/settings.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +19,7 @@ PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is 
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
 
@@ -107,18 +109,14 @@ class EngineConfig:
         if not 0 <= self.max_draft_len <= 64:
             raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
         for name in ("dtype", "draft_dtype"):
-            if getattr(self, name) not in ("auto", *_DTYPES):
-                raise ModelLoadError(f"engine setting {name} must be one of auto, {', '.join(_DTYPES)}; "
+            if getattr(self, name) not in ("auto", *DTYPES):
+                raise ModelLoadError(f"engine setting {name} must be one of auto, {', '.join(DTYPES)}; "
                                      f"got {getattr(self, name)!r}")
         if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
             raise ModelLoadError(f"engine setting drafter must be auto, draft_model, ngram or grammar; "
                                  f"got {self.drafter!r}")
-        if self.drafter == "draft_model" and not (self.has_draft_model or self.draft_quantization == "auto"):
-            raise ModelLoadError("drafter 'draft_model' needs the draft_checkpoint or draft_quantization setting")
         if self.draft_quantization not in ("none", "int8", "auto"):
             raise ModelLoadError(f"draft_quantization must be none, int8 or auto, got {self.draft_quantization!r}")
-        if self.draft_quantization == "int8" and self.torch_device().type != "cpu":
-            raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not -1 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")
@@ -134,17 +132,9 @@ class EngineConfig:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if self.weights not in WEIGHTS:
             raise ModelLoadError(f"engine setting weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
-        # settings only the native CPU forward runs: what rules it out is known here (the kernels' build: at load)
-        native = self.torch_device().type == "cpu" and self.linear != "torch" and not self.cuda_graphs
-        if self.weights == "int8" and not native:
-            raise ModelLoadError("weights int8 runs on the native CPU forward only: device cpu, linear auto or native, "
-                                 "cuda_graphs off")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ModelLoadError(f"engine setting kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, "
                                  f"got {self.kv_cache_dtype!r}")
-        if self.kv_cache_dtype != "auto" and not native:
-            raise ModelLoadError(f"kv_cache_dtype {self.kv_cache_dtype} runs on the native CPU forward only: device "
-                                 "cpu, linear auto or native, cuda_graphs off")
         if self.grammar_compile_workers < 2:
             raise ModelLoadError(f"grammar_compile_workers must be >= 2, got {self.grammar_compile_workers}")
         for name in ("grammar_compile_timeout_s", "grammar_compile_queue"):
@@ -155,7 +145,7 @@ class EngineConfig:
                                  f"got {self.json_unsupported_keywords!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
-        self.torch_device()  # validates the device string
+        self._check_device()
 
     @classmethod
     def from_dict(cls, params: dict[str, str]) -> "EngineConfig":
@@ -183,9 +173,10 @@ class EngineConfig:
             raise ModelLoadError("engine parameter 'checkpoint' (path to a HF checkpoint folder) is required")
         return cls(**kwargs)
 
-    def torch_device(self) -> torch.device:
+    def _check_device(self) -> None:
+        """The device setting's words (whether that device is here is resolved at load: engine/settings.py)."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return
         try:
             dev = torch.device(self.device)
         except RuntimeError:
@@ -193,20 +184,6 @@ class EngineConfig:
                 f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
         if dev.type not in ("cpu", "cuda"):
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ModelLoadError(f"device {self.device!r} was asked for, but CUDA is not available here "
-                                     "(no GPU, or a CPU-only torch build): use device cpu or auto")
-            if dev.index is not None and dev.index >= torch.cuda.device_count():
-                raise ModelLoadError(f"device {self.device!r} was asked for, but only {torch.cuda.device_count()} "
-                                     "CUDA device(s) are visible")
-        return dev
-
-    def torch_dtype(self, which: str = "dtype") -> torch.dtype:
-        value = getattr(self, which)
-        if value == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        return _DTYPES[value]
 
     @property
     def waiting_requests_bound(self) -> int | None:
@@ -216,8 +193,3 @@ class EngineConfig:
         if self.max_waiting_requests == -1:
             return 4 * self.max_slots
         return self.max_waiting_requests or None
-
-    @property
-    def has_draft_model(self) -> bool:
-        """Whether a draft model is surely configured ("auto" quantization decides at load: loading.py)."""
-        return bool(self.draft_checkpoint) or self.draft_quantization == "int8"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specgram.model import kernels
+from specgram.model.choice import choose_for
 from specgram.model.runner import ModelRunner
 
 from .tiny import build_model
@@ -78,7 +79,7 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
         model, weights = model.to(torch.bfloat16), "auto"
     if weights in ("int8-dynamic", "int8-dynamic8") and not kernels.has_vnni(lib):
         pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]}")
-    runner = ModelRunner(model, 4, 200, linear="native", weights=weights, kv_dtype=kv_dtype)
+    runner = ModelRunner(model, 4, 200, choose_for(model, linear="native", weights=weights, kv_dtype=kv_dtype))
     assert runner.cache.k.dtype == (torch.bfloat16 if kv_dtype == "bfloat16" else torch.float32)
     native, window = runner.native, runner.window
     assert native.lib is lib

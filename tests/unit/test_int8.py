@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from specgram.config import EngineConfig
+from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
+from specgram.model.choice import choose_for
 from specgram.model.int8 import DYNAMIC, dequantize_rows, quantize_rows
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
@@ -75,7 +77,7 @@ def test_int8_linear_is_close_to_the_float_weights(lib):
 
 
 def _int8_runner(model, slots: int = 4, positions: int = 96) -> ModelRunner:
-    runner = ModelRunner(model, slots, positions, linear="native", weights="int8")
+    runner = ModelRunner(model, slots, positions, choose_for(model, linear="native", weights="int8"))
     assert runner.weights == "int8" and runner.native is not None
     assert all(lin.packed.dtype == torch.int8 for lin in runner.linear_layers())        # the lm_head's too
     return runner
@@ -94,7 +96,7 @@ def test_int8_model_rows_are_bitwise_independent_of_batch_and_width(lib, tied):
 ])
 def test_int8_logits_are_close_to_fp32(lib, init, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=init)
-    fp32, int8 = ModelRunner(model, 2, 96, linear="native"), _int8_runner(model, 2)
+    fp32, int8 = ModelRunner(model, 2, 96, choose_for(model, linear="native")), _int8_runner(model, 2)
     rel, agree = logits_against(fp32, int8)
     assert 0 < rel.median().item() < max_median and rel.max().item() < max_rel, rel
     assert agree >= min_agree, agree            # the same top-1 token at most positions
@@ -189,10 +191,12 @@ def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(
 def test_the_weights_setting_is_validated(tiny_ckpt):
     ok = EngineConfig(checkpoint=str(tiny_ckpt), weights="int8")
     assert ok.weights == "int8" and EngineConfig(checkpoint=str(tiny_ckpt)).weights == "auto"
-    for bad in (dict(weights="int4"), dict(weights="int8", linear="torch"), dict(weights="int8", cuda_graphs=True)):
-        with pytest.raises(ModelLoadError, match="weights"):
-            EngineConfig(checkpoint=str(tiny_ckpt), **bad)
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8"):
+        EngineConfig(checkpoint=str(tiny_ckpt), weights="int4")
+    for bad, why in ((dict(linear="torch"), "linear is torch"), (dict(cuda_graphs=True), "cuda_graphs is on")):
+        with pytest.raises(ModelLoadError, match=f"weights int8 runs on the native CPU forward only.*{why}"):
+            resolve(EngineConfig(checkpoint=str(tiny_ckpt), weights="int8", **bad))
     with pytest.raises(ModelLoadError, match="weights must be one of auto, int8, int8-dynamic, int8-dynamic8"):
-        ModelRunner(build_model("llama", seed=4), 2, 32, weights="fp8")
-    with pytest.raises(ModelLoadError, match="the torch forward would"):
-        ModelRunner(build_model("llama", seed=4), 2, 32, linear="torch", weights="int8")
+        ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, weights="fp8"))
+    with pytest.raises(ModelLoadError, match="native CPU forward only.*linear is torch"):
+        ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, linear="torch", weights="int8"))

@@ -14,6 +14,7 @@ import torch
 from specgram.config import EngineConfig
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
+from specgram.model.choice import choose_for
 from specgram.model.int8 import ACTIVATIONS, DYNAMIC, DYNAMIC8, column_sums, quantize_rows
 from specgram.model.linear import NativeLinear, pack_k4
 from specgram.model.runner import ModelRunner
@@ -168,7 +169,7 @@ def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypat
         with pytest.raises(ValueError, match="VNNI"):
             NativeLinear(torch.randn(32, 8), None, torch.int8, lib, activations=act)
         with pytest.raises(ModelLoadError, match=f"weights {weights} needs VNNI"):
-            ModelRunner(build_model("llama", seed=4), 2, 32, linear="native", weights=weights)
+            ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, linear="native", weights=weights))
     with pytest.raises(ValueError, match="int8 weights"):
         NativeLinear(torch.randn(32, 8), None, torch.float32, lib, activations="int16")
     with pytest.raises(ValueError, match="activations must be"):
@@ -176,7 +177,7 @@ def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypat
 
 
 def _quantized_runner(model, weights: str, slots: int = 4, positions: int = 96) -> ModelRunner:
-    runner = ModelRunner(model, slots, positions, linear="native", weights=weights)
+    runner = ModelRunner(model, slots, positions, choose_for(model, linear="native", weights=weights))
     assert runner.weights == weights and runner.native is not None
     assert all(lin.activations == ACTIVATIONS[weights] and lin.packed.dtype == torch.int8
                for lin in runner.linear_layers())
@@ -196,7 +197,8 @@ def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, w
 ])
 def test_quantized_logits_are_close_to_fp32(vnni, weights, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=0.1)
-    fp32, quantized = ModelRunner(model, 2, 96, linear="native"), _quantized_runner(model, weights, 2)
+    fp32 = ModelRunner(model, 2, 96, choose_for(model, linear="native"))
+    quantized = _quantized_runner(model, weights, 2)
     rel, agree = logits_against(fp32, quantized)
     assert 0 < rel.median().item() < max_median and rel.max().item() < max_rel, rel
     assert agree >= min_agree, agree

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from specgram.config import EngineConfig
+from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
+from specgram.model.choice import choose_for
 from specgram.model.runner import ModelRunner
 
 from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
@@ -24,16 +26,16 @@ pytestmark = pytest.mark.skipif(kernels.load() is None,
 
 def test_a_bfloat16_cache_is_batch_invariant_and_close_to_float32(lib):
     model = build_model("llama", seed=6)
-    exact = ModelRunner(model, 4, 96, linear="native")
-    half = ModelRunner(model, 4, 96, linear="native", kv_dtype="bfloat16")
+    exact = ModelRunner(model, 4, 96, choose_for(model, linear="native"))
+    half = ModelRunner(model, 4, 96, choose_for(model, linear="native", kv_dtype="bfloat16"))
     assert half.cache.k.dtype == half.cache.v.dtype == torch.bfloat16 and half.dtype == torch.float32
     assert_rows_bitwise_independent(half)
     rel, top1 = logits_against(exact, half)
     assert 0 < rel.max().item() < 0.05 and top1 >= 0.95          # lossy (K and V rounded to 8 bits), but slightly
-    with pytest.raises(ModelLoadError, match="kv_dtype"):
-        ModelRunner(model, 2, 32, linear="torch", kv_dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="kv_cache_dtype bfloat16 runs on the native CPU forward only"):
+        ModelRunner(model, 2, 32, choose_for(model, linear="torch", kv_dtype="bfloat16"))
     with pytest.raises(ModelLoadError, match="kv_dtype must be"):
-        ModelRunner(model, 2, 32, kv_dtype="fp8")
+        ModelRunner(model, 2, 32, choose_for(model, kv_dtype="fp8"))
 
 
 def test_an_engine_with_a_bfloat16_cache_gives_the_same_tokens_alone_batched_and_speculating(lib, make_engine):
@@ -66,8 +68,8 @@ def test_the_target_int8_copy_uses_the_target_cache_and_another_checkpoint_copy_
 def test_the_kv_cache_dtype_setting_is_validated(tiny_ckpt):
     assert EngineConfig(checkpoint=str(tiny_ckpt)).kv_cache_dtype == "auto"
     assert EngineConfig(checkpoint=str(tiny_ckpt), kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
-    for bad, match in ((dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, bfloat16"),
-                       (dict(kv_cache_dtype="bfloat16", linear="torch"), "native CPU forward only"),
-                       (dict(kv_cache_dtype="bfloat16", cuda_graphs=True), "native CPU forward only")):
-        with pytest.raises(ModelLoadError, match=match):
-            EngineConfig(checkpoint=str(tiny_ckpt), **bad)
+    with pytest.raises(ModelLoadError, match="kv_cache_dtype must be one of auto, bfloat16"):
+        EngineConfig(checkpoint=str(tiny_ckpt), kv_cache_dtype="fp8")
+    for bad in (dict(linear="torch"), dict(cuda_graphs=True)):
+        with pytest.raises(ModelLoadError, match="kv_cache_dtype bfloat16 runs on the native CPU forward only"):
+            resolve(EngineConfig(checkpoint=str(tiny_ckpt), kv_cache_dtype="bfloat16", **bad))

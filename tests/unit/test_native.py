@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
-from specgram.model.linear import NativeLinear, resolve_kind
+from specgram.model.choice import choose, choose_for
+from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 
 from .tiny import build_model
@@ -40,7 +41,8 @@ def test_linear_matches_torch_and_is_batch_invariant(lib, n, k, bias, weight_dty
 
 
 def _runners(model, **kw):
-    return ModelRunner(model, 4, 96, linear="native", **kw), ModelRunner(model, 4, 96, linear="torch", **kw)
+    return (ModelRunner(model, 4, 96, choose_for(model, linear="native", **kw)),
+            ModelRunner(model, 4, 96, choose_for(model, linear="torch", **kw)))
 
 
 @pytest.mark.parametrize("model_type,overrides", [
@@ -69,7 +71,7 @@ def test_forward_matches_transformers(lib, model_type, overrides):
 
 def test_rows_are_bitwise_independent_of_batch_and_width(lib):
     model = build_model("llama", seed=2)
-    runner = ModelRunner(model, 4, 96, linear="native")
+    runner = ModelRunner(model, 4, 96, choose_for(model, linear="native"))
     assert runner.native.lib is lib
     prompt = list(range(10, 40))
     other = list(range(50, 62))
@@ -89,7 +91,7 @@ def test_rows_are_bitwise_independent_of_batch_and_width(lib):
 
 def test_bfloat16_weights_run_in_float32(lib):
     model = build_model("llama", seed=3).to(torch.bfloat16)
-    runner = ModelRunner(model, 2, 64, linear="native")
+    runner = ModelRunner(model, 2, 64, choose_for(model, linear="native"))
     assert runner.dtype == torch.float32 and runner.cache.k.dtype == torch.float32
     ids = list(range(5, 25))
     with torch.inference_mode():
@@ -99,17 +101,23 @@ def test_bfloat16_weights_run_in_float32(lib):
 
 
 def test_kind_selection_and_fallbacks(monkeypatch):
-    assert resolve_kind("auto", torch.device("cpu"), torch.float32)[0] == "native"
-    assert resolve_kind("torch", torch.device("cpu"), torch.float32)[0] == "torch"
-    assert resolve_kind("auto", torch.device("cpu"), torch.float16)[0] == "torch"
-    with pytest.raises(ModelLoadError, match="linear must be one of"):
-        resolve_kind("fast", torch.device("cpu"), torch.float32)
     model = build_model("llama", seed=4)
-    assert ModelRunner(model, 2, 32, static_width=3).linear_kind == "torch"      # the CUDA-graph path is torch's
+    cpu, cfg = torch.device("cpu"), model.config
+    assert choose(cfg, cpu, torch.float32).kind == "native"
+    assert choose(cfg, cpu, torch.float32, linear="torch").kind == "torch"
+    assert choose(cfg, cpu, torch.float16).kind == "torch"
+    assert choose(cfg, torch.device("meta"), torch.float32).kind == "torch"
+    assert choose(build_model("llama", seed=4, hidden_act="gelu").config, cpu, torch.float32).kind == "torch"
+    with pytest.raises(ModelLoadError, match="linear must be one of"):
+        choose(cfg, cpu, torch.float32, linear="fast")
+    with pytest.raises(ModelLoadError, match="does not cover this model .activation 'gelu'"):
+        choose(build_model("llama", seed=4, hidden_act="gelu").config, cpu, torch.float32, linear="native")
+    # the CUDA-graph path is torch's
+    assert ModelRunner(model, 2, 32, choose_for(model, static_width=3)).linear_kind == "torch"
     monkeypatch.setattr(kernels, "load", lambda: None)                          # no ISA it runs / no compiler
     assert ModelRunner(model, 2, 32).linear_kind == "torch"
     with pytest.raises(ModelLoadError, match="not available"):
-        ModelRunner(model, 2, 32, linear="native")
+        ModelRunner(model, 2, 32, choose_for(model, linear="native"))
 
 
 @pytest.mark.parametrize("H,Hkv,window,D", [(9, 3, 0, 64), (9, 3, 6, 64), (4, 4, 0, 64), (10, 2, 0, 64),
@@ -155,7 +163,7 @@ def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
 
 
 def test_out_of_range_slots_and_positions_raise_before_any_write(lib):
-    runner = ModelRunner(build_model("llama", seed=5), 4, 32, linear="native")
+    runner = ModelRunner(m := build_model("llama", seed=5), 4, 32, choose_for(m, linear="native"))
     runner.forward_rows([[5, 6, 7]], [1], [0], last_only=True)
     k, v = runner.cache.k.clone(), runner.cache.v.clone()
     bad = [

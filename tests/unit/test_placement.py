@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from specgram.config import EngineConfig
+from specgram.engine.settings import device_of, dtype_of
 from specgram.errors import ModelLoadError
 from specgram.serving.placement import resolve_device
 
@@ -36,16 +37,16 @@ def test_conflicting_placement_is_a_load_error(kind, dev_id, configured, needle)
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
 def test_cuda_without_cuda_is_a_clear_load_error(device):
     with pytest.raises(ModelLoadError, match="CUDA is not available"):
-        EngineConfig(checkpoint="unused", device=device)
+        device_of(EngineConfig(checkpoint="unused", device=device))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA")
 def test_auto_is_cpu_float32_without_cuda():
     cfg = EngineConfig(checkpoint="unused", device="auto")
-    assert cfg.torch_device().type == "cpu" and cfg.torch_dtype() == torch.float32
+    assert device_of(cfg).type == "cpu" and dtype_of(cfg.dtype, device_of(cfg)) == torch.float32
 
 
 @pytest.mark.gpu
 def test_auto_is_cuda_bfloat16_with_cuda():
     cfg = EngineConfig(checkpoint="unused", device="auto")
-    assert cfg.torch_device().type == "cuda" and cfg.torch_dtype() == torch.bfloat16
+    assert device_of(cfg).type == "cuda" and dtype_of(cfg.dtype, device_of(cfg)) == torch.bfloat16

@@ -1,8 +1,10 @@
 import json
 
 import pytest
+import torch
 
 from specgram.config import EngineConfig
+from specgram.engine.settings import dtype_of
 from specgram.errors import InvalidRequest, ModelLoadError
 from specgram.serving.protocol import parse
 
@@ -72,7 +74,7 @@ def test_messages_replace_text_input():
 
 def test_engine_config_from_strings():
     cfg = EngineConfig.from_dict({"checkpoint": "/x", "max_slots": "3", "device": "cpu", "dtype": "bf16"})
-    assert cfg.max_slots == 3 and str(cfg.torch_dtype()) == "torch.bfloat16"
+    assert cfg.max_slots == 3 and dtype_of(cfg.dtype, torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ModelLoadError, match="unknown engine parameters"):
         EngineConfig.from_dict({"checkpoint": "/x", "max_slot": "3"})
     with pytest.raises(ModelLoadError, match="integer"):

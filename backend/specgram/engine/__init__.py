@@ -8,6 +8,7 @@ scheduler     waiting and running requests, KV slots, the per-step prefill budge
 output        committing tokens (EOS, grammar end, stop strings, limits) and the streamed text
 prefix_cache  reuse of a cached prompt prefix's KV
 prompt, detokenize, stopping   text in and out
+settings      every "auto" of the config resolved once for this machine and these checkpoints
 loading       the target, its tokenizer and the configured draft model from a checkpoint
 generate      the in-process driver (no server): run requests to completion
 """

@@ -38,6 +38,7 @@ from .logprobs import LogprobTaker
 from .output import Outputs
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
+from .settings import Settings, resolve
 from .step import StepPlan, StepResult
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,11 @@ PREFILL_PACK_TOKENS_CPU = 64
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, target: ModelRunner, tokenizer,
+    def __init__(self, config: EngineConfig, settings: Settings, target: ModelRunner, tokenizer,
                  drafters: dict[str, Drafter] | None = None):
-        self.config = config
-        self.target = target
-        self.tokenizer = tokenizer
-        self.device = target.device
+        """settings: config resolved (settings.resolve); target and drafters: loaded as they say (loading.load)."""
+        self.config, self.settings = config, settings
+        self.target, self.tokenizer, self.device = target, tokenizer, target.device
         # verify forward before the matchers' seal (StepPlan.sealed): worth it where forwards run asynchronously
         self.overlap_grammar = self.device.type == "cuda"
         eos = loading.eos_ids(tokenizer, getattr(target.model, "generation_config", None), target.config)
@@ -67,16 +67,14 @@ class Engine:
                                        workers=config.grammar_compile_workers,
                                        queue_limit=config.grammar_compile_queue,
                                        unsupported_keywords=config.json_unsupported_keywords)
-        self.intake = Intake(config, tokenizer, self.grammar, all_drafters, target.vocab_size)
+        self.intake = Intake(config, settings.drafter, tokenizer, self.grammar, all_drafters, target.vocab_size)
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.faults = Faults()          # the requests whose own work failed in the phase that is running
         self.planner = DraftPlanner(all_drafters, masks, config.max_draft_len, config.max_seq_len,
                                     config.forced_strings, self.faults)
         self.logits = LogitsProcessor(masks, eos, self.faults, coupled=config.speculative_sampling == "coupled")
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
-        # prompt-prefix reuse: "auto" only where reused KV is bitwise what a prefill would write (native forward)
-        reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.native is not None)
-        self.prefix = PrefixCache(target.cache) if reuse else None
+        self.prefix = PrefixCache(target.cache) if settings.prefix_cache else None
         # CPU: a prefill forward costs in proportion to its tokens, so a step ends at a prompt's end once it has
         # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
         pack = PREFILL_PACK_TOKENS_CPU if self.device.type == "cpu" else None
@@ -85,7 +83,8 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
-        return cls(config, *loading.load(config))
+        settings = resolve(config)
+        return cls(config, settings, *loading.load(config, settings))
 
     @property
     def eos_ids(self) -> set[int]:

@@ -18,19 +18,13 @@ from .prompt import prompt_ids as build_prompt_ids
 
 
 class Intake:
-    def __init__(self, config: EngineConfig, tokenizer, grammar: GrammarCompiler, drafters: dict,
+    def __init__(self, config: EngineConfig, drafter: str, tokenizer, grammar: GrammarCompiler, drafters: dict,
                  vocab_size: int):
-        self.config, self.grammar = config, grammar
+        """drafter: a request's drafter when it names none (settings.Settings.drafter)."""
+        self.config, self.grammar, self.default_drafter = config, grammar, drafter
         self.tokenizer = copy.deepcopy(tokenizer)
         self._tokenizing = threading.Lock()
         self.drafters, self.vocab_size = drafters, vocab_size     # drafters: name -> Drafter (the engine's own dict)
-
-    def default_drafter(self) -> str:
-        """The config's drafter; auto = the draft model where one was loaded (draft_checkpoint, or
-        draft_quantization int8 / auto), else n-gram lookup."""
-        if self.config.drafter != "auto":
-            return self.config.drafter
-        return "draft_model" if "draft_model" in self.drafters else "ngram"
 
     def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
                      chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
@@ -43,7 +37,7 @@ class Intake:
         if params.guide_type is not None:
             kind = self.grammar.check(params.guide_type, params.guide, params.guide_options)
         if params.drafter is None:
-            params.drafter = self.default_drafter()
+            params.drafter = self.default_drafter
         if params.drafter not in self.drafters:
             raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
                                  f"available: {sorted(self.drafters)}")

@@ -2,7 +2,8 @@
 
 runner       ModelRunner (target and draft alike): ragged rows -> logits, writing the KV cache
 native       the native CPU forward (our C kernels, kernels/) with its fused projections
-linear       which matmul implementation runs (native kernels or PyTorch)
+choice       which forward runs a model (native or PyTorch), its weights and KV dtype: ForwardChoice
+linear       the native forward's matmuls (fused projections, packed weights)
 kv_cache     slot x position cache, write indices
 cuda_graphs  the shape-static CUDA-graph path for small forwards
 transfer     host -> device copies that never stall the host

@@ -1,4 +1,4 @@
-"""The native CPU forward's weight matmuls (kernels/gemm.c), and the choice between it and PyTorch's forward.
+"""The native CPU forward's weight matmuls (kernels/gemm.c).
 
 Why a kernel of our own on CPU: a decode, verify or draft step multiplies a few rows by every weight, so its
 cost is reading the weights once. PyTorch's CPU matmuls (MKL / oneDNN) run those shapes well below the memory
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from ..config import LINEAR_KINDS
-from ..errors import ModelLoadError
 from . import kernels
 from .int8 import column_sums, quantize_rows
 from .kernels import abi
@@ -126,23 +124,6 @@ class NativeLinear(torch.nn.Module):
                 else abi.LIN_BF16 if self.weight_dtype == torch.bfloat16 else abi.LIN_F32)
         return abi.Linear(kind, DIGITS.get(self.activations, 0), self.in_features, self.out_features, addr("packed"),
                           addr("scale"), addr("colsum"), addr("bias"))
-
-
-def resolve_kind(kind: str, device: torch.device, dtype: torch.dtype):
-    """-> ("native", lib) or ("torch", None). auto = native on a CPU whose kernel builds, for fp32/bf16 models."""
-    if kind not in LINEAR_KINDS:
-        raise ModelLoadError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {kind!r}")
-    if kind == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        if kind == "native":
-            raise ModelLoadError(f"the native linear kernel runs on CPU in float32/bfloat16, not {device.type}/{dtype}")
-        return "torch", None
-    lib = kernels.load()
-    if lib is None:
-        if kind == "native":
-            raise ModelLoadError("the native linear kernel is not available here (needs AVX-512 or AVX2 + FMA, "
-                                 "and a C compiler)")
-        return "torch", None
-    return "native", lib
 
 
 def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], lib,

@@ -37,7 +37,6 @@ from .int8 import ACTIVATIONS
 from .kernels import abi
 from .linear import make_linear
 
-SUPPORTED_ACTS = ("silu",)
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache the kernels read: exact, or half the bytes
 PER_CALL_ROPE = ("dynamic", "longrope")         # rope types whose tables change with the sequence length
 
@@ -50,23 +49,6 @@ def _int64s(values: list[int]) -> ctypes.Array:
 def _address(v) -> int:
     """The data address of an index vector: a ctypes int64 array or a contiguous int64 tensor."""
     return v.data_ptr() if isinstance(v, torch.Tensor) else ctypes.addressof(v)
-
-
-def supports(model: torch.nn.Module) -> str | None:
-    """None if the native forward can run this model, else the reason it cannot."""
-    cfg = model.config
-    if getattr(cfg, "hidden_act", None) not in SUPPORTED_ACTS:
-        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
-    layer = model.model.layers[0]
-    for norm in (layer.input_layernorm, layer.post_attention_layernorm, model.model.norm):
-        if not hasattr(norm, "variance_epsilon") or getattr(norm, "bias", None) is not None:
-            return f"norm {type(norm).__name__}"
-    if getattr(layer.self_attn.o_proj, "bias", None) is not None:
-        return "o_proj bias"
-    embed = model.model.embed_tokens
-    if type(embed) is not torch.nn.Embedding or embed.weight.dtype not in (torch.float32, torch.bfloat16):
-        return f"embedding {type(embed).__name__} {embed.weight.dtype} (a plain float32 or bfloat16 lookup is read)"
-    return None
 
 
 class _Layer:

@@ -23,18 +23,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..config import KV_DTYPES
 from ..errors import ModelLoadError
-from . import kernels
-from .int8 import ACTIVATIONS, RUNNER_WEIGHTS
+from .choice import ForwardChoice, choose_for, projections
 from .kv_cache import KVCache, WriteIndex, make_write_index
-from .linear import resolve_kind
 from .transfer import h2d, right_pad
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
-def _check_checkpoint(path: Path) -> dict:
+def checkpoint_config(path: Path) -> dict:
+    """The config.json of a checkpoint folder of a supported family; ModelLoadError with the reason."""
     if not path.is_dir():
         raise ModelLoadError(f"checkpoint folder {str(path)!r} does not exist (run scripts/setup.sh for the default "
                              "model, or set the 'checkpoint' parameter to a local HF checkpoint folder)")
@@ -62,40 +60,11 @@ def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | 
     return mask[:, None]
 
 
-def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """transformers' weight matmuls of one forward, in order (the lm_head last)."""
-    return [m for layer in model.model.layers for m in (
-        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head]
-
-
-def _plain_linears(model: torch.nn.Module) -> bool:
-    """True when every projection is a float nn.Linear (not, e.g., an int8 dynamic-quantized copy)."""
-    return all(type(m) is torch.nn.Linear for m in _projections(model))
-
-
-def choose_forward(model: torch.nn.Module, linear: str = "auto", static_width: int = 0) -> tuple[str, object]:
-    """-> ("native", the kernel library) where the native CPU forward runs `model` under these settings, else
-    ("torch", None). ModelLoadError where linear "native" was asked for and cannot run."""
-    if not (linear == "native" or (static_width == 0 and _plain_linears(model))):
-        return "torch", None
-    param = next(model.parameters())
-    kind, lib = resolve_kind(linear, param.device, param.dtype)
-    if kind == "native":
-        from .native import supports
-        why = supports(model)
-        if why is not None:
-            if linear == "native":
-                raise ModelLoadError(f"the native CPU forward does not support this model ({why}); use linear torch")
-            return "torch", None
-    return kind, lib
-
-
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The transformers model of a checkpoint folder, on `device` in `dtype`; ModelLoadError with the reason."""
     from transformers import AutoModelForCausalLM
 
-    _check_checkpoint(Path(path))
+    checkpoint_config(Path(path))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
     try:
@@ -106,47 +75,31 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> to
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, static_width: int = 0,
-                 linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto", cache: KVCache | None = None):
-        """static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
+    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, forward: ForwardChoice | None = None,
+                 cache: KVCache | None = None):
+        """forward: which forward runs the model, with its weights, KV dtype and static width (choice.py; None =
+        choose_for(model), every setting auto). The native CPU forward keeps activations and the KV cache in
+        float32 (bfloat16 with kv_dtype so) and the matmul weights in the model's dtype or an int8 form (int8.py);
+        `model` itself stays as loaded (tests use it as the reference). Several runners may share one `model`
+        (an int8 copy of a target), each with its own cache or (cache=) one of them sharing another's.
+        static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
         positions of headroom per row (for the padded entries of a row near max_seq_len).
-        linear: "auto" | "native" | "torch" (linear.py). The native CPU forward keeps activations and the KV
-        cache in float32 and the matmul weights in the model's dtype (bfloat16 halves the bytes to stream);
-        `model` itself stays as loaded (tests use it as the reference).
-        weights: "auto" (the model's dtype) | "int8" (int8.py; the native forward only: ModelLoadError
-        elsewhere) | "int8-dynamic" | "int8-dynamic8" (int8 weights, activations quantized per row to int16 /
-        int8, int8.py; the native forward on a CPU with VNNI only). Several runners may share one `model` (an int8
-        copy of a target), each with its own cache or (cache=) one of them sharing another's.
-        kv_dtype: "auto" (the activations' dtype: float32 on the native forward) | "bfloat16" (the native forward
-        only: half the bytes for attention to read, lossy).
         cache: another runner's KV cache to read and write instead of a cache of its own (the native forward only;
         the int8 draft copy of its target: the same layers, heads and slots, so the copy attends to the target's
         own K and V of every committed token, and the target's verify overwrites what the copy wrote past them).
         kv_dtype is then that cache's."""
-        if weights not in RUNNER_WEIGHTS:
-            raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
+        forward = forward or choose_for(model)
         self.model = model.eval()
         cfg = model.config
         self.config = cfg
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        kind, lib = choose_forward(model, linear, static_width)
-        if weights != "auto" and kind != "native":
-            raise ModelLoadError(f"weights {weights} runs on the native CPU forward only (x86-64 with AVX-512 or AVX2 "
-                                 "+ FMA and gcc; linear auto or native, float32 or bfloat16 checkpoint, no "
-                                 f"cuda_graphs), which does not run here (the {kind} forward would)")
-        if weights in ACTIVATIONS and not kernels.has_vnni(lib):
-            raise ModelLoadError(f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
-                                 f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off")
-        if kv_dtype not in KV_DTYPES:
-            raise ModelLoadError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-        if kv_dtype != "auto" and kind != "native":
-            raise ModelLoadError(f"kv_dtype {kv_dtype} runs on the native CPU forward only, not the {kind} forward")
+        kind, weights, kv_dtype, static_width = forward.kind, forward.weights, forward.kv_dtype, forward.static_width
         self.native = None
         if kind == "native":
             from .native import NativeForward
-            self.native = NativeForward(model, lib, weights)
+            self.native = NativeForward(model, forward.lib, weights)
             self.dtype = torch.float32                       # activations (and the KV cache unless kv_dtype says)
         kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
         self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype
@@ -183,13 +136,7 @@ class ModelRunner:
         """Every weight matmul of one forward, in order (the lm_head last), as this runner calls them."""
         if self.native is not None:
             return self.native.linear_layers()
-        return _projections(self.model)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, max_slots: int, max_seq_len: int, device: torch.device,
-                        dtype: torch.dtype, static_width: int = 0, linear: str = "auto",
-                        weights: str = "auto", kv_dtype: str = "auto") -> "ModelRunner":
-        return cls(load_model(path, device, dtype), max_slots, max_seq_len, static_width, linear, weights, kv_dtype)
+        return projections(self.model)
 
     def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
         """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].

@@ -96,17 +96,16 @@ def run(args) -> None:
     import torch
 
     from specgram.model import kernels
-    from specgram.model.runner import ModelRunner
+    from specgram.model.choice import choose_for
+    from specgram.model.runner import ModelRunner, load_model
 
     max_b = max(args.batches)
     positions = args.cache_len + max(args.widths) + 8
     if args.shape:
-        runner = ModelRunner(random_model(args.shape, args.dtype), max_b, positions, linear=args.linear,
-                             weights=args.weights, kv_dtype=args.kv_dtype)
+        model = random_model(args.shape, args.dtype)
     else:
-        runner = ModelRunner.from_pretrained(args.model, max_b, positions, torch.device("cpu"),
-                                             getattr(torch, args.dtype), linear=args.linear, weights=args.weights,
-                                             kv_dtype=args.kv_dtype)
+        model = load_model(args.model, torch.device("cpu"), getattr(torch, args.dtype))
+    runner = ModelRunner(model, max_b, positions, choose_for(model, args.linear, args.weights, args.kv_dtype))
     for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
     probe = torch.ones((1 << 30) // 4)      # the bandwidth probe's 1 GiB, read between the shapes' runs (below)

@@ -80,13 +80,14 @@ def cuda_ms(fn, repeats: int = 20) -> float:
 def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
     import torch
 
-    from specgram.model.runner import ModelRunner
+    from specgram.model.choice import choose_for
+    from specgram.model.runner import ModelRunner, load_model
 
     rows = []
     for name, path in ckpts.items():
         for graphs in (False, True):
-            r = ModelRunner.from_pretrained(path, 8, context + 64, torch.device("cuda"), torch.bfloat16,
-                                            k + 1 if graphs else 0)
+            m = load_model(path, torch.device("cuda"), torch.bfloat16)
+            r = ModelRunner(m, 8, context + 64, choose_for(m, static_width=k + 1 if graphs else 0))
             for b in (1, 8):
                 prompt = [[(7 * i + j) % 40000 + 100 for j in range(context)] for i in range(b)]
                 r.forward_rows(prompt, list(range(b)), [0] * b, last_only=True)            # prefill (eager)

@@ -63,15 +63,14 @@ def add_options(ap) -> None:
 def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
     import torch
 
-    from specgram.model.runner import ModelRunner
+    from specgram.model.choice import choose_for, int8_form
+    from specgram.model.runner import ModelRunner, load_model
 
     if kind == "bf16":
-        return ModelRunner.from_pretrained(path, slots, max_seq_len, torch.device("cpu"), torch.bfloat16)
-    if kind == "int8n":
-        from specgram.engine.loading import int8_form
-
-        return ModelRunner(target.model, slots, max_seq_len, weights=int8_form(target.native.lib),
-                           cache=target.cache)                       # as engine.loading.int8_draft
+        return ModelRunner(load_model(path, torch.device("cpu"), torch.bfloat16), slots, max_seq_len)
+    if kind == "int8n":                                               # as the engine's int8 copy (engine/settings.py)
+        return ModelRunner(target.model, slots, max_seq_len,
+                           choose_for(target.model, weights=int8_form(target.native.lib)), cache=target.cache)
     from specgram.model.quantize import quantize_dynamic_int8
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
@@ -110,7 +109,8 @@ def run(args) -> None:
 
     from specgram.engine.engine import Engine
     from specgram.engine.loading import load_tokenizer
-    from specgram.model.runner import ModelRunner
+    from specgram.engine.settings import resolve
+    from specgram.model.runner import ModelRunner, load_model
     from specgram.speculation.draft_model import DraftModelDrafter
 
     names = choose(args.configs, CONFIGS, ("none",))     # "none": the reference for speedup and exactness
@@ -120,12 +120,13 @@ def run(args) -> None:
     lens = [len(c["prompt_ids"]) for c in cases]
     max_seq_len = max(lens) + args.max_tokens + 16
     config = cpu_config(args.model, slots, max_seq_len, args.max_tokens)
-    target = ModelRunner.from_pretrained(args.model, slots, max_seq_len, torch.device("cpu"), torch.float32)
+    settings = resolve(config)                        # requests name their drafter: settings.drafter is not read
+    target = ModelRunner(load_model(args.model, torch.device("cpu"), torch.float32), slots, max_seq_len)
     drafts = {kind: load_draft(kind, target, args.model, slots, max_seq_len)
               for kind in dict.fromkeys(CONFIGS[n][1] for n in names) if kind}
-    engines = {kind: Engine(config, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
+    engines = {kind: Engine(config, settings, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
                for kind, r in drafts.items()}
-    engines[None] = Engine(config, target, tok)
+    engines[None] = Engine(config, settings, target, tok)
     for kind, e in engines.items():                   # warm-up: every engine, every concurrency
         for c in args.concurrency:
             run_engine(e, cases[:c], 8, c, "draft_model" if kind else "ngram", 2)

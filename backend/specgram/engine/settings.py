@@ -1,0 +1,133 @@
+"""Every "auto" of an EngineConfig resolved once, for this machine and these checkpoints: Settings, the typed
+record that loading, the engine and the intake read (nothing else resolves a setting).
+
+config.py checks each setting's own words and ranges; `resolve` decides what depends on the machine (CUDA, the
+kernels' ISA, VNNI), on the checkpoints (family, dtype) and on the other settings, and refuses a combination
+that cannot hold with one ModelLoadError naming the settings. It reads the checkpoints' config.json only: no
+weights are loaded.
+
+  device auto                cuda where available, else cpu
+  dtype / draft_dtype auto   bfloat16 on CUDA, float32 on CPU
+  linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
+  weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
+  draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
+                             draft_checkpoint is named, else none
+  drafter auto               draft_model where a draft model is loaded, else ngram
+  prefix_cache auto          on where reused KV is bitwise what a prefill writes (the native forward)
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import DTYPES, EngineConfig
+from ..errors import ModelLoadError
+from ..model.choice import ForwardChoice, choose, int8_form
+from ..model.runner import checkpoint_config
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    source: str               # "target" (a copy of the target's model) | "checkpoint" (draft_checkpoint's)
+    dtype: torch.dtype        # the dtype its model is loaded in
+    int8: str                 # "none" | "native" (int8 weights on the native forward) | "torch" (dynamic quantization)
+    forward: ForwardChoice
+    shares_cache: bool        # reads and writes the target's KV cache (the target's native int8 copy)
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: torch.device
+    dtype: torch.dtype        # the target's weights as loaded
+    target: ForwardChoice
+    draft: DraftChoice | None  # None: no draft model
+    drafter: str              # a request's drafter when it names none: "draft_model" | "ngram" | "grammar"
+    prefix_cache: bool
+
+
+def device_of(config: EngineConfig) -> torch.device:
+    """config.device on this machine; ModelLoadError where it names a GPU that is not here."""
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(config.device)                    # config.py checked the words
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {config.device!r} was asked for, but CUDA is not available here "
+                                 "(no GPU, or a CPU-only torch build): use device cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {config.device!r} was asked for, but only {torch.cuda.device_count()} "
+                                 "CUDA device(s) are visible")
+    return dev
+
+
+def dtype_of(value: str, device: torch.device) -> torch.dtype:
+    """A dtype setting: auto = bfloat16 on CUDA, float32 on CPU."""
+    if value == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[value]
+
+
+def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
+    """The settings of `config` on this machine. target_cfg / draft_cfg: the checkpoints' HF configs (read from
+    their folders when not given)."""
+    device = device_of(config)
+    dtype = dtype_of(config.dtype, device)
+    target_cfg = target_cfg if target_cfg is not None else _hf_config(config.checkpoint)
+    static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
+    target = choose(target_cfg, device, dtype, config.linear, "int8" if config.weights == "int8" else "auto",
+                    config.kv_cache_dtype, static)
+    if config.weights == "int8":
+        target = dataclasses.replace(target, weights=int8_form(target.lib))
+    draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
+    drafter = config.drafter
+    if drafter == "auto":
+        drafter = "draft_model" if draft is not None else "ngram"
+    elif drafter == "draft_model" and draft is None:
+        why = ("draft_quantization auto found no draft model to load here (the native CPU forward does not run a "
+               "float target)" if config.draft_quantization == "auto" else "none is configured")
+        raise ModelLoadError(f"drafter 'draft_model' needs a draft model, and {why}: set draft_checkpoint or "
+                             "draft_quantization int8")
+    reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.kind == "native")
+    return Settings(device, dtype, target, draft, drafter, reuse)
+
+
+def _draft(config: EngineConfig, device, dtype, target_cfg, target: ForwardChoice, draft_cfg,
+           static: int) -> DraftChoice | None:
+    quantization = config.draft_quantization
+    if quantization == "auto":
+        native_float = target.kind == "native" and target.weights == "auto"
+        quantization = "int8" if native_float and not config.draft_checkpoint else "none"
+    if quantization == "none" and not config.draft_checkpoint:
+        return None
+    if quantization == "int8" and device.type != "cpu":
+        raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
+    source = "checkpoint" if config.draft_checkpoint else "target"
+    if source == "checkpoint":
+        cfg = draft_cfg if draft_cfg is not None else _hf_config(config.draft_checkpoint)
+        base = dtype_of(config.draft_dtype, device)
+    else:
+        cfg, base = target_cfg, dtype
+    forward = choose(cfg, device, base, config.linear, static_width=static)
+    if quantization == "none":
+        return DraftChoice(source, base, "none", forward, False)
+    if forward.kind != "native":              # PyTorch's dynamic-quantized copy, which the torch forward runs
+        return DraftChoice(source, base, "torch", dataclasses.replace(forward, kind="torch", lib=None), False)
+    # the target's own native copy attends to the target's K and V of every committed token (closer drafts than
+    # its own int8 ones: docs/performance.md, "The copy shares the target's KV cache"); a copy of another
+    # checkpoint keeps a bfloat16 cache of its own (a draft may be lossy, the target verifies)
+    shares = source == "target" and target.kind == "native"
+    forward = dataclasses.replace(forward, weights=int8_form(forward.lib), kv_dtype="auto" if shares else "bfloat16")
+    return DraftChoice(source, base, "native", forward, shares)
+
+
+def _hf_config(path: str):
+    from transformers import AutoConfig
+
+    checkpoint_config(Path(path))                          # a folder with a config.json of a supported family
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as e:  # transformers raises many types; the message is what the user needs
+        raise ModelLoadError(f"could not read the model config of {path!r}: {e}") from e
