@@ -1,24 +1,21 @@
-"""What the unit tests share: driving an engine, target + draft engines on tiny checkpoints, the exact
-distributions and the chi-square test for sampling, pinning the EOS id, and loading model.py."""
+"""What the unit tests share: driving an engine, target + draft engines on tiny checkpoints, pinning the EOS id,
+and loading model.py (the exact distributions and the chi-square test: distributions.py)."""
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
 from specgram.engine.generate import generate
 from specgram.request import SamplingParams
-from specgram.sample import sampling
 
 from . import fake_pb_utils as pb
 from .tiny import save_checkpoint
@@ -126,64 +123,6 @@ def cheap_draft_model(monkeypatch, engine) -> None:
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
     monkeypatch.setattr(costs, "record_read", lambda *a: None)
     monkeypatch.setattr(engine.planner, "costs", costs)
-
-
-# ---- sampling: exact distributions and chi-square -------------------------------------------------------------
-
-def chi2_critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def chi2_stat(samples, expected_probs):
-    """samples: sequences; expected_probs: {sequence: probability} -> (statistic, degrees of freedom), with the
-    rarest cells merged until each expects >= 5 samples."""
-    n = len(samples)
-    counts = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    assert set(counts) <= set(expected_probs), "a sampled sequence has probability 0"
-    cells = sorted(expected_probs, key=expected_probs.get, reverse=True)
-    obs, exp, o_acc, e_acc = [], [], 0, 0.0
-    for c in cells:
-        o_acc += counts.get(c, 0)
-        e_acc += expected_probs[c] * n
-        if e_acc >= 5:
-            obs.append(o_acc)
-            exp.append(e_acc)
-            o_acc, e_acc = 0, 0.0
-    if e_acc > 0:
-        obs[-1] += o_acc
-        exp[-1] += e_acc
-    obs, exp = np.array(obs), np.array(exp)
-    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
-
-
-def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None, eos=None, min_tokens=0):
-    """P(x_1..x_n | prompt) by enumeration -> {tuple: prob}, for sampling from the processed distribution
-    (temperature, top-p) of the logits, restricted to the `allowed` token ids when given (a grammar mask).
-    With `eos`: a sequence ends at that token (shorter tuples), which is banned at positions below min_tokens."""
-    probs, ended = {(): 1.0}, {}
-    for position in range(n_tokens):
-        nxt = {}
-        seqs = list(probs)
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1].float()
-        if allowed is not None:
-            mask = torch.full_like(logits, float("-inf"))
-            mask[:, allowed] = 0
-            logits = logits + mask
-        if eos is not None and position < min_tokens:
-            logits[:, eos] = float("-inf")
-        n = len(seqs)
-        p = sampling.probabilities(logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long),
-                                   torch.full((n,), top_p))
-        for s, row in zip(seqs, p.tolist(), strict=True):
-            for t, pt in enumerate(row):
-                if pt > 0:
-                    (ended if t == eos else nxt)[s + (t,)] = probs[s] * pt
-        probs = nxt
-    return {**ended, **probs}
 
 
 # ---- model.py with a fake triton_python_backend_utils -------------------------------------------------------

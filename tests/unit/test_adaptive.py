@@ -8,18 +8,8 @@ from specgram.speculation import costs as step_costs
 from specgram.speculation.adaptive import Acceptance, RequestAcceptance, allocate
 from specgram.speculation.costs import StepCosts
 
-from .helpers import (
-    PROMPTS,
-    cheap_draft_model,
-    chi2_critical,
-    chi2_stat,
-    exact_joint,
-    run,
-    run_to_end,
-    target_and_draft,
-    tokens_of,
-    wrong_and_right,
-)
+from .distributions import chi2_critical, chi2_stat, exact_joint
+from .helpers import PROMPTS, cheap_draft_model, run, run_to_end, target_and_draft, tokens_of, wrong_and_right
 from .test_speculative import PROMPT, SAMPLE_PARAMS, VOCAB, with_oracle
 
 

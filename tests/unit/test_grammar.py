@@ -12,17 +12,8 @@ from specgram.grammar.compiler import GrammarCompiler
 from specgram.grammar.guide import Guide
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import (
-    PROMPTS,
-    chi2_critical,
-    chi2_stat,
-    exact_joint,
-    run,
-    run_to_end,
-    target_and_draft,
-    text_of,
-    tokens_of,
-)
+from .distributions import chi2_critical, chi2_stat, exact_joint
+from .helpers import PROMPTS, run, run_to_end, target_and_draft, text_of, tokens_of
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog|bird)", "age": [1-9][0-9]?\}'
 SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},

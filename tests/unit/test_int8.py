@@ -22,6 +22,7 @@ from specgram.model.runner import ModelRunner
 from specgram.request import SamplingParams
 
 from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
+from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model, save_checkpoint
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -47,8 +48,7 @@ def test_quantization_is_symmetric_per_output_row():
     assert torch.equal(quantize_rows(w.to(torch.bfloat16))[0], quantize_rows(w.to(torch.bfloat16).float())[0])
 
 
-@pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 96, True),
-                                      (31, 5, True)])
+@pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
 def test_int8_linear_matches_its_quantized_weights_and_is_batch_invariant(lib, n, k, bias):
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
@@ -56,16 +56,12 @@ def test_int8_linear_matches_its_quantized_weights_and_is_batch_invariant(lib, n
     lin = NativeLinear(w, b, torch.int8, lib)
     assert lin.packed.dtype == torch.int8 and lin.packed.shape == (-(-n // 32), k, 32)
     q, scale = quantize_rows(w)
-    x = torch.randn(130, k)                            # 17 row tiles: the prefill-sized schedule
-    full = lin(x)
+    x = torch.randn(PREFILL_ROWS, k)
+    full = assert_batch_invariant(lin, x)
     ref = (x.double() @ q.double().T) * scale.double()
     if b is not None:
         ref += b.double()
     assert ((full.double() - ref).abs().max() / ref.abs().max()).item() < REL_TOL
-    for i in range(41):                                # one row alone == the same row among 130
-        assert torch.equal(lin(x[i:i + 1])[0], full[i])
-    for m in (*range(2, 18), 24, 25, 40, 41, 64):      # every tile height (8 / 3) and split, each schedule
-        assert torch.equal(lin(x[:m]), full[:m])
 
 
 def test_int8_linear_is_close_to_the_float_weights(lib):

@@ -20,6 +20,7 @@ from specgram.model.linear import NativeLinear, pack_k4
 from specgram.model.runner import ModelRunner
 
 from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
+from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -64,8 +65,7 @@ def inputs(m: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-@pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 97, True),
-                                      (31, 5, True), (40, 1, False), (33, 3, True)])
+@pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
 def test_quantized_activations_are_bitwise_their_integer_reference_and_batch_invariant(vnni, n, k, bias,
                                                                                       activations):
     torch.manual_seed(n + k)
@@ -76,22 +76,10 @@ def test_quantized_activations_are_bitwise_their_integer_reference_and_batch_inv
     q, scale = quantize_rows(w)
     assert lin.packed.dtype == torch.int8 and lin.packed.shape == (-(-n // 32), -(-k // 4), 32, 4)
     assert torch.equal(lin.scale, scale) and torch.equal(lin.colsum, q.sum(1).int())
-    x = inputs(130, k, seed=n)                                # 17 .. 130 row tiles: the prefill schedule
-    full = lin(x)
+    x = inputs(PREFILL_ROWS, k, seed=n)
+    full = assert_batch_invariant(lin, x)
     assert torch.equal(full, reference(x, w, b, activations))
     assert not full[3].any() if b is None else torch.equal(full[3], b)    # a zero row: 0 (+ bias)
-    for i in range(41):                                       # one row alone == the same row among 130
-        assert torch.equal(lin(x[i:i + 1])[0], full[i])
-    for m in (2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 24, 40, 41, 64, 129):   # every tile height and remainder
-        assert torch.equal(lin(x[:m]), full[:m])
-        assert torch.equal(lin(x[130 - m:]), full[130 - m:])
-    threads = torch.get_num_threads()
-    try:
-        for nt in (1, 3):                                     # other deals of the blocks to threads
-            torch.set_num_threads(nt)
-            assert torch.equal(lin(x), full) and torch.equal(lin(x[:5]), full[:5])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_call_follows_buffers_that_move(vnni):

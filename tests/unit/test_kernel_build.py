@@ -3,6 +3,7 @@ key, the directory order and its fall-backs, the warning when the kernels are un
 asserts, and the sources shipping inside the wheel. Choosing the ISA: test_kernel_isa.py."""
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specgram.model import kernels
+from specgram.model.kernels import abi
 from specgram.model.kernels.__main__ import main as kernels_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,7 +154,34 @@ def test_build_command(tmp_path, monkeypatch, capsys):
 def test_every_build_this_machine_can_run_compiles_and_loads(isa):
     """Where gcc and the ISA are there, a build that fails is a defect, not a reason to skip the native tests."""
     lib = kernels.load_isa(isa)
-    assert lib.isa == isa and all(hasattr(lib, name) for name in kernels.SIGNATURES)
+    assert lib.isa == isa and all(hasattr(lib, name) for name in abi.FUNCTIONS)
+
+
+@pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
+@pytest.mark.parametrize("isa", CPU_ISAS)
+def test_specgram_h_is_the_whole_contract_and_its_mirrors_match_the_compiler(isa):
+    """Every symbol the library exports is declared in specgram.h (the rest are hidden: team.h), every declared
+    entry point is exported, and each struct's ctypes mirror has the compiler's size."""
+    lib = kernels.load_isa(isa)
+    assert {name: c for name, (c, _) in abi.sizes(lib).items()} == {
+        name: py for name, (_, py) in abi.sizes(lib).items()}
+    assert set(abi.STRUCTS) == {"specgram_linear", "specgram_layer", "specgram_decoder"}
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm to list the library's exported symbols")
+    listing = subprocess.run([nm, "-D", "--defined-only", str(lib.path)], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in listing.splitlines() if " T specgram_" in line}
+    assert exported == set(abi.FUNCTIONS)
+
+
+def test_the_declared_signatures_are_read_as_ctypes_types():
+    restype, args = abi.FUNCTIONS["specgram_decoder_forward"]
+    assert restype is ctypes.c_int and len(args) == 20 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
+    assert abi.FUNCTIONS["specgram_isa"] == (ctypes.c_char_p, [])
+    assert abi.FUNCTIONS["specgram_attention"][1][13] is ctypes.c_float               # the score scale
+    assert dict(abi.Layer._fields_)["eps_next"] is ctypes.c_float
+    assert dict(abi.Decoder._fields_)["layer"] == ctypes.POINTER(abi.Layer)
+    assert (abi.LIN_F32, abi.LIN_I8A8, abi.BAD_TOKEN, abi.BAD_HEAD_ROW) == (0, 3, 1, 5)
 
 
 @pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")

@@ -16,19 +16,8 @@ from specgram.request import SamplingParams
 from specgram.serving.protocol import parse
 from specgram.speculation.drafter import Drafter, Proposal
 
-from .helpers import (
-    PROMPTS,
-    chi2_critical,
-    chi2_stat,
-    exact_joint,
-    pinned_eos,
-    run,
-    run_to_end,
-    target_and_draft,
-    text_of,
-    tokens_of,
-    wrong_and_right,
-)
+from .distributions import chi2_critical, chi2_stat, exact_joint
+from .helpers import PROMPTS, pinned_eos, run, run_to_end, target_and_draft, text_of, tokens_of, wrong_and_right
 
 MAX = 30
 N = 20                      # min_tokens where one value is enough

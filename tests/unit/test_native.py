@@ -13,6 +13,7 @@ from specgram.model.choice import choose, choose_for
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 
+from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None,
@@ -24,20 +25,16 @@ LOGIT_ATOL = 1e-4
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k,bias", [(64, 64, False), (100, 70, True), (576, 1536, False), (1000, 96, True)])
+@pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
 def test_linear_matches_torch_and_is_batch_invariant(lib, n, k, bias, weight_dtype):
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n) if bias else None
     lin = NativeLinear(w, b, weight_dtype, lib)
-    x = torch.randn(130, k)                            # 17 row tiles: the prefill-sized schedule
-    full = lin(x)
+    x = torch.randn(PREFILL_ROWS, k)
+    full = assert_batch_invariant(lin, x)
     ref = F.linear(x, w.to(weight_dtype).float(), b)
     assert (full - ref).abs().max().item() < 1e-4
-    for i in range(41):                                # one row alone == the same row among 130
-        assert torch.equal(lin(x[i:i + 1])[0], full[i])
-    for m in (*range(2, 26), 36, 40, 41, 64):          # every tile height (12 / 3) and split, each schedule
-        assert torch.equal(lin(x[:m]), full[:m])
 
 
 def _runners(model, **kw):

@@ -7,16 +7,8 @@ import torch
 
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import (
-    PROMPTS,
-    cheap_draft_model,
-    chi2_critical,
-    chi2_stat,
-    run_to_end,
-    target_and_draft,
-    tokens_of,
-    wrong_and_right,
-)
+from .distributions import chi2_critical, chi2_stat
+from .helpers import PROMPTS, cheap_draft_model, run_to_end, target_and_draft, tokens_of, wrong_and_right
 
 PROMPT = "abcabc abcabc abc the cat sat"
 PENALTIES = {

@@ -6,19 +6,8 @@ from specgram.request import SamplingParams
 from specgram.sample import noise, sampling
 from specgram.speculation.drafter import Drafter, Proposal
 
-from .helpers import (
-    PROMPTS,
-    chi2_critical,
-    chi2_stat,
-    exact_joint,
-    pinned_eos,
-    run,
-    run_to_end,
-    target_and_draft,
-    text_of,
-    tokens_of,
-    wrong_and_right,
-)
+from .distributions import chi2_critical, chi2_stat, exact_joint
+from .helpers import PROMPTS, pinned_eos, run, run_to_end, target_and_draft, text_of, tokens_of, wrong_and_right
 
 
 class OracleDrafter(Drafter):

@@ -7,8 +7,10 @@ or int16 as two int8 digits), exact int32 accumulation on VNNI;
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
 the residual add, and SiLU-and-multiply; scratch.c: their per-thread scratch memory; forward.c: a whole decoder
 stack in one call and one OpenMP region, running the other kernels' team bodies (team.h) between barriers that
-prefetch the next weights while they wait (barrier.h), the model described by the structs of abi.py. Together they
-are the CPU forward's "native" path (native.py). They are written once over vec.h, a vector-width abstraction with
+prefetch the next weights while they wait (barrier.h), the model described by the structs of specgram.h.
+specgram.h declares every entry point Python calls and every struct and constant it passes, once: abi.py reads
+it for the ctypes signatures and mirrors, and the sources include it. Together they are the CPU forward's
+"native" path (native.py). They are written once over vec.h, a vector-width abstraction with
 two implementations, and compiled once per ISA:
 
   avx512  vec_avx512.h, 16 lanes   needs avx512f and avx512bw   -mavx512f -mavx512bw -mfma
@@ -49,13 +51,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from . import abi
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "forward.c", "scratch.c",
                                    "isa.c")]
-HEADERS = [HERE / n for n in ("vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h", "team.h",
-                                 "barrier.h")]
+HEADERS = [HERE / n for n in ("specgram.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h",
+                                 "team.h", "barrier.h")]
 PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"
@@ -67,26 +71,6 @@ VNNI_FLAGS = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}   # ... and the flag 
 _COMMON = ["-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
 FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
 DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
-_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-SIGNATURES = {   # argument types of every entry point (all return void but specgram_isa, a C string, and
-    #               specgram_i8a8_built and specgram_decoder_forward, an int)
-    "specgram_gemm_f32": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_gemm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_gemm_i8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_gemm_i8a8": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT, _I64, _PTR, _PTR, _I64, _INT],
-    "specgram_rope_cache_write": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64,
-                                  _PTR, _INT],
-    "specgram_attention": [_PTR, _PTR, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _PTR,
-                           _INT],
-    "specgram_add_rmsnorm": [_PTR, _PTR, _PTR, _F32, _PTR, _I64, _I64, _INT],
-    "specgram_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
-    "specgram_decoder_forward": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _INT, _I64, _I64, _PTR, _PTR, _I64,
-                                 _I64, _PTR, _PTR, _I64, _PTR, _INT],
-    "specgram_isa": [],
-    "specgram_i8a8_built": [],
-}
-
-
 class KernelsUnavailable(RuntimeError):
     """The library cannot be built or loaded here; the message says why."""
 
@@ -251,11 +235,7 @@ def open_library(path: Path, isa: str):
 
     try:
         lib = ctypes.CDLL(str(path))
-        for name, argtypes in SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes = argtypes
-            fn.restype = {"specgram_isa": ctypes.c_char_p, "specgram_i8a8_built": ctypes.c_int,
-                          "specgram_decoder_forward": ctypes.c_int}.get(name)
+        abi.bind(lib)
         built_for = lib.specgram_isa().decode()
     except (OSError, AttributeError) as e:
         raise KernelsUnavailable(f"loading {path} failed: {e}") from e

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "scratch.h"
+#include "specgram.h"
 #include "team.h"
 #include "vexp.h"
 

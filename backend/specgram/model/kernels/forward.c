@@ -39,37 +39,8 @@
 #include "barrier.h"
 #include "deal.h"
 #include "scratch.h"
+#include "specgram.h"
 #include "team.h"
-
-/* How a weight matmul is stored (linear.py's NativeLinear.descriptor(); kernels/abi.py mirrors these structs). */
-enum { LIN_F32 = 0, LIN_BF16 = 1, LIN_I8 = 2, LIN_I8A8 = 3 };
-
-typedef struct {
-    int32_t kind, digits;       /* LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
-    int64_t K, N;               /* inputs, outputs */
-    const void *w;              /* packed weights (gemm.c / gemm_i8a8.c layouts) */
-    const float *scale;         /* [N] LIN_I8 and LIN_I8A8, else NULL */
-    const int32_t *colsum;      /* [N] LIN_I8A8, else NULL */
-    const float *bias;          /* [N] or NULL */
-} specgram_linear;
-
-typedef struct {
-    specgram_linear qkv, o, gate_up, down;
-    const float *w_post, *w_next;   /* the post-attention norm; the next layer's input norm (the final norm last) */
-    float eps_post, eps_next;
-} specgram_layer;
-
-typedef struct {
-    int64_t layers, E, H, Hkv, D, I;
-    const float *w_in;              /* the first layer's input norm */
-    float eps_in, scaling;          /* its epsilon; attention's score scale */
-    const specgram_layer *layer;    /* [layers] */
-    const void *embed;              /* the embedding [vocab, E], float32 or (embed_bf16) bfloat16 */
-    int64_t vocab;
-    int32_t embed_bf16;
-} specgram_decoder;
-
-enum { SPECGRAM_BAD_TOKEN = 1, SPECGRAM_BAD_SLOT, SPECGRAM_BAD_POSITION, SPECGRAM_BAD_ROW, SPECGRAM_BAD_HEAD_ROW };
 
 /* The batch's indices against the shapes they index (see the header) -> 0 or the first error's code. */
 static int check(const int64_t *tokens, const int64_t *slots, const int64_t *positions, int64_t N, int64_t vocab,
@@ -116,20 +87,30 @@ static inline void share(int64_t M, int64_t width, int64_t *m0, int64_t *m1) {
 
 /* The product's input rows [m0, m1) as it reads them: int8 x int8 products' quantized digit rows (u, xs). */
 static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs) {
-    if (L->kind == LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
+    if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
+}
+
+/* h += delta; x = rmsnorm(h) * w: this thread's share of the N rows of width E, then those rows of x as product
+ * `next` reads them (NULL: no product follows here). */
+static inline void add_norm_rows(float *h, const float *delta, const float *w, float eps, float *x, int64_t N,
+                                 int64_t E, const specgram_linear *next, uint8_t *u, float *xs) {
+    int64_t m0, m1;
+    share(N, E, &m0, &m1);
+    specgram_add_rmsnorm_rows(h, delta, w, eps, x, m0, m1, E);
+    if (next != NULL) prepare(next, x, m0, m1, u, xs);
 }
 
 /* y [M, N] = x [M, K] W (+ bias), as every thread of the team's share. */
 static void linear(const specgram_linear *L, const float *x, int64_t M, const uint8_t *u, const float *xs, float *y,
                    deal_range *ranges, int nthreads) {
     switch (L->kind) {
-    case LIN_F32:
+    case SPECGRAM_LIN_F32:
         specgram_team_gemm_f32(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
         break;
-    case LIN_BF16:
+    case SPECGRAM_LIN_BF16:
         specgram_team_gemm_bf16(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
         break;
-    case LIN_I8:
+    case SPECGRAM_LIN_I8:
         specgram_team_gemm_i8(x, M, L->K, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
         break;
     default:
@@ -148,8 +129,8 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
     pull p = {NULL, NULL};
     if (L == NULL || ranges == NULL) return p;
     int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
-    int64_t block = L->kind == LIN_I8A8 ? (L->K + 3) / 4 * 128
-                                        : L->K * 32 * (L->kind == LIN_F32 ? 4 : L->kind == LIN_BF16 ? 2 : 1);
+    int64_t block = L->kind == SPECGRAM_LIN_I8A8 ? (L->K + 3) / 4 * 128
+                                        : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
     int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;
     size_t bytes = (size_t)((b1 - b0) * block);
     p.at = (const char *)L->w + b0 * block;
@@ -159,7 +140,7 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
 
 /* The dealt ranges for a product of M rows (NULL: the dynamic schedule of a prefill-sized one). */
 static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *mem, int nthreads) {
-    if (L->kind != LIN_I8A8 && !specgram_gemm_deals(M)) return NULL;
+    if (L->kind != SPECGRAM_LIN_I8A8 && !specgram_gemm_deals(M)) return NULL;
     deal_init(mem, (L->N + 31) / 32, nthreads);
     return mem;
 }
@@ -241,16 +222,14 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(j + 1);
             specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, window, d->scaling, att);
             WAIT(j + 1);
-            if (L->o.kind == LIN_I8A8) {
+            if (L->o.kind == SPECGRAM_LIN_I8A8) {
                 share(N, H * D, &m0, &m1);
                 prepare(&L->o, att, m0, m1, u, xs);
                 WAIT(j + 1);
             }
             linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
-            share(N, E, &m0, &m1);
-            specgram_add_rmsnorm_rows(h, delta, L->w_post, L->eps_post, x, m0, m1, E);
-            prepare(&L->gate_up, x, m0, m1, u, xs);
+            add_norm_rows(h, delta, L->w_post, L->eps_post, x, N, E, &L->gate_up, u, xs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
@@ -260,9 +239,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
-            share(N, E, &m0, &m1);
-            specgram_add_rmsnorm_rows(h, delta, L->w_next, L->eps_next, x, m0, m1, E);
-            if (l + 1 < Lc) prepare(lin[j + 4], x, m0, m1, u, xs);
+            add_norm_rows(h, delta, L->w_next, L->eps_next, x, N, E, l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
             WAIT(j + 4);
         }
         if (R > 0) {

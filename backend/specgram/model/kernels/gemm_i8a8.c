@@ -64,6 +64,7 @@
 
 #include "deal.h"
 #include "scratch.h"
+#include "specgram.h"
 #include "team.h"
 #include "vec.h"
 

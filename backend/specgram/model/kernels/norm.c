@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "specgram.h"
 #include "team.h"
 #include "vexp.h"
 

@@ -1,0 +1,88 @@
+/* The library's contract with its caller: every entry point that Python calls (through ctypes) and every struct
+ * and constant it passes, declared once. abi.py builds the ctypes signatures and struct mirrors from this file;
+ * each source that defines an entry point includes it, so the compiler checks every definition against its
+ * declaration, and specgram_abi_sizes lets the loader's tests check the mirrors' layout against the compiler's.
+ *
+ * abi.py reads a plain subset of C, which this file keeps to: constants as `#define SPECGRAM_<NAME> <integer>`;
+ * structs as `typedef struct { <type> <name>, <name>; ... } specgram_<name>;` (no nested definitions, no arrays);
+ * prototypes as `<type> specgram_<name>(<type> <name>, ...);` (`void` for none); types are the fixed-width
+ * integers, int, float, size_t, char, void, these structs, and single pointers to them.
+ * Internal functions shared between the sources are declared in team.h (hidden: not part of this contract).
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* specgram_linear.kind: how a weight matmul's weights are stored (linear.py's NativeLinear.descriptor()) */
+#define SPECGRAM_LIN_F32 0
+#define SPECGRAM_LIN_BF16 1
+#define SPECGRAM_LIN_I8 2
+#define SPECGRAM_LIN_I8A8 3
+
+/* specgram_decoder_forward's return codes: what is wrong with the batch (nothing has been written) */
+#define SPECGRAM_BAD_TOKEN 1
+#define SPECGRAM_BAD_SLOT 2
+#define SPECGRAM_BAD_POSITION 3
+#define SPECGRAM_BAD_ROW 4
+#define SPECGRAM_BAD_HEAD_ROW 5
+
+typedef struct {
+    int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
+    int64_t K, N;               /* inputs, outputs */
+    const void *w;              /* packed weights (gemm.c / gemm_i8a8.c layouts) */
+    const float *scale;         /* [N] LIN_I8 and LIN_I8A8, else NULL */
+    const int32_t *colsum;      /* [N] LIN_I8A8, else NULL */
+    const float *bias;          /* [N] or NULL */
+} specgram_linear;
+
+typedef struct {
+    specgram_linear qkv, o, gate_up, down;
+    const float *w_post, *w_next;   /* the post-attention norm; the next layer's input norm (the final norm last) */
+    float eps_post, eps_next;
+} specgram_layer;
+
+typedef struct {
+    int64_t layers, E, H, Hkv, D, I;
+    const float *w_in;              /* the first layer's input norm */
+    float eps_in, scaling;          /* its epsilon; attention's score scale */
+    const specgram_layer *layer;    /* [layers] */
+    const void *embed;              /* the embedding [vocab, E], float32 or (embed_bf16) bfloat16 */
+    int64_t vocab;
+    int32_t embed_bf16;
+} specgram_decoder;
+
+/* isa.c: the instruction set of this build ("avx512" or "avx2"); sizeof of each struct above, in order. */
+const char *specgram_isa(void);
+void specgram_abi_sizes(int64_t *sizes);
+
+/* gemm.c: y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times packed weights (+ bias). */
+void specgram_gemm_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
+                       const float *bias, float *y, int64_t ldy, int nthreads);
+void specgram_gemm_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
+                        const float *bias, float *y, int64_t ldy, int nthreads);
+void specgram_gemm_i8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *scale,
+                      int64_t N, const float *bias, float *y, int64_t ldy, int nthreads);
+
+/* gemm_i8a8.c: the same with the rows quantized in the call (digits 1: int8, 2: int16); whether it was built. */
+void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *wscale,
+                        const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
+                        int nthreads);
+int specgram_i8a8_built(void);
+
+/* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */
+void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
+                               const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
+                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads);
+void specgram_attention(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *slots,
+                        const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+                        int64_t P, int64_t window, float scale, float *out, int nthreads);
+void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
+                          int64_t N, int nthreads);
+void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads);
+
+/* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
+int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
+                             const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
+                             const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
+                             const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
+                             int nthreads);
