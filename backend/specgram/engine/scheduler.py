@@ -8,7 +8,7 @@ Chunked prefill: an admitted request's prompt enters the cache over as many step
 running streams for more than one chunk, and the earliest request gets its first token first.
 Where a prefill forward costs in proportion to its tokens (compute-bound, as on a CPU), a step also ends at a
 prompt's end once it holds `pack_tokens`: a prompt then gets its first token as soon as its own prefill is done
-instead of when the whole budget's worth is (8 prompts arriving at once: the median first token ~20% sooner).
+instead of when the whole budget's worth is (docs/performance.md, Prefill scheduling).
 Where a forward costs about the same for few or many tokens (a GPU), pack_tokens = the budget packs steps full.
 """
 from __future__ import annotations

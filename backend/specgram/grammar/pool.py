@@ -12,7 +12,7 @@ budget when a long lane is free. New jobs go first, stopped ones in the order th
 queues together (Overloaded beyond it).
 
 What a job yields is a verdict, not the compiled grammar: shipping a CompiledGrammar back (serialize_json /
-deserialize_json) was measured dearer than compiling it again in the engine process, up to 50x the compile
+deserialize_json) was measured dearer than compiling it again in the engine process, many times the compile
 itself on some schemas (docs/operating.md). The engine process compiles a guide only after a worker did so
 within the budget, i.e. only what is known to finish.
 

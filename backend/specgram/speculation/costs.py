@@ -8,11 +8,10 @@ from __future__ import annotations
 class StepCosts:
     """Seconds per decode step as a function of its verify rows N: a + b N + c N^2, fitted online by least squares
     with forgetting. The square term is there because a CPU target streams its weights at a few rows (a nearly flat
-    cost) and turns compute-bound past a few tens (SmolLM2-135M at 8 streams: 24 rows cost 1.3x 8 rows, 40 rows
-    2.1x): a line fitted across that knee prices a shallow depth's rows too dear and a deep one's too cheap, and
-    the planner then drafts too deep. b is shrunk toward a prior share of a and c toward 0, so few distinct N still
-    give a usable fit (a single N: the prior slope, no curvature); a fit that bends down or falls (noise) is
-    replaced by the flat-start parabola or the line."""
+    cost) and turns compute-bound past a few tens of rows: a line fitted across that knee prices a shallow depth's
+    rows too dear and a deep one's too cheap, and the planner then drafts too deep. b is shrunk toward a prior
+    share of a and c toward 0, so few distinct N still give a usable fit (a single N: the prior slope, no
+    curvature); a fit that bends down or falls (noise) is replaced by the flat-start parabola or the line."""
 
     FORGET = 0.97
     SLOPE_PRIOR = 0.05      # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
@@ -44,7 +43,7 @@ class StepCosts:
         """-> d(R), the seconds of one draft-model forward with R requests drafting in it (0 for none): the same
         fit as the verify step's over the timed depth forwards, else draft_depth_s for any R. A depth's cost
         grows with its rows as a verify's does, and on some CPUs steeply (an int8 copy on AVX2, whose products
-        convert every weight: 8 rows cost 2.7x one, against 1.6x with VNNI): one mean over every row count
+        convert every weight, against one with VNNI): one mean over every row count
         prices a depth all eight streams draft at like the one-stream depths, and the copy drafts where it
         loses."""
         flat, fit = self.draft_depth_s, self.depth_fit.curve() if self.depth_fit is not None else None
