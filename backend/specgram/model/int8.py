@@ -20,8 +20,9 @@ in integers (int16: as two base-256 digits, each an int8 product) and scales onc
 y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]); the exact float order is in gemm_i8a8.c.
 Integer sums have no order, so both are batch-invariant too. int16 activations keep the copy as close to fp32
 as int8 weights alone; int8 ones lose more, for activations whose largest channel is far above their median
-(docs/architecture.md, the int8 forms, has the agreement figures). Runners' weights values, not the engine's settings: the engine's `weights`
-int8 and its int8 draft copy are int8-dynamic where the CPU has VNNI, else int8 (engine/loading.py).
+(docs/architecture.md, the int8 forms, has the agreement figures). Runners' weights values, not the engine's
+settings: the engine's `weights` int8 and its int8 draft copy are int8-dynamic where the CPU has VNNI, else int8
+(engine/settings.py).
 """
 from __future__ import annotations
 
