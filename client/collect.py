@@ -8,6 +8,7 @@ Used by stream_client.py, the end-to-end tests and the serving benchmarks. A res
 stream delivers that as the error's message alone (no final marker, no status code), so an error ends the
 request.
 """
+
 from __future__ import annotations
 
 import queue
@@ -31,10 +32,16 @@ class StreamTimeout(TimeoutError):
 ASK = {"return_finish_reason": True, "return_num_input_tokens": True, "return_num_output_tokens": True}
 
 
-def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", timeout: float = 300.0,
-                 request_id: str = "", parameters: dict | None = None,
-                 on_response: Callable[[dict], None] | None = None,
-                 request_timeout_us: int | None = None) -> list[dict]:
+def stream_infer(
+    grpc_url: str,
+    inputs: dict[str, Any],
+    model: str = "llm",
+    timeout: float = 300.0,
+    request_id: str = "",
+    parameters: dict | None = None,
+    on_response: Callable[[dict], None] | None = None,
+    request_timeout_us: int | None = None,
+) -> list[dict]:
     """Send one request (inputs: name -> value, see stream_client.build_inputs) and return its responses in
     order; on_response sees each one as it arrives. Raises StreamTimeout if nothing final arrives within
     `timeout`; on KeyboardInterrupt the request is cancelled. request_timeout_us: Triton's per-request timeout
@@ -48,15 +55,23 @@ def stream_infer(grpc_url: str, inputs: dict[str, Any], model: str = "llm", time
     t0 = time.perf_counter()
     cancel = False
     try:
-        client.async_stream_infer(model, build_inputs({**ASK, **inputs}), request_id=request_id, parameters=parameters,
-                                  enable_empty_final_response=True, timeout=request_timeout_us)
+        client.async_stream_infer(
+            model,
+            build_inputs({**ASK, **inputs}),
+            request_id=request_id,
+            parameters=parameters,
+            enable_empty_final_response=True,
+            timeout=request_timeout_us,
+        )
         deadline = t0 + timeout
         while True:
             try:
                 t, result, err = q.get(timeout=max(0.0, deadline - time.perf_counter()))
             except queue.Empty:
-                raise StreamTimeout(f"no final response within {timeout:.0f}s; got {len(responses)} responses: "
-                                    f"{responses[-3:]}", responses) from None
+                raise StreamTimeout(
+                    f"no final response within {timeout:.0f}s; got {len(responses)} responses: {responses[-3:]}",
+                    responses,
+                ) from None
             resp = _response(result, err, t - t0)
             responses.append(resp)
             if on_response is not None:
@@ -79,14 +94,22 @@ def _response(result, err, seconds: float) -> dict:
         msg = err.message() if hasattr(err, "message") else str(err)
         return {"outputs": {}, "error": msg, "final": True, "time": seconds}
     r = result.get_response()
-    final = bool(r.parameters["triton_final_response"].bool_param) if "triton_final_response" in r.parameters \
-        else False
-    return {"outputs": {o.name: result.as_numpy(o.name) for o in r.outputs}, "error": None, "final": final,
-            "time": seconds}
+    final = bool(r.parameters["triton_final_response"].bool_param) if "triton_final_response" in r.parameters else False
+    return {
+        "outputs": {o.name: result.as_numpy(o.name) for o in r.outputs},
+        "error": None,
+        "final": final,
+        "time": seconds,
+    }
 
 
-def cut_stream(grpc_url: str, inputs: dict[str, Any], after_responses: int | None = None,
-               after_seconds: float = 60.0, model: str = "llm") -> list[dict]:
+def cut_stream(
+    grpc_url: str,
+    inputs: dict[str, Any],
+    after_responses: int | None = None,
+    after_seconds: float = 60.0,
+    model: str = "llm",
+) -> list[dict]:
     """Send one request and cancel it the way a client that goes away does (stop_stream(cancel_requests=True),
     then close the connection) once `after_responses` responses have arrived (None: no such limit; 0: at once)
     or `after_seconds` have passed, whichever comes first. Returns the responses that arrived before the cut; a
@@ -122,14 +145,22 @@ def _decode(x):
 
 def text_of(responses: list[dict]) -> str:
     """Concatenation of every text_output element of every response (the full text when streaming)."""
-    return "".join(_decode(x) for r in responses if "text_output" in r["outputs"]
-                   for x in r["outputs"]["text_output"].reshape(-1).tolist())
+    return "".join(
+        _decode(x)
+        for r in responses
+        if "text_output" in r["outputs"]
+        for x in r["outputs"]["text_output"].reshape(-1).tolist()
+    )
 
 
 def ids_of(responses: list[dict]) -> list[int]:
     """Concatenation of output_ids over the responses."""
-    return [int(i) for r in responses if "output_ids" in r["outputs"]
-            for i in r["outputs"]["output_ids"].reshape(-1).tolist()]
+    return [
+        int(i)
+        for r in responses
+        if "output_ids" in r["outputs"]
+        for i in r["outputs"]["output_ids"].reshape(-1).tolist()
+    ]
 
 
 def last_value(responses: list[dict], name: str, default=None):

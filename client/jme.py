@@ -1,6 +1,7 @@
 """The JSONSchemaBench JME cases of the repository's copy (tests/data/jsonschemabench/JME): one loader, one
 order (by case number: JME_0, JME_1, JME_2, ..., JME_10), for the benchmarks, perf_analyzer inputs and tests.
 Only the repository's copy is read, so a workload never depends on the machine."""
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ def load_jme(limit: int | None = None) -> list[dict]:
     for f in files[:limit]:
         d = json.loads(f.read_text())
         valid = [t["data"] for t in d.get("tests", []) if t.get("valid", True)]
-        out.append(dict(name=f.stem, schema=d["schema"], guide=json.dumps(d["schema"]),
-                        instance=valid[0] if valid else None))
+        out.append(
+            dict(name=f.stem, schema=d["schema"], guide=json.dumps(d["schema"]), instance=valid[0] if valid else None)
+        )
     return out

@@ -18,6 +18,7 @@ variants leave the two guide inputs out (they are optional), so the model runs u
 Prompts: `schema` (default) asks for a JSON object that conforms to the schema; `extract` also gives the
 schema's reference values (tests[0].data) as plain "key: value" lines, as an extraction task.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,16 +63,20 @@ def make_prompt(schema: dict, data, mode: str) -> str:
     schema_s = json.dumps(schema)
     if mode == "extract" and data is not None:
         facts = "\n".join(_flatten(data))
-        return ("Extract the information below into a JSON object that conforms to this JSON schema:\n"
-                f"{schema_s}\n\nInformation:\n{facts}\n\nRespond with the JSON object only.")
+        return (
+            "Extract the information below into a JSON object that conforms to this JSON schema:\n"
+            f"{schema_s}\n\nInformation:\n{facts}\n\nRespond with the JSON object only."
+        )
     title = schema.get("title") if isinstance(schema, dict) else None
     what = f"a {title} " if title else "a "
-    return (f"Write {what}JSON object that conforms to this JSON schema:\n{schema_s}\n\n"
-            "Respond with the JSON object only.")
+    return (
+        f"Write {what}JSON object that conforms to this JSON schema:\n{schema_s}\n\nRespond with the JSON object only."
+    )
 
 
-def make_entries(schemas, guided: bool, k: int, max_tokens: int, prompt_mode: str,
-                 ignore_eos: bool = False) -> list[dict]:
+def make_entries(
+    schemas, guided: bool, k: int, max_tokens: int, prompt_mode: str, ignore_eos: bool = False
+) -> list[dict]:
     entries = []
     for case in schemas:
         schema = case["schema"]
@@ -90,8 +95,14 @@ def make_entries(schemas, guided: bool, k: int, max_tokens: int, prompt_mode: st
     return entries
 
 
-def write_inputs(out_dir: Path, variants: list[str], max_tokens: int, prompt_mode: str = "schema",
-                 limit: int | None = None, ignore_eos: bool = False) -> dict[str, Path]:
+def write_inputs(
+    out_dir: Path,
+    variants: list[str],
+    max_tokens: int,
+    prompt_mode: str = "schema",
+    limit: int | None = None,
+    ignore_eos: bool = False,
+) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     schemas = load_jme(limit)
     if not schemas:
@@ -100,8 +111,9 @@ def write_inputs(out_dir: Path, variants: list[str], max_tokens: int, prompt_mod
     for v in variants:
         guided, k = VARIANTS[v]
         p = out_dir / f"{v}.json"
-        p.write_text(json.dumps({"data": make_entries(schemas, guided, k, max_tokens, prompt_mode, ignore_eos)},
-                                indent=1))
+        p.write_text(
+            json.dumps({"data": make_entries(schemas, guided, k, max_tokens, prompt_mode, ignore_eos)}, indent=1)
+        )
         paths[v] = p
     return paths
 
@@ -115,8 +127,9 @@ def main() -> None:
     ap.add_argument("--ignore-eos", action="store_true", help="fixed-length generations (unguided only makes sense)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N schemas")
     args = ap.parse_args()
-    for v, p in write_inputs(args.out_dir, args.variants, args.max_tokens, args.prompt, args.limit,
-                             args.ignore_eos).items():
+    for v, p in write_inputs(
+        args.out_dir, args.variants, args.max_tokens, args.prompt, args.limit, args.ignore_eos
+    ).items():
         print(f"{v}: {p}")
 
 

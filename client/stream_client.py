@@ -13,6 +13,7 @@ printed to stdout instead.  An error response prints its message to stderr and e
 Arguments taking JSON or long text (--messages, --sampling-parameters, --guide) accept `@path`
 to read the value from a file; a prompt of `-` is read from stdin.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         for name in SCALAR_OUTPUTS:
             if name in outputs:
                 v = _decode(outputs[name])[0]
-                if name == "num_output_tokens":       # this response's tokens
+                if name == "num_output_tokens":  # this response's tokens
                     scalars[name] = scalars.get(name, 0) + int(v)
                 elif name not in ("finish_reason", "spec_detail") or v not in ("", "None"):  # set on the final one
                     scalars[name] = v
@@ -205,8 +206,9 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        responses = stream_infer(args.url, request_values(args), model=args.model, timeout=args.timeout,
-                                 on_response=on_response)
+        responses = stream_infer(
+            args.url, request_values(args), model=args.model, timeout=args.timeout, on_response=on_response
+        )
         error = responses[-1]["error"]
     except StreamTimeout:
         error = f"timeout after {args.timeout:.0f}s waiting for the final response"
@@ -253,17 +255,21 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             sys.stdout.flush()
         fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
-        line = (f"[stats] ttft {fmt(ttft_ms, '.1f')} ms | output tokens {n_out} | "
-                f"decode {fmt(decode_tok_s, '.1f')} tok/s | e2e {fmt(e2e_tok_s, '.1f')} tok/s | "
-                f"finish_reason {scalars.get('finish_reason', 'n/a')}")
+        line = (
+            f"[stats] ttft {fmt(ttft_ms, '.1f')} ms | output tokens {n_out} | "
+            f"decode {fmt(decode_tok_s, '.1f')} tok/s | e2e {fmt(e2e_tok_s, '.1f')} tok/s | "
+            f"finish_reason {scalars.get('finish_reason', 'n/a')}"
+        )
         if "num_input_tokens" in scalars:
             line += f" | input tokens {scalars['num_input_tokens']}"
             if scalars.get("num_cached_tokens"):
                 line += f" ({scalars['num_cached_tokens']} from the prefix cache)"
         if scalars.get("spec_drafted_tokens"):
-            line += (f" | spec drafted {scalars['spec_drafted_tokens']} accepted "
-                     f"{scalars.get('spec_accepted_tokens', 'n/a')} "
-                     f"rate {fmt(scalars.get('spec_acceptance_rate'), '.3f')}")
+            line += (
+                f" | spec drafted {scalars['spec_drafted_tokens']} accepted "
+                f"{scalars.get('spec_accepted_tokens', 'n/a')} "
+                f"rate {fmt(scalars.get('spec_acceptance_rate'), '.3f')}"
+            )
         print(line, file=sys.stderr)
     if error:
         print(f"error: {error}", file=sys.stderr)

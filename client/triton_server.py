@@ -12,6 +12,7 @@ Environment knobs (read by tests/e2e/conftest.py):
     E2E_STARTUP_TIMEOUT    seconds to wait for readiness (default: 300)
     E2E_TRITON_ARGS        extra tritonserver arguments (shell-split)
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,7 @@ def stub_pids(server_pid: int) -> list[int]:
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:          # the process ended while we looked
+        except OSError:  # the process ended while we looked
             continue
         if fields.get("Name", "").strip() == STUB[:15] and int(fields.get("PPid", "0")) == server_pid:
             pids.append(int(status.parent.name))
@@ -64,8 +65,9 @@ def metric_total(metrics_text: str, name: str, **labels: str) -> float:
     return total
 
 
-def model_repository_with(settings: dict[str, str], target: Path, source: Path = REPO / "model_repository",
-                          model: str = "llm") -> Path:
+def model_repository_with(
+    settings: dict[str, str], target: Path, source: Path = REPO / "model_repository", model: str = "llm"
+) -> Path:
     """A model repository at `target` serving `model` of `source` with some engine settings changed or added.
     The version folder is a link to the source's, so the model runs this checkout's engine (model.py resolves
     its own path); a relative checkpoint is made absolute (it is resolved against the model's folder)."""
@@ -81,8 +83,11 @@ def model_repository_with(settings: dict[str, str], target: Path, source: Path =
             settings = {**settings, key: str((src / current[key]).resolve())}
     for key, value in settings.items():
         line = f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-        text, n = re.subn(rf'parameters {{ key: "{re.escape(key)}", value: {{ string_value: "[^"]*" }} }}',
-                          lambda _, line=line: line, text)
+        text, n = re.subn(
+            rf'parameters {{ key: "{re.escape(key)}", value: {{ string_value: "[^"]*" }} }}',
+            lambda _, line=line: line,
+            text,
+        )
         if n == 0:
             text += line + "\n"
     (dst / "config.pbtxt").write_text(text)
@@ -133,15 +138,15 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
 @dataclass
 class TritonServer:
     model_repository: Path = REPO / "model_repository"
-    model: str | None = "llm"          # wait for this model to be ready (None: server readiness only)
+    model: str | None = "llm"  # wait for this model to be ready (None: server readiness only)
     startup_timeout: float = 300.0
     extra_args: list[str] = field(default_factory=list)
-    log_path: Path | None = None       # default: a new temporary file
+    log_path: Path | None = None  # default: a new temporary file
     venv: Path = field(default_factory=_default_venv)
 
-    http_url: str = ""                 # http://127.0.0.1:PORT
-    grpc_url: str = ""                 # 127.0.0.1:PORT (tritonclient.grpc style)
-    metrics_url: str = ""              # http://127.0.0.1:PORT/metrics
+    http_url: str = ""  # http://127.0.0.1:PORT
+    grpc_url: str = ""  # 127.0.0.1:PORT (tritonclient.grpc style)
+    metrics_url: str = ""  # http://127.0.0.1:PORT/metrics
     process: subprocess.Popen | None = None
 
     # ---- paths
@@ -170,6 +175,7 @@ class TritonServer:
             raise RuntimeError(f"model repository {self.model_repository} does not exist")
         if self.log_path is None:
             import tempfile
+
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
@@ -183,8 +189,7 @@ class TritonServer:
                 port_clash = "already in use" in self.log_tail(200).lower()
                 self.stop()
                 if not port_clash or attempt == 2:
-                    raise RuntimeError(f"{e}\n--- last 80 lines of {self.log_path} ---\n{self.log_tail(80)}") \
-                        from None
+                    raise RuntimeError(f"{e}\n--- last 80 lines of {self.log_path} ---\n{self.log_tail(80)}") from None
         raise AssertionError("unreachable")
 
     def _launch(self) -> None:
@@ -192,18 +197,26 @@ class TritonServer:
         self.http_url = f"http://127.0.0.1:{http}"
         self.grpc_url = f"127.0.0.1:{grpc}"
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        cmd = [str(self.triton_bin),
-               f"--model-repository={self.model_repository}",
-               f"--backend-directory={self.backends_dir}",
-               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-               "--log-verbose=0", *self.extra_args]
+        cmd = [
+            str(self.triton_bin),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={self.backends_dir}",
+            f"--http-port={http}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            "--log-verbose=0",
+            *self.extra_args,
+        ]
         env = dict(os.environ)
         # The stub's embedded interpreter finds the venv's site-packages through PATH.
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         # Keep build/lib (nvidia-pytriton's libcudart.so.12, for perf_analyzer) away from the server: the
         # model's torch would pick up that CUDA runtime instead of its own.
-        ld = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
-              if p and Path(p).resolve() != (REPO / "build" / "lib").resolve()]
+        ld = [
+            p
+            for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != (REPO / "build" / "lib").resolve()
+        ]
         if ld:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(ld)
         else:
@@ -212,8 +225,15 @@ class TritonServer:
         log = open(self.log_path, "ab")
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, cwd=str(REPO), start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
         log.close()
 
     def _wait_ready(self) -> None:

@@ -27,6 +27,7 @@ Concurrency is always a closed loop: c requests in flight, a finished one replac
 in one scenario run interleaved in the same run. Reports are printed and written to build/bench/<scenario>/
 (with the raw JSON; --quick: build/bench/<scenario>/quick/) and to --out when given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,31 @@ import time
 from benchlib import DEFAULT_MODEL
 from benchlib.machine import load
 
-SCENARIOS = ("forward", "speculative", "draft_length", "sampling", "grammar", "prefill_schedule", "prefix_cache",
-             "commits", "serving", "perf_analyzer", "genai_perf", "soak", "compare", "gpu")
+SCENARIOS = (
+    "forward",
+    "speculative",
+    "draft_length",
+    "sampling",
+    "grammar",
+    "prefill_schedule",
+    "prefix_cache",
+    "commits",
+    "serving",
+    "perf_analyzer",
+    "genai_perf",
+    "soak",
+    "compare",
+    "gpu",
+)
 
 # the options several scenarios take: defined here once; a scenario lists the ones it takes, with its defaults
 SHARED = {
-    "concurrency": dict(type=int, nargs="+", metavar="C",
-                        help="closed-loop concurrency levels: C requests in flight, a finished one replaced at once"),
+    "concurrency": dict(
+        type=int,
+        nargs="+",
+        metavar="C",
+        help="closed-loop concurrency levels: C requests in flight, a finished one replaced at once",
+    ),
     "prompts": dict(type=int, help="how many prompts (evenly spaced JME cases, or the scenario's own prompts)"),
     "max_tokens": dict(type=int, help="output tokens per request at most"),
     "repeat": dict(type=int, help="timed runs per setting, interleaved across settings (medians reported)"),
@@ -61,13 +80,18 @@ def parser(quick: bool = False) -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="scenario", required=True, metavar="scenario")
     for name in SCENARIOS:
         mod = scenario_module(name)
-        p = sub.add_parser(name, help=" ".join(mod.__doc__.split("\n\n")[0].split()), description=mod.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=" ".join(mod.__doc__.split("\n\n")[0].split()),
+            description=mod.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         for key, default in getattr(mod, "SHARED", {}).items():
             spec = {**SHARED[key], "help": SHARED[key]["help"] + " (default %(default)s)"}
             p.add_argument("--" + key.replace("_", "-"), default=default, **spec)
-        p.add_argument("--quick", action="store_true", help="a smoke run: " + getattr(mod, "QUICK_HELP", "fewer, "
-                                                                                      "shorter runs"))
+        p.add_argument(
+            "--quick", action="store_true", help="a smoke run: " + getattr(mod, "QUICK_HELP", "fewer, shorter runs")
+        )
         p.add_argument("--out", default="", help="also write the markdown report to this file")
         p.add_argument("--raw", default="", help="folder for the raw outputs (default build/bench/<scenario>/)")
         if getattr(mod, "ENGINE", True):
@@ -92,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if getattr(args, "threads", 0):
         import torch
+
         torch.set_num_threads(args.threads)
     return scenario_module(args.scenario).run(args) or 0
 

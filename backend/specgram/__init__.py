@@ -3,12 +3,19 @@
 The engine never imports Triton; model_repository/llm/1/model.py is a thin adapter over it.
 The names below load on first use, so that `specgram.contract` (the client contract) imports without torch.
 """
+
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"EngineConfig": "config", "EngineError": "errors", "InvalidRequest": "errors",
-            "ModelLoadError": "errors", "RequestOutput": "request", "SamplingParams": "request"}
+_EXPORTS = {
+    "EngineConfig": "config",
+    "EngineError": "errors",
+    "InvalidRequest": "errors",
+    "ModelLoadError": "errors",
+    "RequestOutput": "request",
+    "SamplingParams": "request",
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,6 +1,7 @@
 """Engine settings as written (config.pbtxt parameters), each checked for its own words and range; what they
 mean on this machine and these checkpoints (every "auto", and the combinations) is resolved once, at load, by
 engine/settings.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,87 +12,93 @@ import torch
 from .errors import ModelLoadError
 
 # the words of the settings the model package reads (it imports them from here)
-WEIGHTS = ("auto", "int8")              # weights: auto = the checkpoint's dtype, int8 = model/int8.py's form
-KV_DTYPES = ("auto", "bfloat16")        # kv_cache_dtype: the activations' dtype, or bfloat16 (native CPU forward)
+WEIGHTS = ("auto", "int8")  # weights: auto = the checkpoint's dtype, int8 = model/int8.py's form
+KV_DTYPES = ("auto", "bfloat16")  # kv_cache_dtype: the activations' dtype, or bfloat16 (native CPU forward)
 LINEAR_KINDS = ("auto", "native", "torch")  # linear: the CPU forward's matmuls
-PREFIX_MODES = ("auto", "on", "off")   # prefix_cache: auto = on where reuse is bitwise exact (native forward)
+PREFIX_MODES = ("auto", "on", "off")  # prefix_cache: auto = on where reuse is bitwise exact (native forward)
 
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    checkpoint: str                 # local HF checkpoint folder (Llama family)
-    device: str = "cpu"             # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
-    dtype: str = "auto"             # "auto" = bfloat16 on CUDA, float32 on CPU
-    max_slots: int = 8              # concurrent sequences = KV cache rows
-    max_seq_len: int = 2048         # prompt + output tokens per sequence = KV cache positions per row
-    max_draft_len: int = 8          # upper bound for a request's num_draft_tokens
-    default_max_tokens: int = 128   # used when a request gives no max_tokens
-    max_prefill_tokens: int = 512   # prompt tokens prefilled per step; longer prompts are prefilled in chunks
-                                    # over several steps, while the running requests keep decoding
-    prefix_cache: str = "auto"      # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
-                                    # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
-    drafter: str = "auto"           # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
-    draft_checkpoint: str = ""      # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
-    draft_dtype: str = "auto"       # dtype of the draft model
+    checkpoint: str  # local HF checkpoint folder (Llama family)
+    device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
+    dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
+    max_slots: int = 8  # concurrent sequences = KV cache rows
+    max_seq_len: int = 2048  # prompt + output tokens per sequence = KV cache positions per row
+    max_draft_len: int = 8  # upper bound for a request's num_draft_tokens
+    default_max_tokens: int = 128  # used when a request gives no max_tokens
+    max_prefill_tokens: int = 512  # prompt tokens prefilled per step; longer prompts are prefilled in chunks
+    # over several steps, while the running requests keep decoding
+    prefix_cache: str = "auto"  # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
+    # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
+    drafter: str = "auto"  # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
+    draft_checkpoint: str = ""  # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
+    draft_dtype: str = "auto"  # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
-                                      # when that is empty): native int8 weights where the native forward runs,
-                                      # PyTorch's dynamic quantization elsewhere; CPU only. "auto": the target's
-                                      # int8 copy where the native forward runs the target (no draft_checkpoint,
-                                      # weights not int8 already), else none
+    # when that is empty): native int8 weights where the native forward runs,
+    # PyTorch's dynamic quantization elsewhere; CPU only. "auto": the target's
+    # int8 copy where the native forward runs the target (no draft_checkpoint,
+    # weights not int8 already), else none
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
-                                       # engine chooses k per request per step (adaptive.py)
+    # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
     speculative_sampling: str = "coupled"  # sampled requests: "coupled" = a draft is accepted when it equals the
-                                           # token the seed's noise picks (output independent of k, drafter and
-                                           # batch); "rejection" = classic speculative sampling (sampling.py)
-    logprobs_mode: str = "raw"      # logprobs (engine/logprobs.py): "raw" = of the model's logits before any
-                                    # processing; "processed" = of the logits the token was chosen from
-    ngram_min: int = 1              # n-gram prompt lookup: shortest suffix to match (docs/performance.md)
-    ngram_max: int = 4              # ... longest suffix to match
-    grammar_cache_mb: int = 256     # compiled-grammar cache (xgrammar's LRU), in MiB
+    # token the seed's noise picks (output independent of k, drafter and
+    # batch); "rejection" = classic speculative sampling (sampling.py)
+    logprobs_mode: str = "raw"  # logprobs (engine/logprobs.py): "raw" = of the model's logits before any
+    # processing; "processed" = of the logits the token was chosen from
+    ngram_min: int = 1  # n-gram prompt lookup: shortest suffix to match (docs/performance.md)
+    ngram_max: int = 4  # ... longest suffix to match
+    grammar_cache_mb: int = 256  # compiled-grammar cache (xgrammar's LRU), in MiB
     grammar_compile_timeout_s: int = 30  # a guide whose compile runs longer fails its request (time spent
-                                         # compiling in a worker process, not waiting for one)
+    # compiling in a worker process, not waiting for one)
     grammar_compile_workers: int = 2  # worker processes that compile guides (>= 2: one is kept for new guides)
-    grammar_compile_queue: int = 64   # guides waiting for a worker; a request beyond that is refused (UNAVAILABLE)
+    grammar_compile_queue: int = 64  # guides waiting for a worker; a request beyond that is refused (UNAVAILABLE)
     json_unsupported_keywords: str = "error"  # a JSON-schema keyword xgrammar would not enforce: "error" fails
-                                              # the request naming it; "ignore" compiles without it (best effort)
-    json_strict: bool = True        # json_schema: no properties beyond the schema's unless it allows them
+    # the request naming it; "ignore" compiles without it (best effort)
+    json_strict: bool = True  # json_schema: no properties beyond the schema's unless it allows them
     json_any_whitespace: bool = True  # json_schema: free whitespace; False = fixed compact layout
-    forced_strings: bool = False    # guided drafts also start with the string the grammar forces (key names,
-                                    # '": "', brackets) in xgrammar's tokenization, not only single forced tokens
-    linear: str = "auto"            # CPU forward: "native" (our kernels: weights streamed at the memory bound,
-                                    # batch-invariant), "torch" (transformers' modules), auto = native where
-                                    # its kernels build (x86-64 with AVX-512, or AVX2 + FMA, and gcc), torch
-                                    # elsewhere and on CUDA
-    weights: str = "auto"           # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
-                                    # scale per output channel on the native CPU forward, activations quantized
-                                    # per row to int16 where the CPU has VNNI (lossy against the checkpoint,
-                                    # exact with itself: batch-invariant, speculation token-identical)
-    kv_cache_dtype: str = "auto"    # the target's KV cache: auto = the activations' dtype (float32 on the native
-                                    # CPU forward); "bfloat16" = half the memory and half the bytes attention
-                                    # reads (native CPU forward only; lossy, exact with itself)
-    cuda_graphs: bool = False       # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
-                                    # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
+    forced_strings: bool = False  # guided drafts also start with the string the grammar forces (key names,
+    # '": "', brackets) in xgrammar's tokenization, not only single forced tokens
+    linear: str = "auto"  # CPU forward: "native" (our kernels: weights streamed at the memory bound,
+    # batch-invariant), "torch" (transformers' modules), auto = native where
+    # its kernels build (x86-64 with AVX-512, or AVX2 + FMA, and gcc), torch
+    # elsewhere and on CUDA
+    weights: str = "auto"  # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
+    # scale per output channel on the native CPU forward, activations quantized
+    # per row to int16 where the CPU has VNNI (lossy against the checkpoint,
+    # exact with itself: batch-invariant, speculation token-identical)
+    kv_cache_dtype: str = "auto"  # the target's KV cache: auto = the activations' dtype (float32 on the native
+    # CPU forward); "bfloat16" = half the memory and half the bytes attention
+    # reads (native CPU forward only; lossy, exact with itself)
+    cuda_graphs: bool = False  # decode/verify/draft forwards replay CUDA graphs captured per (batch bucket,
+    # k + 1); on CPU the same static path runs uncaptured (slower: for testing)
     # Serving limits (loop.py). A request waits for a KV slot in a queue; past these bounds it is refused at once
     # (UNAVAILABLE) rather than queued for longer than a client would wait.
     max_waiting_requests: int = -1  # requests waiting for a slot; -1 = 4 x max_slots, 0 = no bound
     max_waiting_prompt_tokens: int = 0  # prompt tokens of the waiting requests (0 = no bound); a request is
-                                        # always taken when none are waiting, however long its prompt
-    max_queue_delay_ms: int = 0     # a request still without a slot after this long is refused (0 = no limit)
-    request_timeout_s: int = 0      # a request running longer ends with finish_reason timeout (0 = no limit);
-                                    # a client's own Triton request timeout can only shorten it
-    shutdown_grace_s: int = 5       # on unload, running requests may finish for this long before they are cut
-    max_stop_chars: int = 1000      # the longest stop string and bad word a request may give (each is searched
-                                    # for in the output's text at every commit)
+    # always taken when none are waiting, however long its prompt
+    max_queue_delay_ms: int = 0  # a request still without a slot after this long is refused (0 = no limit)
+    request_timeout_s: int = 0  # a request running longer ends with finish_reason timeout (0 = no limit);
+    # a client's own Triton request timeout can only shorten it
+    shutdown_grace_s: int = 5  # on unload, running requests may finish for this long before they are cut
+    max_stop_chars: int = 1000  # the longest stop string and bad word a request may give (each is searched
+    # for in the output's text at every commit)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):        # 0 / 1 are accepted for booleans and stored as bool
+        for f in dataclasses.fields(self):  # 0 / 1 are accepted for booleans and stored as bool
             value = getattr(self, f.name)
             if f.type == "bool":
                 if value not in (0, 1):
@@ -104,17 +111,21 @@ class EngineConfig:
             if getattr(self, name) < 0:
                 raise ModelLoadError(f"engine setting {name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
         if self.max_waiting_requests < -1:
-            raise ModelLoadError(f"engine setting max_waiting_requests must be -1 (4 x max_slots), 0 (no bound) or "
-                                 f"a positive count, got {self.max_waiting_requests}")
+            raise ModelLoadError(
+                f"engine setting max_waiting_requests must be -1 (4 x max_slots), 0 (no bound) or "
+                f"a positive count, got {self.max_waiting_requests}"
+            )
         if not 0 <= self.max_draft_len <= 64:
             raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
         for name in ("dtype", "draft_dtype"):
             if getattr(self, name) not in ("auto", *DTYPES):
-                raise ModelLoadError(f"engine setting {name} must be one of auto, {', '.join(DTYPES)}; "
-                                     f"got {getattr(self, name)!r}")
+                raise ModelLoadError(
+                    f"engine setting {name} must be one of auto, {', '.join(DTYPES)}; got {getattr(self, name)!r}"
+                )
         if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
-            raise ModelLoadError(f"engine setting drafter must be auto, draft_model, ngram or grammar; "
-                                 f"got {self.drafter!r}")
+            raise ModelLoadError(
+                f"engine setting drafter must be auto, draft_model, ngram or grammar; got {self.drafter!r}"
+            )
         if self.draft_quantization not in ("none", "int8", "auto"):
             raise ModelLoadError(f"draft_quantization must be none, int8 or auto, got {self.draft_quantization!r}")
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
@@ -123,26 +134,30 @@ class EngineConfig:
         if self.logprobs_mode not in ("raw", "processed"):
             raise ModelLoadError(f"engine setting logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         if self.speculative_sampling not in ("coupled", "rejection"):
-            raise ModelLoadError(f"engine setting speculative_sampling must be coupled or rejection, "
-                                 f"got {self.speculative_sampling!r}")
+            raise ModelLoadError(
+                f"engine setting speculative_sampling must be coupled or rejection, got {self.speculative_sampling!r}"
+            )
         if self.prefix_cache not in PREFIX_MODES:
-            raise ModelLoadError(f"engine setting prefix_cache must be one of {', '.join(PREFIX_MODES)}, "
-                                 f"got {self.prefix_cache!r}")
+            raise ModelLoadError(
+                f"engine setting prefix_cache must be one of {', '.join(PREFIX_MODES)}, got {self.prefix_cache!r}"
+            )
         if self.linear not in LINEAR_KINDS:
             raise ModelLoadError(f"engine setting linear must be one of {', '.join(LINEAR_KINDS)}, got {self.linear!r}")
         if self.weights not in WEIGHTS:
             raise ModelLoadError(f"engine setting weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if self.kv_cache_dtype not in KV_DTYPES:
-            raise ModelLoadError(f"engine setting kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, "
-                                 f"got {self.kv_cache_dtype!r}")
+            raise ModelLoadError(
+                f"engine setting kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
         if self.grammar_compile_workers < 2:
             raise ModelLoadError(f"grammar_compile_workers must be >= 2, got {self.grammar_compile_workers}")
         for name in ("grammar_compile_timeout_s", "grammar_compile_queue"):
             if getattr(self, name) < 1:
                 raise ModelLoadError(f"engine setting {name} must be >= 1, got {getattr(self, name)}")
         if self.json_unsupported_keywords not in ("error", "ignore"):
-            raise ModelLoadError(f"json_unsupported_keywords must be error or ignore, "
-                                 f"got {self.json_unsupported_keywords!r}")
+            raise ModelLoadError(
+                f"json_unsupported_keywords must be error or ignore, got {self.json_unsupported_keywords!r}"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self._check_device()
@@ -181,7 +196,8 @@ class EngineConfig:
             dev = torch.device(self.device)
         except RuntimeError:
             raise ModelLoadError(
-                f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}") from None
+                f"engine setting device must be cpu, cuda, cuda:N or auto; got {self.device!r}"
+            ) from None
         if dev.type not in ("cpu", "cuda"):
             raise ModelLoadError(f"unsupported device type {dev.type!r}: use cpu or cuda")
 

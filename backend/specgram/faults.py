@@ -7,6 +7,7 @@ that can be rerun (a drafter's proposals, the verify's token choice) runs under 
 is rerun for each request alone, so the failure lands on the request that causes it. What is left (the target's
 forward itself) fails the requests it touched, and only those.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
@@ -22,13 +23,15 @@ class DeadEnd(InvalidRequest):
     leave no token at the next position. Ends that request (INVALID_ARG); never a token it excluded."""
 
     def __init__(self):
-        super().__init__("no token is allowed at the next position: the guide's grammar and the request's "
-                         "allowed_token_ids / bad_words leave nothing to generate")
+        super().__init__(
+            "no token is allowed at the next position: the guide's grammar and the request's "
+            "allowed_token_ids / bad_words leave nothing to generate"
+        )
 
 
 class Faults:
     def __init__(self):
-        self._failed: dict[int, tuple[object, Exception]] = {}     # request id -> (request, what it raised)
+        self._failed: dict[int, tuple[object, Exception]] = {}  # request id -> (request, what it raised)
 
     def add(self, req, error: Exception) -> None:
         """req failed with error (the first error of a request is the one reported)."""

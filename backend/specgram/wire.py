@@ -1,4 +1,5 @@
 """The words a response carries on the wire: finish reasons and error kinds (str-valued enums)."""
+
 from __future__ import annotations
 
 from enum import Enum
@@ -6,6 +7,7 @@ from enum import Enum
 
 class WireEnum(str, Enum):
     """A str-valued enum: members compare, hash, print and format as their wire strings."""
+
     __str__ = str.__str__
     __format__ = str.__format__
 
@@ -17,14 +19,15 @@ DRAFT_SOURCES = ("forced", "prompt", "output", "guide", "draft_model")
 
 class FinishReason(WireEnum):
     """The `finish_reason` output of a final response (and the label of the requests metric)."""
-    STOP = "stop"               # EOS, a stop string, or the request's grammar completed
-    LENGTH = "length"           # max_tokens or the context limit
-    CANCELLED = "cancelled"     # the client cancelled, or the server is shutting down
-    TIMEOUT = "timeout"         # request_timeout_s or the request's own timeout passed while it ran
-    ERROR = "error"             # the request failed (RequestOutput.error says why)
+
+    STOP = "stop"  # EOS, a stop string, or the request's grammar completed
+    LENGTH = "length"  # max_tokens or the context limit
+    CANCELLED = "cancelled"  # the client cancelled, or the server is shutting down
+    TIMEOUT = "timeout"  # request_timeout_s or the request's own timeout passed while it ran
+    ERROR = "error"  # the request failed (RequestOutput.error says why)
 
 
 class ErrorKind(WireEnum):
-    INVALID = "invalid"         # the request's fault (e.g. its grammar): INVALID_ARG
-    INTERNAL = "internal"       # a failure inside a forward, or the engine stopped: INTERNAL
+    INVALID = "invalid"  # the request's fault (e.g. its grammar): INVALID_ARG
+    INTERNAL = "internal"  # a failure inside a forward, or the engine stopped: INTERNAL
     UNAVAILABLE = "unavailable"  # not taken on: the server is at capacity or shutting down: UNAVAILABLE

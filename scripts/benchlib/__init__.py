@@ -11,13 +11,14 @@ sys.path. This package, workload, machine and report import only the standard li
 (scripts/compare/vllm_worker.py loads workload in vLLM's own venv; bench.py imports every scenario module to
 build its options, so those import torch and the engine inside their functions).
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RAW = REPO / "build" / "bench"          # raw outputs: per-run JSON, exports, logs (git-ignored)
+RAW = REPO / "build" / "bench"  # raw outputs: per-run JSON, exports, logs (git-ignored)
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
 for _p in (REPO / "client", REPO / "backend"):
     if str(_p) not in sys.path:

@@ -1,4 +1,5 @@
 """The machine and the versions a report names (standard library only)."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -16,8 +17,11 @@ def machine() -> str:
     """CPU model and cores, RAM, GPU (if any), OS, torch threads when torch is loaded."""
     cpu = platform.processor() or "unknown CPU"
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     out = f"{cpu}, {os.cpu_count()} cores"
@@ -27,8 +31,9 @@ def machine() -> str:
         pass
     if shutil.which("nvidia-smi"):
         try:
-            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=10).stdout.strip()
+            gpu = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
             out += f", GPU {gpu}" if gpu else ""
         except (OSError, subprocess.SubprocessError):
             pass

@@ -1,5 +1,6 @@
 """The measured fp32 FMA peak (fma_peak.c, compiled here with the system compiler for the native kernels' ISA):
 what a compute-bound matrix product could reach on this machine, to rate wide verify forwards against."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,12 @@ def fma_peak_gflops(isa: str, nthreads: int, repeat: int = 5, iters: int = 10_00
     """Best of `repeat` runs of fma_peak.c on nthreads threads, in GFLOP/s (2 flops per fma lane)."""
     with tempfile.TemporaryDirectory() as tmp:
         lib_path = Path(tmp) / "fma_peak.so"
-        subprocess.run(["gcc", "-O3", "-fopenmp", "-fPIC", "-shared", *FLAGS[isa], "-o", str(lib_path), str(SOURCE)],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            ["gcc", "-O3", "-fopenmp", "-fPIC", "-shared", *FLAGS[isa], "-o", str(lib_path), str(SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         lib = ctypes.CDLL(str(lib_path))
         lib.fma_flops.restype, lib.fma_flops.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_int]
         best = 0.0

@@ -4,6 +4,7 @@ A scenario's markdown report is printed and written to <raw>/report.md, and to -
 docs/ keeps); its raw figures (run records, exports, logs) go to the raw folder <raw>: build/bench/<scenario>/
 (build/bench/<scenario>/quick/ with --quick, or --raw DIR), which git ignores. Standard library only.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ def cell(value, fmt: str = "{:.1f}") -> str:
 
 def table(header: list[str], rows) -> list[str]:
     """A markdown table: a header row, the rule, one line per row (cells already formatted)."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
 
 
 def command(args) -> str:
@@ -36,8 +40,13 @@ def command(args) -> str:
 def header(title: str, args, workload: str = "", packages=PACKAGES, command_text: str | None = None) -> list[str]:
     """A report's first lines: title, the command (and how long it ran), machine, load, versions, workload."""
     took = time.perf_counter() - args.started
-    lines = [f"# {title}", "", f"Command: `{command_text or command(args)}` ({took:.0f} s)  ",
-             f"Machine: {machine()}; load avg at start {args.load0}  ", f"Versions: {versions(packages)}  "]
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command_text or command(args)}` ({took:.0f} s)  ",
+        f"Machine: {machine()}; load avg at start {args.load0}  ",
+        f"Versions: {versions(packages)}  ",
+    ]
     return lines + ([f"Workload: {workload}", ""] if workload else [""])
 
 

@@ -8,6 +8,7 @@ same): system, config, guided, drafter, k, concurrency, wall_s, drafted, accepte
 requests: [{case, ids, text, ttft_s, latency_s, finish, drafted, accepted, ...}] (times from each request's
 submission). In-process records also hold _run (specgram's Run) and _reqs (its Requests), left out of the JSON.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -22,13 +23,26 @@ from .workload import BENCH_ENGINE, make_requests
 
 # ---- in process ---------------------------------------------------------------------------------------------
 
+
 def cpu_config(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, **settings):
     """The engine settings of the in-process scenarios: fp32 on CPU, up to 8 drafts, BENCH_ENGINE."""
     from specgram.config import EngineConfig
 
-    return EngineConfig(**{**dict(checkpoint=str(model), device="cpu", dtype="float32", max_slots=slots,
-                                  max_seq_len=max_seq_len, max_draft_len=8, default_max_tokens=max_tokens),
-                           **BENCH_ENGINE, **settings})
+    return EngineConfig(
+        **{
+            **dict(
+                checkpoint=str(model),
+                device="cpu",
+                dtype="float32",
+                max_slots=slots,
+                max_seq_len=max_seq_len,
+                max_draft_len=8,
+                default_max_tokens=max_tokens,
+            ),
+            **BENCH_ENGINE,
+            **settings,
+        }
+    )
 
 
 def cpu_engine(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, **settings):
@@ -40,14 +54,33 @@ def cpu_engine(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, 
 def record(requests: list[dict], wall_s: float, concurrency: int, **meta) -> dict:
     """A run record; drafted / accepted: the requests' sums, None when no request reports them."""
     counted = [r for r in requests if r.get("drafted") is not None]
-    return dict(system=meta.pop("system", ""), config=meta.pop("config", ""), guided=meta.pop("guided", False),
-                drafter=meta.pop("drafter", None), k=meta.pop("k", 0), concurrency=concurrency, wall_s=wall_s,
-                drafted=sum(r["drafted"] for r in counted) if counted else None,
-                accepted=sum(r["accepted"] for r in counted) if counted else None, requests=requests, **meta)
+    return dict(
+        system=meta.pop("system", ""),
+        config=meta.pop("config", ""),
+        guided=meta.pop("guided", False),
+        drafter=meta.pop("drafter", None),
+        k=meta.pop("k", 0),
+        concurrency=concurrency,
+        wall_s=wall_s,
+        drafted=sum(r["drafted"] for r in counted) if counted else None,
+        accepted=sum(r["accepted"] for r in counted) if counted else None,
+        requests=requests,
+        **meta,
+    )
 
 
-def run_engine(engine, cases: list[dict], max_tokens: int, concurrency: int = 0, drafter: str | None = None,
-               k: int = 0, guided: bool = False, tok=None, params: dict | None = None, **meta) -> dict:
+def run_engine(
+    engine,
+    cases: list[dict],
+    max_tokens: int,
+    concurrency: int = 0,
+    drafter: str | None = None,
+    k: int = 0,
+    guided: bool = False,
+    tok=None,
+    params: dict | None = None,
+    **meta,
+) -> dict:
     """One timed closed-loop run of the cases in process (concurrency 0 = all at once) -> its record (text
     decoded when tok is given). params: make_requests' (greedy without them). Grammars compile before the clock
     starts; raises on a request's error."""
@@ -57,15 +90,28 @@ def run_engine(engine, cases: list[dict], max_tokens: int, concurrency: int = 0,
     run = generate(engine, reqs, concurrency or len(reqs))
     if run.errors:
         raise RuntimeError(f"{meta.get('config', '')}: {run.errors[0]}")
-    out = [dict(case=i, ids=g.token_ids, ttft_s=g.first_token_s, latency_s=g.latency_s, finish=g.final.finish_reason,
-                drafted=g.spec.drafted, accepted=g.spec.accepted, steps=g.spec.steps, reused=r.cached_prompt_tokens,
-                **({"text": tok.decode(g.token_ids, skip_special_tokens=True)} if tok is not None else {}))
-           for i, (g, r) in enumerate(zip(run.generations, reqs, strict=True))]
-    return record(out, run.wall_s, concurrency or len(reqs), drafter=drafter, k=k, guided=guided, _run=run,
-                  _reqs=reqs, **meta)
+    out = [
+        dict(
+            case=i,
+            ids=g.token_ids,
+            ttft_s=g.first_token_s,
+            latency_s=g.latency_s,
+            finish=g.final.finish_reason,
+            drafted=g.spec.drafted,
+            accepted=g.spec.accepted,
+            steps=g.spec.steps,
+            reused=r.cached_prompt_tokens,
+            **({"text": tok.decode(g.token_ids, skip_special_tokens=True)} if tok is not None else {}),
+        )
+        for i, (g, r) in enumerate(zip(run.generations, reqs, strict=True))
+    ]
+    return record(
+        out, run.wall_s, concurrency or len(reqs), drafter=drafter, k=k, guided=guided, _run=run, _reqs=reqs, **meta
+    )
 
 
 # ---- through tritonserver -------------------------------------------------------------------------------------
+
 
 def closed_loop(fn, items, concurrency: int) -> tuple[list, float]:
     """`concurrency` threads; each takes the next item, runs fn(item), and takes the next as soon as that ends,
@@ -103,30 +149,58 @@ def stream_request(url: str, inputs: dict, timeout: float = 600.0) -> dict:
     resps = stream_infer(url, inputs, timeout=timeout)
     if errors_of(resps):
         raise RuntimeError(errors_of(resps))
-    first = next((r["time"] for r in resps if r["outputs"].get("output_ids") is not None
-                  and r["outputs"]["output_ids"].size), resps[-1]["time"])
-    return dict(ids=ids_of(resps), text=text_of(resps), ttft_s=first, latency_s=resps[-1]["time"],
-                finish=last_value(resps, "finish_reason"), drafted=int(last_value(resps, "spec_drafted_tokens", 0)),
-                accepted=int(last_value(resps, "spec_accepted_tokens", 0)))
+    first = next(
+        (r["time"] for r in resps if r["outputs"].get("output_ids") is not None and r["outputs"]["output_ids"].size),
+        resps[-1]["time"],
+    )
+    return dict(
+        ids=ids_of(resps),
+        text=text_of(resps),
+        ttft_s=first,
+        latency_s=resps[-1]["time"],
+        finish=last_value(resps, "finish_reason"),
+        drafted=int(last_value(resps, "spec_drafted_tokens", 0)),
+        accepted=int(last_value(resps, "spec_accepted_tokens", 0)),
+    )
 
 
-def triton_inputs(case: dict, max_tokens: int, drafter: str | None = None, k: int = 0, guided: bool = False,
-                  **extra) -> dict:
+def triton_inputs(
+    case: dict, max_tokens: int, drafter: str | None = None, k: int = 0, guided: bool = False, **extra
+) -> dict:
     """The `llm` model's inputs for a case: its prompt text, chat template, streaming, greedy."""
-    inputs = {"text_input": case["prompt"], "apply_chat_template": True, "stream": True, "max_tokens": max_tokens,
-              "num_draft_tokens": k, "drafter": drafter or "ngram", **extra}
+    inputs = {
+        "text_input": case["prompt"],
+        "apply_chat_template": True,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "num_draft_tokens": k,
+        "drafter": drafter or "ngram",
+        **extra,
+    }
     if guided:
         inputs.update(guided_decoding_guide_type="json_schema", guided_decoding_guide=case["guide"])
     return inputs
 
 
-def run_triton(url: str, cases: list[dict], max_tokens: int, concurrency: int, drafter: str | None = None,
-               k: int = 0, guided: bool = False, extra: dict | None = None, **meta) -> dict:
+def run_triton(
+    url: str,
+    cases: list[dict],
+    max_tokens: int,
+    concurrency: int,
+    drafter: str | None = None,
+    k: int = 0,
+    guided: bool = False,
+    extra: dict | None = None,
+    **meta,
+) -> dict:
     """One timed closed-loop run of the cases through a server -> its record."""
+
     def one(i: int) -> dict:
         # extra last: it may also replace (or, as None, drop) the drafter and num_draft_tokens inputs
-        return dict(case=i, **stream_request(url, {**triton_inputs(cases[i], max_tokens, drafter, k, guided),
-                                                   **(extra or {})}))
+        return dict(
+            case=i, **stream_request(url, {**triton_inputs(cases[i], max_tokens, drafter, k, guided), **(extra or {})})
+        )
+
     reqs, wall = closed_loop(one, range(len(cases)), concurrency)
     return record(reqs, wall, concurrency, drafter=drafter, k=k, guided=guided, **meta)
 
@@ -135,8 +209,9 @@ def bench_server(settings: dict | None = None, log_path: Path | None = None):
     """A TritonServer (not started) serving model_repository/'s `llm` with BENCH_ENGINE and `settings`."""
     from triton_server import TritonServer, model_repository_with
 
-    repo = model_repository_with({**BENCH_ENGINE, **(settings or {})}, Path(tempfile.mkdtemp(prefix="bench-repo-")),
-                                 REPO / "model_repository")
+    repo = model_repository_with(
+        {**BENCH_ENGINE, **(settings or {})}, Path(tempfile.mkdtemp(prefix="bench-repo-")), REPO / "model_repository"
+    )
     return TritonServer(model_repository=repo, log_path=log_path)
 
 
@@ -151,12 +226,13 @@ def served(url: str = "", settings: dict | None = None, log_path: Path | None = 
 
     from .report import log
 
-    with (bench_server(settings, log_path) if bench else TritonServer(log_path=log_path)) as server:
+    with bench_server(settings, log_path) if bench else TritonServer(log_path=log_path) as server:
         log(f"tritonserver ready ({server.grpc_url}), log {server.log_path}")
         yield server.grpc_url, server
 
 
 # ---- measures of a record ---------------------------------------------------------------------------------
+
 
 def tok_s(rec: dict) -> float:
     """Output tokens of all requests / wall seconds of the run."""
@@ -184,6 +260,9 @@ def tok_per_step(rec: dict) -> float:
 def ttft_cells(recs: list[dict], reference: list) -> list[str]:
     """Report cells of one setting's repeated runs: median TTFT p50 and mean (ms), median output tok/s, and
     whether every run's output ids equal `reference`."""
-    return [f"{statistics.median(ttft_ms(r) for r in recs):.0f}",
-            f"{statistics.median(ttft_ms(r, statistics.mean) for r in recs):.0f}",
-            f"{statistics.median(map(tok_s, recs)):.1f}", "yes" if all(ids(r) == reference for r in recs) else "NO"]
+    return [
+        f"{statistics.median(ttft_ms(r) for r in recs):.0f}",
+        f"{statistics.median(ttft_ms(r, statistics.mean) for r in recs):.0f}",
+        f"{statistics.median(map(tok_s, recs)):.1f}",
+        "yes" if all(ids(r) == reference for r in recs) else "NO",
+    ]

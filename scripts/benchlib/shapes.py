@@ -10,16 +10,38 @@ The vocabulary is the default model's tokenizer's (SmolLM2, 49152 entries), so t
 costs with that tokenizer (the published vocabularies are 128256 and 151936: their lm_heads would be 2.6x and
 3.1x larger). Weights are drawn as transformers initialises them (normal, std 0.02), seeded.
 """
+
 from __future__ import annotations
 
 VOCAB = 49152
 SHAPES = {
-    "llama-3.2-1b": ("llama", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                                   num_key_value_heads=8, head_dim=64, intermediate_size=8192, rope_theta=500000.0,
-                                   rms_norm_eps=1e-5, max_position_embeddings=131072)),
-    "qwen2-1.5b": ("qwen2", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-                                 num_key_value_heads=2, intermediate_size=8960, rope_theta=1000000.0,
-                                 rms_norm_eps=1e-6, max_position_embeddings=131072)),
+    "llama-3.2-1b": (
+        "llama",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            intermediate_size=8192,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=131072,
+        ),
+    ),
+    "qwen2-1.5b": (
+        "qwen2",
+        dict(
+            hidden_size=1536,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            intermediate_size=8960,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=131072,
+        ),
+    ),
 }
 
 
@@ -29,7 +51,8 @@ def random_model(name: str, dtype="float32", seed: int = 0):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, shape = SHAPES[name]
-    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
-                               tie_word_embeddings=True, **shape)
+    cfg = AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True, **shape
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), attn_implementation="eager").eval()

@@ -5,6 +5,7 @@ A case is a dict with at least prompt_ids (the chat-templated prompt's token ids
 name, schema, guide (the schema as a JSON string), instance and prompt (the text). Standard library only at
 import (scripts/compare/vllm_worker.py imports this module in vLLM's venv).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,16 @@ INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} 
 BENCH_ENGINE = {"json_unsupported_keywords": "ignore", "prefix_cache": "off"}
 
 # open-ended chat prompts (serving, soak)
-CHAT_PROMPTS = ["Write a short story about a robot.", "Explain how rainbows form.",
-                "List ten fruits and their colors.", "Describe the water cycle.", "What makes a good cup of coffee?",
-                "Summarize the history of Rome.", "Give tips for learning to code.", "Describe a walk in the forest."]
+CHAT_PROMPTS = [
+    "Write a short story about a robot.",
+    "Explain how rainbows form.",
+    "List ten fruits and their colors.",
+    "Describe the water cycle.",
+    "What makes a good cup of coffee?",
+    "Summarize the history of Rome.",
+    "Give tips for learning to code.",
+    "Describe a walk in the forest.",
+]
 
 # extraction / JSON / code edits whose prompt holds text to copy, so n-gram lookup has something to find
 COPY_PROMPTS = [
@@ -62,9 +70,12 @@ def chat_ids(tok, text: str) -> list[int]:
 def select_cases(tok, n: int, max_tokens: int, items: list[dict] | None = None) -> list[dict]:
     """n evenly spaced JME cases (of `items`, default load_jme()) whose reference instance takes at most 60% of
     max_tokens (so a correct answer fits); each with prompt text and ids added."""
-    items = [it for it in (load_jme() if items is None else items) if it["instance"] is not None
-             and len(tok(json.dumps(it["instance"]))["input_ids"]) <= 0.6 * max_tokens]
-    chosen = items[::max(len(items) // n, 1)][:n]
+    items = [
+        it
+        for it in (load_jme() if items is None else items)
+        if it["instance"] is not None and len(tok(json.dumps(it["instance"]))["input_ids"]) <= 0.6 * max_tokens
+    ]
+    chosen = items[:: max(len(items) // n, 1)][:n]
     for it in chosen:
         it["prompt"] = prompt_text(it)
         it["prompt_ids"] = chat_ids(tok, it["prompt"])
@@ -93,8 +104,16 @@ def trim_at_eos(ids: list[int], eos) -> list[int]:
     return out
 
 
-def make_requests(engine, cases: list[dict], max_tokens: int, drafter: str | None = None, k: int = 0,
-                  guided: bool = False, seeds: list[int] | None = None, **params) -> list:
+def make_requests(
+    engine,
+    cases: list[dict],
+    max_tokens: int,
+    drafter: str | None = None,
+    k: int = 0,
+    guided: bool = False,
+    seeds: list[int] | None = None,
+    **params,
+) -> list:
     """Requests, one per case (guided: with the case's json_schema guide), greedy unless params set a temperature;
     seeds[i]: case i's seed. The grammars' compiles have finished when this returns, so a timed run that follows
     excludes them."""
@@ -102,9 +121,15 @@ def make_requests(engine, cases: list[dict], max_tokens: int, drafter: str | Non
 
     reqs = []
     for i, c in enumerate(cases):
-        settings = dict(max_tokens=max_tokens, temperature=0.0, num_draft_tokens=k, drafter=drafter or "ngram",
-                        guide_type="json_schema" if guided else None, guide=c["guide"] if guided else None,
-                        seed=seeds[i] if seeds else None)
+        settings = dict(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            num_draft_tokens=k,
+            drafter=drafter or "ngram",
+            guide_type="json_schema" if guided else None,
+            guide=c["guide"] if guided else None,
+            seed=seeds[i] if seeds else None,
+        )
         reqs.append(engine.make_request(SamplingParams(**{**settings, **params}), prompt_ids=c["prompt_ids"]))
     for r in reqs:
         if r.pending_grammar is not None:

@@ -7,6 +7,7 @@ then allowed, and the invalid instances are not all accepted. Schemas using a ke
 build/jsonschemabench_counts.md.
 
 A sample of SAMPLE files per folder (sorted by name) keeps CI quick; CORPUS_ALL=1 runs every file."""
+
 import json
 import os
 from pathlib import Path
@@ -37,6 +38,7 @@ def layer():
     if not DATA.is_dir():
         pytest.skip(f"corpus not found at {DATA} (set JSONSCHEMABENCH)")
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(CHECKPOINT)
     eos = tok.eos_token_id
     # JSON Schema semantics (extra properties allowed unless forbidden), not the engine's strict default
@@ -48,6 +50,7 @@ def layer():
 def xgrammar_accepts(compiled, ids, eos) -> bool:
     """Reference verdict: xgrammar's matcher alone (accept_token one by one, then the stop token)."""
     import xgrammar as xgr
+
     m = xgr.GrammarMatcher(compiled)
     return all(m.accept_token(t) for t in ids) and m.accept_token(eos)
 
@@ -82,7 +85,7 @@ def test_valid_instances_accepted_invalid_rejected(layer, folder):
         for test in case["tests"]:
             ids = tok(json.dumps(test["data"]), add_special_tokens=False)["input_ids"]
             ok = accepts(compiler, masks, compiled, ids, eos)
-            assert ok == xgrammar_accepts(compiled, ids, eos), (f.name, test)   # our masks == the matcher
+            assert ok == xgrammar_accepts(compiled, ids, eos), (f.name, test)  # our masks == the matcher
             if test["valid"]:
                 c["valid"] += 1
                 c["valid_accepted"] += ok
@@ -97,7 +100,7 @@ def test_valid_instances_accepted_invalid_rejected(layer, folder):
     _write_report()
     assert c["compiled"] >= len(files) - 1, c
     assert not rejected_valid, (c, rejected_valid)
-    assert not accepted_invalid, (c, accepted_invalid)     # the keyword check misses what xgrammar lets through
+    assert not accepted_invalid, (c, accepted_invalid)  # the keyword check misses what xgrammar lets through
 
 
 def test_invalid_instances_are_not_all_accepted():
@@ -111,9 +114,13 @@ def test_invalid_instances_are_not_all_accepted():
 def _write_report():
     out = REPO / "build" / "jsonschemabench_counts.md"
     out.parent.mkdir(exist_ok=True)
-    lines = ["| folder | schemas | compiled | refused: unenforced keyword | valid accepted | invalid rejected |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| folder | schemas | compiled | refused: unenforced keyword | valid accepted | invalid rejected |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, c in COUNTS.items():
-        lines.append(f"| {name} | {c['schemas']} | {c['compiled']} | {c['reported']} | "
-                     f"{c['valid_accepted']}/{c['valid']} | {c['invalid_rejected']}/{c['invalid']} |")
+        lines.append(
+            f"| {name} | {c['schemas']} | {c['compiled']} | {c['reported']} | "
+            f"{c['valid_accepted']}/{c['valid']} | {c['invalid_rejected']}/{c['invalid']} |"
+        )
     out.write_text("\n".join(lines) + "\n")

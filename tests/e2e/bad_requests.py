@@ -9,6 +9,7 @@ Each entry says who refuses the request and what the one error it gets must name
 `xfail` marks a request the server answers wrongly today (the test is a strict xfail with that reason).
 ACCEPTED lists requests that look odd but are valid by the contract: they must succeed.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,11 @@ TRITON = "TRITON_INVALID_ARG"
 BASE = {"text_input": "Hi", "max_tokens": 2}
 
 
-
 @dataclass(frozen=True)
 class Case:
     id: str
     inputs: dict[str, Any]
-    field: str                      # the error message must contain this
+    field: str  # the error message must contain this
     refused_by: str = MODEL
     parameters: dict | None = None  # gRPC request parameters
     xfail: str | None = None
@@ -77,8 +77,15 @@ def _json_safe(value: Any) -> bool:
 
 def tensor(name: str, values: list, dtype: str) -> grpcclient.InferInput:
     """A raw input tensor with any Triton dtype and shape (values: a nested list)."""
-    numpy_dtype = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64,
-                   "UINT64": np.uint64, "FP32": np.float32, "FP64": np.float64}[dtype]
+    numpy_dtype = {
+        "BYTES": np.object_,
+        "BOOL": np.bool_,
+        "INT32": np.int32,
+        "INT64": np.int64,
+        "UINT64": np.uint64,
+        "FP32": np.float32,
+        "FP64": np.float64,
+    }[dtype]
     arr = np.array(values, dtype=numpy_dtype)
     t = grpcclient.InferInput(name, list(arr.shape), dtype)
     t.set_data_from_numpy(arr)
@@ -99,7 +106,7 @@ def _deep(depth: int) -> str:
 
 
 def _deep_schema(depth: int) -> str:
-    return '{"type": "object", "properties": {"a": ' * depth + '{"type": "integer"}' + '}}' * depth
+    return '{"type": "object", "properties": {"a": ' * depth + '{"type": "integer"}' + "}}" * depth
 
 
 # ---- tritonserver refuses: a data type config.pbtxt does not declare ------------------------------------------
@@ -110,41 +117,75 @@ WRONG_DTYPE = [
     Case("dtype-max_tokens-string", {"max_tokens": tensor("max_tokens", [b"2"], "BYTES")}, "max_tokens", TRITON),
     Case("dtype-max_tokens-int64", {"max_tokens": tensor("max_tokens", [2], "INT64")}, "max_tokens", TRITON),
     Case("dtype-temperature-fp64", {"temperature": tensor("temperature", [0.0], "FP64")}, "temperature", TRITON),
-    Case("dtype-temperature-string", {"temperature": tensor("temperature", [b"0.5"], "BYTES")}, "temperature",
-         TRITON),
+    Case("dtype-temperature-string", {"temperature": tensor("temperature", [b"0.5"], "BYTES")}, "temperature", TRITON),
     Case("dtype-top_p-int32", {"top_p": tensor("top_p", [1], "INT32")}, "top_p", TRITON),
     Case("dtype-top_k-fp32", {"top_k": tensor("top_k", [5.0], "FP32")}, "top_k", TRITON),
     Case("dtype-seed-int64", {"seed": tensor("seed", [-1], "INT64")}, "seed", TRITON),
     Case("dtype-stop-int32", {"stop": tensor("stop", [1, 2], "INT32")}, "stop", TRITON),
     Case("dtype-ignore_eos-string", {"ignore_eos": tensor("ignore_eos", [b"yes"], "BYTES")}, "ignore_eos", TRITON),
-    Case("dtype-num_draft_tokens-fp32", {"num_draft_tokens": tensor("num_draft_tokens", [2.0], "FP32")},
-         "num_draft_tokens", TRITON),
+    Case(
+        "dtype-num_draft_tokens-fp32",
+        {"num_draft_tokens": tensor("num_draft_tokens", [2.0], "FP32")},
+        "num_draft_tokens",
+        TRITON,
+    ),
     Case("dtype-drafter-int32", {"drafter": tensor("drafter", [1], "INT32")}, "drafter", TRITON),
-    Case("dtype-guide_type-bool", {"guided_decoding_guide_type": tensor("guided_decoding_guide_type", [True], "BOOL")},
-         "guided_decoding_guide_type", TRITON),
-    Case("dtype-guide-int32", {"guided_decoding_guide": tensor("guided_decoding_guide", [7], "INT32")},
-         "guided_decoding_guide", TRITON),
-    Case("dtype-exclude_input_in_output-fp32",
-         {"exclude_input_in_output": tensor("exclude_input_in_output", [1.0], "FP32")}, "exclude_input_in_output",
-         TRITON),
-    Case("dtype-sampling_parameters-int32", {"sampling_parameters": tensor("sampling_parameters", [1], "INT32")},
-         "sampling_parameters", TRITON),
-    Case("dtype-apply_chat_template-int32", {"apply_chat_template": tensor("apply_chat_template", [1], "INT32")},
-         "apply_chat_template", TRITON),
+    Case(
+        "dtype-guide_type-bool",
+        {"guided_decoding_guide_type": tensor("guided_decoding_guide_type", [True], "BOOL")},
+        "guided_decoding_guide_type",
+        TRITON,
+    ),
+    Case(
+        "dtype-guide-int32",
+        {"guided_decoding_guide": tensor("guided_decoding_guide", [7], "INT32")},
+        "guided_decoding_guide",
+        TRITON,
+    ),
+    Case(
+        "dtype-exclude_input_in_output-fp32",
+        {"exclude_input_in_output": tensor("exclude_input_in_output", [1.0], "FP32")},
+        "exclude_input_in_output",
+        TRITON,
+    ),
+    Case(
+        "dtype-sampling_parameters-int32",
+        {"sampling_parameters": tensor("sampling_parameters", [1], "INT32")},
+        "sampling_parameters",
+        TRITON,
+    ),
+    Case(
+        "dtype-apply_chat_template-int32",
+        {"apply_chat_template": tensor("apply_chat_template", [1], "INT32")},
+        "apply_chat_template",
+        TRITON,
+    ),
     Case("dtype-messages-fp32", {"messages": tensor("messages", [1.0], "FP32")}, "messages", TRITON),
 ]
 
 # ---- tritonserver refuses: a shape config.pbtxt does not declare (two elements where one is expected, ...) ----
-_TWO = {"text_input": ([b"Hi", b"there"], "BYTES"), "stream": ([True, False], "BOOL"),
-        "max_tokens": ([2, 3], "INT32"), "temperature": ([0.0, 0.5], "FP32"), "top_p": ([1.0, 0.5], "FP32"),
-        "top_k": ([0, 5], "INT32"), "seed": ([1, 2], "UINT64"), "ignore_eos": ([True, False], "BOOL"),
-        "num_draft_tokens": ([0, 1], "INT32"), "drafter": ([b"ngram", b"grammar"], "BYTES"),
-        "guided_decoding_guide_type": ([b"regex", b"json"], "BYTES"),
-        "guided_decoding_guide": ([b"a", b"b"], "BYTES"), "exclude_input_in_output": ([True, False], "BOOL"),
-        "sampling_parameters": ([b"{}", b"{}"], "BYTES"), "apply_chat_template": ([True, False], "BOOL"),
-        "messages": ([b"[]", b"[]"], "BYTES")}
-WRONG_SHAPE = [Case(f"shape-{name}-two-elements", {name: tensor(name, values, dtype)}, name, TRITON)
-               for name, (values, dtype) in _TWO.items()] + [
+_TWO = {
+    "text_input": ([b"Hi", b"there"], "BYTES"),
+    "stream": ([True, False], "BOOL"),
+    "max_tokens": ([2, 3], "INT32"),
+    "temperature": ([0.0, 0.5], "FP32"),
+    "top_p": ([1.0, 0.5], "FP32"),
+    "top_k": ([0, 5], "INT32"),
+    "seed": ([1, 2], "UINT64"),
+    "ignore_eos": ([True, False], "BOOL"),
+    "num_draft_tokens": ([0, 1], "INT32"),
+    "drafter": ([b"ngram", b"grammar"], "BYTES"),
+    "guided_decoding_guide_type": ([b"regex", b"json"], "BYTES"),
+    "guided_decoding_guide": ([b"a", b"b"], "BYTES"),
+    "exclude_input_in_output": ([True, False], "BOOL"),
+    "sampling_parameters": ([b"{}", b"{}"], "BYTES"),
+    "apply_chat_template": ([True, False], "BOOL"),
+    "messages": ([b"[]", b"[]"], "BYTES"),
+}
+WRONG_SHAPE = [
+    Case(f"shape-{name}-two-elements", {name: tensor(name, values, dtype)}, name, TRITON)
+    for name, (values, dtype) in _TWO.items()
+] + [
     Case("shape-max_tokens-1x1", {"max_tokens": tensor("max_tokens", [[2]], "INT32")}, "max_tokens", TRITON),
     Case("shape-max_tokens-empty", {"max_tokens": tensor("max_tokens", [], "INT32")}, "max_tokens", TRITON),
     Case("shape-text_input-empty", {"text_input": tensor("text_input", [], "BYTES")}, "text_input", TRITON),
@@ -174,7 +215,7 @@ VALUES = [
     Case("top_k--5", {"top_k": -5}, "top_k"),
     Case("top_k--2", {"top_k": -2}, "top_k"),
     Case("top_k-fraction", sp(top_k="1.5"), "top_k"),
-    Case("seed-below-int64", sp(seed=-2**63 - 1), "seed"),
+    Case("seed-below-int64", sp(seed=-(2**63) - 1), "seed"),
     Case("seed-2^64", sp(seed=2**64), "seed"),
     Case("seed-word", sp(seed="abc"), "seed"),
     Case("seed-fraction", sp(seed=1.5), "seed"),
@@ -227,23 +268,36 @@ GUIDES = [
     Case("guide-missing-ebnf", guide("ebnf", None), "guided_decoding_guide"),
     Case("guide-missing-structural_tag", guide("structural_tag", None), "guided_decoding_guide"),
     Case("guide-without-type", {"guided_decoding_guide": "[a-z]+"}, "guided_decoding_guide_type"),
-    Case("guide-object", sp(guided_decoding_guide_type="regex", guided_decoding_guide={"a": 1}),
-         "guided_decoding_guide"),
+    Case(
+        "guide-object", sp(guided_decoding_guide_type="regex", guided_decoding_guide={"a": 1}), "guided_decoding_guide"
+    ),
     Case("guide-too-large", guide("regex", "x" * 300_000), "guided_decoding_guide"),
     Case("schema-not-json", guide("json_schema", "{not json"), "guided_decoding_guide"),
     Case("schema-type-5", guide("json_schema", '{"type": 5}'), "json_schema guide"),
     Case("schema-array", guide("json_schema", "[1, 2]"), "json_schema guide"),
     Case("schema-string", guide("json_schema", '"string"'), "json_schema guide"),
     Case("schema-ref-missing", guide("json_schema", '{"$ref": "#/definitions/missing"}'), "json_schema guide"),
-    Case("schema-ref-cycle", guide("json_schema", json.dumps(
-        {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}})),
-        "json_schema guide"),
-    Case("schema-properties-not-object", guide("json_schema", '{"type": "object", "properties": 3}'),
-         "json_schema guide"),
-    Case("schema-minLength-above-maxLength", guide("json_schema", '{"type": "string", "minLength": 5, "maxLength": 2}'),
-         "json_schema guide"),
-    Case("schema-integer-beyond-int64", guide("json_schema", '{"type": "integer", "minimum": -1e30}'),
-         "json_schema guide"),
+    Case(
+        "schema-ref-cycle",
+        guide(
+            "json_schema",
+            json.dumps({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}),
+        ),
+        "json_schema guide",
+    ),
+    Case(
+        "schema-properties-not-object", guide("json_schema", '{"type": "object", "properties": 3}'), "json_schema guide"
+    ),
+    Case(
+        "schema-minLength-above-maxLength",
+        guide("json_schema", '{"type": "string", "minLength": 5, "maxLength": 2}'),
+        "json_schema guide",
+    ),
+    Case(
+        "schema-integer-beyond-int64",
+        guide("json_schema", '{"type": "integer", "minimum": -1e30}'),
+        "json_schema guide",
+    ),
     Case("regex-unclosed", guide("regex", "("), "regex guide"),
     Case("regex-bad-range", guide("regex", "[z-a]"), "regex guide"),
     Case("regex-bad-repeat", guide("regex", "a{3,1}"), "regex guide"),
@@ -255,8 +309,11 @@ GUIDES = [
     Case("ebnf-nested-too-deep", guide("ebnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000), "ebnf guide"),
     Case("structural_tag-not-json", guide("structural_tag", "junk"), "guided_decoding_guide"),
     Case("structural_tag-no-format", guide("structural_tag", '{"foo": 1}'), "structural_tag guide"),
-    Case("structural_tag-unknown-format",
-         guide("structural_tag", '{"type": "structural_tag", "format": {"type": "x"}}'), "structural_tag guide"),
+    Case(
+        "structural_tag-unknown-format",
+        guide("structural_tag", '{"type": "structural_tag", "format": {"type": "x"}}'),
+        "structural_tag guide",
+    ),
     Case("structural_tag-array", guide("structural_tag", "[]"), "structural_tag guide"),
     Case("json-guide-text-given", guide("json", '{"type": "integer"}'), "guided_decoding_guide"),
     Case("json_object-guide-text-given", guide("json_object", '{"type": "string"}'), "guided_decoding_guide"),
@@ -270,13 +327,21 @@ GUIDES = [
     Case("guided_decoding-choice-not-a-list", sp(guided_decoding={"choice": "yes"}), "choice"),
     Case("schema-type-list-of-objects", guide("json_schema", '{"type": [{}]}'), "json_schema guide"),
     Case("schema-format-list", guide("json_schema", '{"type": "string", "format": ["date"]}'), "json_schema guide"),
-    Case("schema-integer-of-5000-digits", guide("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"),
-         "guided_decoding_guide"),
-    Case("structured_outputs-flag-not-boolean",
-         sp(structured_outputs={"json": {"type": "object"}, "disable_any_whitespace": "yes"}),
-         "disable_any_whitespace"),
-    Case("structured_outputs-and-guide-inputs", {**guide("regex", "a"), **sp(structured_outputs={"regex": "b"})},
-         "more than once"),
+    Case(
+        "schema-integer-of-5000-digits",
+        guide("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"),
+        "guided_decoding_guide",
+    ),
+    Case(
+        "structured_outputs-flag-not-boolean",
+        sp(structured_outputs={"json": {"type": "object"}, "disable_any_whitespace": "yes"}),
+        "disable_any_whitespace",
+    ),
+    Case(
+        "structured_outputs-and-guide-inputs",
+        {**guide("regex", "a"), **sp(structured_outputs={"regex": "b"})},
+        "more than once",
+    ),
 ]
 
 # ---- the model refuses: sampling_parameters, messages, the prompt, request parameters ------------------------
@@ -311,8 +376,9 @@ REQUEST = [
     Case("parameter-max_tokens-0", {"max_tokens": None}, "max_tokens", parameters={"max_tokens": 0}),
     Case("parameter-temperature-word", {}, "temperature", parameters={"temperature": "hot"}),
     Case("parameter-top_p-2", {}, "top_p", parameters={"top_p": 2.0}),
-    Case("parameter-sampling_parameters-not-json", {}, "sampling_parameters",
-         parameters={"sampling_parameters": "{oops"}),
+    Case(
+        "parameter-sampling_parameters-not-json", {}, "sampling_parameters", parameters={"sampling_parameters": "{oops"}
+    ),
 ]
 
 # ---- the model refuses: strings that are not UTF-8 ------------------------------------------------------------
@@ -332,8 +398,11 @@ BAD: list[Case] = WRONG_DTYPE + WRONG_SHAPE + VALUES + GUIDES + REQUEST + NOT_UT
 # Odd but valid: each must succeed (max_tokens larger than the context is cut by max_seq_len, not refused).
 ACCEPTED = [
     Accepted("max_tokens-int32-max", {"max_tokens": 2**31 - 1, **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
-    Accepted("max_tokens-1e12-in-sampling_parameters", {"max_tokens": None, **sp(max_tokens=10**12),
-                                                         **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
+    Accepted(
+        "max_tokens-1e12-in-sampling_parameters",
+        {"max_tokens": None, **sp(max_tokens=10**12), **guide("regex", "(yes|no)")},
+        finish_reasons=("stop",),
+    ),
     Accepted("max_tokens-as-string", {"max_tokens": None, **sp(max_tokens="2")}, finish_reasons=("length",)),
     Accepted("top_k--1-is-off", {"top_k": -1}),
     Accepted("num_draft_tokens--1-is-auto", {"num_draft_tokens": -1}),
@@ -341,18 +410,44 @@ ACCEPTED = [
     Accepted("stop-empty-list", {"stop": tensor("stop", [], "BYTES")}),
     Accepted("guide_type-upper-case", guide("REGEX", "(yes|no)")),
     Accepted("request-parameter-unknown-key-ignored", {}, parameters={"bogus": 1}),
-    Accepted("vllm-keys-implemented", sp(presence_penalty=0.5, frequency_penalty="0.2", repetition_penalty=1.1,
-                                         logit_bias={"5": -100}, stop_token_ids=[7], bad_words=["the"], logprobs=3)),
+    Accepted(
+        "vllm-keys-implemented",
+        sp(
+            presence_penalty=0.5,
+            frequency_penalty="0.2",
+            repetition_penalty=1.1,
+            logit_bias={"5": -100},
+            stop_token_ids=[7],
+            bad_words=["the"],
+            logprobs=3,
+        ),
+    ),
     Accepted("logprobs-false-is-none", sp(logprobs=False)),
     Accepted("seed-negative", {"seed": None, **sp(seed=-7, temperature=0.8)}),
-    Accepted("max_tokens-1e12-as-text", {"max_tokens": None, **sp(max_tokens=str(10**12)),
-                                         **guide("regex", "(yes|no)")}, finish_reasons=("stop",)),
+    Accepted(
+        "max_tokens-1e12-as-text",
+        {"max_tokens": None, **sp(max_tokens=str(10**12)), **guide("regex", "(yes|no)")},
+        finish_reasons=("stop",),
+    ),
     Accepted("temperature-1e-300-is-greedy", sp(temperature=1e-300)),
-    Accepted("structured_outputs-compact-json", {"max_tokens": 8, **sp(structured_outputs={
-        "json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "disable_any_whitespace": True,
-        "disable_additional_properties": True})}),
-    Accepted("structured_outputs-choice", {"max_tokens": 6, **sp(structured_outputs={"choice": ["yes", "no"]})},
-             finish_reasons=("stop",)),
+    Accepted(
+        "structured_outputs-compact-json",
+        {
+            "max_tokens": 8,
+            **sp(
+                structured_outputs={
+                    "json": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                    "disable_any_whitespace": True,
+                    "disable_additional_properties": True,
+                }
+            ),
+        },
+    ),
+    Accepted(
+        "structured_outputs-choice",
+        {"max_tokens": 6, **sp(structured_outputs={"choice": ["yes", "no"]})},
+        finish_reasons=("stop",),
+    ),
 ]
 
 assert len({c.id for c in BAD} | {a.id for a in ACCEPTED}) == len(BAD) + len(ACCEPTED), "duplicate case ids"

@@ -1,4 +1,5 @@
 """Session fixture `triton_server`: one real tritonserver per test session (see client/triton_server.py)."""
+
 from __future__ import annotations
 
 import os

@@ -55,6 +55,7 @@ tool-call parser found calls in the text), even for an output that ran out of to
 
 Each `FrontendRequest` below is the request for one OpenAI request body, `body`, given in its docstring.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,42 +67,118 @@ import numpy as np
 from triton_server import REPO
 
 MODEL = "llm"
-TOKENIZER = REPO / "models" / "SmolLM2-135M-Instruct"     # the frontend's --tokenizer (the served checkpoint)
-DEFAULT_MAX_TOKENS = 16                                  # the frontend's --default-max-tokens default
+TOKENIZER = REPO / "models" / "SmolLM2-135M-Instruct"  # the frontend's --tokenizer (the served checkpoint)
+DEFAULT_MAX_TOKENS = 16  # the frontend's --default-max-tokens default
 
 # The request models' fields in declaration order (schemas/openai.py) with their defaults: what model_dump keeps.
 # "float" fields are pydantic confloat: a value given as an integer is dumped as a float.
-_CHAT_FIELDS = (("messages", None), ("model", None), ("frequency_penalty", 0), ("ignore_eos", False),
-                ("logit_bias", None), ("logprobs", False), ("top_logprobs", None), ("max_completion_tokens", None),
-                ("max_tokens", None), ("min_tokens", None), ("n", 1), ("presence_penalty", 0),
-                ("response_format", None), ("seed", None), ("stop", None), ("stream", False),
-                ("stream_options", None), ("temperature", 0.7), ("top_p", 1), ("tools", None),
-                ("tool_choice", None), ("user", None), ("function_call", None), ("functions", None))
-_COMPLETION_FIELDS = (("model", None), ("prompt", None), ("best_of", 1), ("echo", False), ("frequency_penalty", 0),
-                      ("ignore_eos", False), ("logit_bias", None), ("logprobs", None), ("max_tokens", None),
-                      ("min_tokens", None), ("n", 1), ("presence_penalty", 0), ("seed", None), ("stop", None),
-                      ("stream", False), ("stream_options", None), ("suffix", None), ("temperature", 1),
-                      ("top_p", 1), ("user", None))
+_CHAT_FIELDS = (
+    ("messages", None),
+    ("model", None),
+    ("frequency_penalty", 0),
+    ("ignore_eos", False),
+    ("logit_bias", None),
+    ("logprobs", False),
+    ("top_logprobs", None),
+    ("max_completion_tokens", None),
+    ("max_tokens", None),
+    ("min_tokens", None),
+    ("n", 1),
+    ("presence_penalty", 0),
+    ("response_format", None),
+    ("seed", None),
+    ("stop", None),
+    ("stream", False),
+    ("stream_options", None),
+    ("temperature", 0.7),
+    ("top_p", 1),
+    ("tools", None),
+    ("tool_choice", None),
+    ("user", None),
+    ("function_call", None),
+    ("functions", None),
+)
+_COMPLETION_FIELDS = (
+    ("model", None),
+    ("prompt", None),
+    ("best_of", 1),
+    ("echo", False),
+    ("frequency_penalty", 0),
+    ("ignore_eos", False),
+    ("logit_bias", None),
+    ("logprobs", None),
+    ("max_tokens", None),
+    ("min_tokens", None),
+    ("n", 1),
+    ("presence_penalty", 0),
+    ("seed", None),
+    ("stop", None),
+    ("stream", False),
+    ("stream_options", None),
+    ("suffix", None),
+    ("temperature", 1),
+    ("top_p", 1),
+    ("user", None),
+)
 _FLOAT_FIELDS = {"frequency_penalty", "presence_penalty", "temperature", "top_p"}
 # what the vLLM format keeps out of sampling_parameters (or adds itself)
-_VLLM_EXCLUDES = {"model", "stream", "messages", "prompt", "echo", "store", "metadata", "response_format",
-                  "service_tier", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "user",
-                  "function_call", "functions", "suffix", "max_completion_tokens", "max_tokens", "logprobs",
-                  "top_logprobs", "best_of"}
+_VLLM_EXCLUDES = {
+    "model",
+    "stream",
+    "messages",
+    "prompt",
+    "echo",
+    "store",
+    "metadata",
+    "response_format",
+    "service_tier",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+    "function_call",
+    "functions",
+    "suffix",
+    "max_completion_tokens",
+    "max_tokens",
+    "logprobs",
+    "top_logprobs",
+    "best_of",
+}
 # vLLM's guide dataclasses, their fields in order with their defaults, as dataclasses.asdict writes them:
 # StructuredOutputsParams of current vLLM, the same with "disable_fallback" (earlier vLLM releases), and
 # GuidedDecodingParams, what the frontend sent before release 25.11 (under the key "guided_decoding")
-_STRUCTURED_OUTPUTS_FIELDS = (("json", None), ("regex", None), ("choice", None), ("grammar", None),
-                              ("json_object", None), ("disable_any_whitespace", False),
-                              ("disable_additional_properties", False), ("whitespace_pattern", None),
-                              ("structural_tag", None), ("_backend", None), ("_backend_was_auto", False))
-_STRUCTURED_OUTPUTS_FALLBACK_FIELDS = _STRUCTURED_OUTPUTS_FIELDS[:5] + (("disable_fallback", False),) \
-    + _STRUCTURED_OUTPUTS_FIELDS[5:]
-_GUIDED_DECODING_FIELDS = (("json", None), ("regex", None), ("choice", None), ("grammar", None),
-                           ("json_object", None), ("backend", None), ("backend_was_auto", False),
-                           ("disable_fallback", False), ("disable_any_whitespace", False),
-                           ("disable_additional_properties", False), ("whitespace_pattern", None),
-                           ("structural_tag", None))
+_STRUCTURED_OUTPUTS_FIELDS = (
+    ("json", None),
+    ("regex", None),
+    ("choice", None),
+    ("grammar", None),
+    ("json_object", None),
+    ("disable_any_whitespace", False),
+    ("disable_additional_properties", False),
+    ("whitespace_pattern", None),
+    ("structural_tag", None),
+    ("_backend", None),
+    ("_backend_was_auto", False),
+)
+_STRUCTURED_OUTPUTS_FALLBACK_FIELDS = (
+    _STRUCTURED_OUTPUTS_FIELDS[:5] + (("disable_fallback", False),) + _STRUCTURED_OUTPUTS_FIELDS[5:]
+)
+_GUIDED_DECODING_FIELDS = (
+    ("json", None),
+    ("regex", None),
+    ("choice", None),
+    ("grammar", None),
+    ("json_object", None),
+    ("backend", None),
+    ("backend_was_auto", False),
+    ("disable_fallback", False),
+    ("disable_any_whitespace", False),
+    ("disable_additional_properties", False),
+    ("whitespace_pattern", None),
+    ("structural_tag", None),
+)
 # releases: the frontend's vLLM format changed at 25.11 (structured_outputs instead of guided_decoding), at
 # 25.12 (logprobs handled, return_logprobs sent; before, the chat request's own "logprobs": false went into
 # sampling_parameters as it is) and at 26.01 (best_of kept out; before, completions carried "best_of": 1)
@@ -113,6 +190,7 @@ class FrontendRequest:
     """One OpenAI request (`body`, to `endpoint` "chat" or "completions") and the Triton request the frontend of
     `release` sends for it in its vLLM format: `inputs`, name -> numpy array of the exact dtype and shape (strings
     as object arrays of UTF-8 bytes); `prompt` is its text_input."""
+
     name: str
     endpoint: str
     body: dict
@@ -170,10 +248,17 @@ def chat_prompt(body: dict) -> str:
         conversation.append(msg)
     tools = None
     if body.get("tools") is not None:
-        tools = [{"type": t["type"], "function": {"description": t["function"].get("description"),
-                                                   "name": t["function"]["name"],
-                                                   "parameters": t["function"].get("parameters")}}
-                 for t in body["tools"]]
+        tools = [
+            {
+                "type": t["type"],
+                "function": {
+                    "description": t["function"].get("description"),
+                    "name": t["function"]["name"],
+                    "parameters": t["function"].get("parameters"),
+                },
+            }
+            for t in body["tools"]
+        ]
     return tokenizer().apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, tools=tools)
 
 
@@ -212,8 +297,11 @@ def _text(*values: str) -> np.ndarray:
 def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) -> dict[str, np.ndarray]:
     """The vLLM-format request (see the module docstring) of the frontend of `release` ("25.10" .. "26.07")."""
     fields = _CHAT_FIELDS if endpoint == "chat" else _COMPLETION_FIELDS
-    excludes = _VLLM_EXCLUDES - ({"best_of"} if release < "26.01" else set()) \
+    excludes = (
+        _VLLM_EXCLUDES
+        - ({"best_of"} if release < "26.01" else set())
         - ({"logprobs", "top_logprobs"} if release < "25.12" else set())
+    )
     sp: dict[str, Any] = {}
     for name, default in fields:
         value = body.get(name, default)
@@ -233,9 +321,13 @@ def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) 
         want_logprobs = True
     guided = _guided_json(body) if endpoint == "chat" else None
     if guided is not None:
-        key, layout = ("structured_outputs", _STRUCTURED_OUTPUTS_FIELDS) if release >= "25.12" else \
-            ("structured_outputs", _STRUCTURED_OUTPUTS_FALLBACK_FIELDS) if release == "25.11" else \
-            ("guided_decoding", _GUIDED_DECODING_FIELDS)
+        key, layout = (
+            ("structured_outputs", _STRUCTURED_OUTPUTS_FIELDS)
+            if release >= "25.12"
+            else ("structured_outputs", _STRUCTURED_OUTPUTS_FALLBACK_FIELDS)
+            if release == "25.11"
+            else ("guided_decoding", _GUIDED_DECODING_FIELDS)
+        )
         params = dict(layout)
         params["json"] = guided
         sp[key] = json.dumps(params)
@@ -266,18 +358,28 @@ COMPLETION_LOGPROBS_PROMPT = "The ocean covers"
 
 WEATHER_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
-TIME_SCHEMA = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
-               "required": ["zone"], "additionalProperties": False}
+TIME_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
-                                      "parameters": WEATHER_SCHEMA}},
-    {"type": "function", "function": {"name": "get_time", "description": "Current time in a time zone.",
-                                      "parameters": TIME_SCHEMA}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": WEATHER_SCHEMA},
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Current time in a time zone.", "parameters": TIME_SCHEMA},
+    },
 ]
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris right now, in celsius?"}]
 
@@ -291,130 +393,224 @@ def chat_basic() -> FrontendRequest:
 def chat_stream() -> FrontendRequest:
     """{"messages": PLANETS, "temperature": 0, "max_completion_tokens": 16, "stream": true,
     "stream_options": {"include_usage": true}}: the same answer as chat_basic, streamed, usage at the end."""
-    return frontend_request("chat_stream", "chat", {
-        "messages": PLANETS, "temperature": 0, "max_completion_tokens": 16, "stream": True,
-        "stream_options": {"include_usage": True}})
+    return frontend_request(
+        "chat_stream",
+        "chat",
+        {
+            "messages": PLANETS,
+            "temperature": 0,
+            "max_completion_tokens": 16,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
 
 
 def chat_stop() -> FrontendRequest:
     """{"messages": PLANETS, "temperature": 0, "max_tokens": 16, "stop": ["Mars", "Jupiter"]}."""
-    return frontend_request("chat_stop", "chat", {"messages": PLANETS, "temperature": 0, "max_tokens": 16,
-                                                  "stop": ["Mars", "Jupiter"]})
+    return frontend_request(
+        "chat_stop", "chat", {"messages": PLANETS, "temperature": 0, "max_tokens": 16, "stop": ["Mars", "Jupiter"]}
+    )
 
 
 def chat_seed() -> FrontendRequest:
     """{"messages": PLANETS, "seed": 1234, "max_completion_tokens": 12, "stream": true}: sampled at the chat
     default temperature 0.7, seeded (the same request twice gives the same text)."""
-    return frontend_request("chat_seed", "chat", {"messages": PLANETS, "seed": 1234, "max_completion_tokens": 12,
-                                                  "stream": True})
+    return frontend_request(
+        "chat_seed", "chat", {"messages": PLANETS, "seed": 1234, "max_completion_tokens": 12, "stream": True}
+    )
 
 
 def chat_penalties() -> FrontendRequest:
     """{"messages": PLANETS, "temperature": 0, "max_tokens": 16, "presence_penalty": 0.5, "frequency_penalty":
     0.5}."""
-    return frontend_request("chat_penalties", "chat", {"messages": PLANETS, "temperature": 0, "max_tokens": 16,
-                                                       "presence_penalty": 0.5, "frequency_penalty": 0.5})
+    return frontend_request(
+        "chat_penalties",
+        "chat",
+        {"messages": PLANETS, "temperature": 0, "max_tokens": 16, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+    )
 
 
 def chat_json_object() -> FrontendRequest:
     """{"messages": [...JSON please...], "temperature": 0, "max_tokens": 16, "response_format": {"type":
     "json_object"}}: the frontend drops response_format, so this is a plain chat request."""
-    return frontend_request("chat_json_object", "chat", {
-        "messages": [{"role": "user", "content": "Give a JSON object with the keys name and age."}],
-        "temperature": 0, "max_tokens": 16, "response_format": {"type": "json_object"}})
+    return frontend_request(
+        "chat_json_object",
+        "chat",
+        {
+            "messages": [{"role": "user", "content": "Give a JSON object with the keys name and age."}],
+            "temperature": 0,
+            "max_tokens": 16,
+            "response_format": {"type": "json_object"},
+        },
+    )
 
 
 def chat_named_tool(stream: bool = False) -> FrontendRequest:
     """{"messages": WEATHER_QUESTION, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name":
     "get_weather"}}, "temperature": 0, "max_tokens": 48, "stream": stream}: the output, guided by get_weather's
     parameters schema, is the call's arguments."""
-    return frontend_request("chat_named_tool_stream" if stream else "chat_named_tool", "chat", {
-        "messages": WEATHER_QUESTION, "tools": TOOLS, "temperature": 0, "max_tokens": 48, "stream": stream,
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    return frontend_request(
+        "chat_named_tool_stream" if stream else "chat_named_tool",
+        "chat",
+        {
+            "messages": WEATHER_QUESTION,
+            "tools": TOOLS,
+            "temperature": 0,
+            "max_tokens": 48,
+            "stream": stream,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+    )
 
 
 def chat_required_tool() -> FrontendRequest:
     """{"messages": WEATHER_QUESTION, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
     "max_tokens": 48}: the frontend forces the first tool, get_weather."""
-    return frontend_request("chat_required_tool", "chat", {
-        "messages": WEATHER_QUESTION, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
-        "max_tokens": 48})
+    return frontend_request(
+        "chat_required_tool",
+        "chat",
+        {"messages": WEATHER_QUESTION, "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 48},
+    )
 
 
 def chat_logprobs() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "top_logprobs": 3}."""
-    return frontend_request("chat_logprobs", "chat", {
-        "messages": [{"role": "user", "content": LOGPROBS_PROMPT}], "temperature": 0, "max_tokens": 6,
-        "logprobs": True, "top_logprobs": 3})
+    return frontend_request(
+        "chat_logprobs",
+        "chat",
+        {
+            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
+            "temperature": 0,
+            "max_tokens": 6,
+            "logprobs": True,
+            "top_logprobs": 3,
+        },
+    )
 
 
 def chat_logprobs_stream() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "stream": true}:
     no top_logprobs, so the frontend asks for 1."""
-    return frontend_request("chat_logprobs_stream", "chat", {
-        "messages": [{"role": "user", "content": LOGPROBS_PROMPT}], "temperature": 0, "max_tokens": 6,
-        "logprobs": True, "stream": True})
+    return frontend_request(
+        "chat_logprobs_stream",
+        "chat",
+        {
+            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
+            "temperature": 0,
+            "max_tokens": 6,
+            "logprobs": True,
+            "stream": True,
+        },
+    )
 
 
 def chat_logprobs_chosen_only() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "top_logprobs": 0}:
     sampling_parameters.logprobs 0, the chosen tokens' logprobs alone."""
-    return frontend_request("chat_logprobs_chosen_only", "chat", {
-        "messages": [{"role": "user", "content": LOGPROBS_PROMPT}], "temperature": 0, "max_tokens": 6,
-        "logprobs": True, "top_logprobs": 0})
+    return frontend_request(
+        "chat_logprobs_chosen_only",
+        "chat",
+        {
+            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
+            "temperature": 0,
+            "max_tokens": 6,
+            "logprobs": True,
+            "top_logprobs": 0,
+        },
+    )
 
 
 def completion_basic() -> FrontendRequest:
     """POST /v1/completions {"model": "llm", "prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8}."""
-    return frontend_request("completion_basic", "completions", {"prompt": COMPLETION_PROMPT, "temperature": 0,
-                                                                "max_tokens": 8})
+    return frontend_request(
+        "completion_basic", "completions", {"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8}
+    )
 
 
 def completion_stream() -> FrontendRequest:
     """{"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "stream": true, "stream_options":
     {"include_usage": true}}."""
-    return frontend_request("completion_stream", "completions", {
-        "prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "stream": True,
-        "stream_options": {"include_usage": True}})
+    return frontend_request(
+        "completion_stream",
+        "completions",
+        {
+            "prompt": COMPLETION_PROMPT,
+            "temperature": 0,
+            "max_tokens": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
 
 
 def completion_min_tokens() -> FrontendRequest:
     """{"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "min_tokens": 8, "ignore_eos": true}
     (min_tokens and ignore_eos are the frontend's extensions): exactly 8 tokens."""
-    return frontend_request("completion_min_tokens", "completions", {
-        "prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "min_tokens": 8, "ignore_eos": True})
+    return frontend_request(
+        "completion_min_tokens",
+        "completions",
+        {"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "min_tokens": 8, "ignore_eos": True},
+    )
 
 
 def completion_echo(stream: bool = False) -> FrontendRequest:
     """{"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "echo": true, "stream": stream}: the
     prompt comes back before the completion (exclude_input_in_output false)."""
-    return frontend_request("completion_echo_stream" if stream else "completion_echo", "completions", {
-        "prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "echo": True, "stream": stream})
+    return frontend_request(
+        "completion_echo_stream" if stream else "completion_echo",
+        "completions",
+        {"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, "echo": True, "stream": stream},
+    )
 
 
 def completion_logprobs(stream: bool = False) -> FrontendRequest:
     """{"prompt": COMPLETION_LOGPROBS_PROMPT, "temperature": 0, "max_tokens": 6, "logprobs": 2, "stream":
     stream}."""
-    return frontend_request("completion_logprobs_stream" if stream else "completion_logprobs", "completions", {
-        "prompt": COMPLETION_LOGPROBS_PROMPT, "temperature": 0, "max_tokens": 6, "logprobs": 2, "stream": stream})
+    return frontend_request(
+        "completion_logprobs_stream" if stream else "completion_logprobs",
+        "completions",
+        {"prompt": COMPLETION_LOGPROBS_PROMPT, "temperature": 0, "max_tokens": 6, "logprobs": 2, "stream": stream},
+    )
 
 
 def earlier_releases() -> list[FrontendRequest]:
     """Chat (plain and with a forced tool) and a completion as the frontend of 25.10 sends them (guided_decoding,
     GuidedDecodingParams; "logprobs": false and "best_of": 1 in sampling_parameters; no return_logprobs), and the
     forced tool as 25.11 sends it (structured_outputs with disable_fallback)."""
+
     def at(r: FrontendRequest, release: str) -> FrontendRequest:
         body = {k: v for k, v in r.body.items() if k != "model"}
         return frontend_request(f"{r.name}_{release.replace('.', '_')}", r.endpoint, body, release=release)
 
-    return [at(chat_basic(), "25.10"), at(chat_named_tool(), "25.10"), at(completion_basic(), "25.10"),
-            at(chat_named_tool(), "25.11")]
+    return [
+        at(chat_basic(), "25.10"),
+        at(chat_named_tool(), "25.10"),
+        at(completion_basic(), "25.10"),
+        at(chat_named_tool(), "25.11"),
+    ]
 
 
 def vllm_requests() -> list[FrontendRequest]:
     """Every vLLM-format request above."""
-    return [chat_basic(), chat_stream(), chat_stop(), chat_seed(), chat_penalties(), chat_json_object(),
-            chat_named_tool(), chat_named_tool(stream=True), chat_required_tool(), chat_logprobs(),
-            chat_logprobs_stream(), chat_logprobs_chosen_only(), completion_basic(), completion_stream(),
-            completion_min_tokens(), completion_echo(), completion_echo(stream=True), completion_logprobs(),
-            completion_logprobs(stream=True)]
+    return [
+        chat_basic(),
+        chat_stream(),
+        chat_stop(),
+        chat_seed(),
+        chat_penalties(),
+        chat_json_object(),
+        chat_named_tool(),
+        chat_named_tool(stream=True),
+        chat_required_tool(),
+        chat_logprobs(),
+        chat_logprobs_stream(),
+        chat_logprobs_chosen_only(),
+        completion_basic(),
+        completion_stream(),
+        completion_min_tokens(),
+        completion_echo(),
+        completion_echo(stream=True),
+        completion_logprobs(),
+        completion_logprobs(stream=True),
+    ]

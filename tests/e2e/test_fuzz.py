@@ -6,6 +6,7 @@ Every request ends with exactly one final response; none fails with an internal 
 of internal errors does not move); every run of the reference stream is token-identical to its run alone.
 SPECGRAM_FUZZ_SEED picks the requests (default: a fixed seed; any seed must pass), SPECGRAM_FUZZ_N how many.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from triton_server import REPO, metric_total
 SEED = int(os.environ.get("SPECGRAM_FUZZ_SEED", "20261203"))
 N = int(os.environ.get("SPECGRAM_FUZZ_N", "240"))
 WORKERS = 6
-REFERENCE = {"text_input": "Describe the water cycle in detail.", "apply_chat_template": True, "stream": True,
-             "max_tokens": 96, "ignore_eos": True, "temperature": 0.0}
+REFERENCE = {
+    "text_input": "Describe the water cycle in detail.",
+    "apply_chat_template": True,
+    "stream": True,
+    "max_tokens": 96,
+    "ignore_eos": True,
+    "temperature": 0.0,
+}
 BIG = 10**20
 
 
@@ -35,14 +42,27 @@ def _digits() -> list[int]:
     return [tok.convert_tokens_to_ids(d) for d in "0123456789"]
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
-          "required": ["name", "n"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+}
 GUIDES = [
-    ("json_schema", json.dumps(SCHEMA)), ("json_schema", '{"type": [{}]}'),
-    ("json_schema", '{"type": "string", "format": ["date"]}'), ("json_schema", "{not json"),
-    ("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"), ("json", ""), ("regex", "[0-9]{3}x"),
-    ("regex", "(yes|no)"), ("regex", "("), ("choice", '["red", "green"]'), ("choice", "[]"),
-    ("ebnf", 'root ::= "a" | "b"'), ("ebnf", "root ::= bar"), ("structural_tag", "junk"), ("yaml", "a: b"),
+    ("json_schema", json.dumps(SCHEMA)),
+    ("json_schema", '{"type": [{}]}'),
+    ("json_schema", '{"type": "string", "format": ["date"]}'),
+    ("json_schema", "{not json"),
+    ("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"),
+    ("json", ""),
+    ("regex", "[0-9]{3}x"),
+    ("regex", "(yes|no)"),
+    ("regex", "("),
+    ("choice", '["red", "green"]'),
+    ("choice", "[]"),
+    ("ebnf", 'root ::= "a" | "b"'),
+    ("ebnf", "root ::= bar"),
+    ("structural_tag", "junk"),
+    ("yaml", "a: b"),
 ]
 # each option's values: (valid, hostile), the hostile of every JSON type and magnitude
 VALUES = {
@@ -64,10 +84,12 @@ VALUES = {
     "bad_words": ([["the"], ["a", "e"], "the"], [[""], ["x" * 2000]]),
     "allowed_token_ids": ([[1, 2, 3], "DIGITS"], [[], [BIG], [-1]]),
     "logprobs": ([0, 3, True, False], [21, "many"]),
-    "n": ([1], [2]), "best_of": ([1], [3]), "min_p": ([0], [0.1]),
+    "n": ([1], [2]),
+    "best_of": ([1], [3]),
+    "min_p": ([0], [0.1]),
 }
-PROMPTS = (["Hi", "Write a haiku about rain.", "¿Qué tal? 你好 🚀", "{\"a\": ", "\x00\x01"], ["", "word " * 3000])
-HOSTILE = 0.15          # the share of values (and prompts) drawn from the hostile side
+PROMPTS = (["Hi", "Write a haiku about rain.", "¿Qué tal? 你好 🚀", '{"a": ', "\x00\x01"], ["", "word " * 3000])
+HOSTILE = 0.15  # the share of values (and prompts) drawn from the hostile side
 
 
 def _draw(rng: random.Random, pools: tuple[list, list]):
@@ -91,26 +113,27 @@ def make_request(rng: random.Random, digits: list[int]) -> tuple[dict, dict | No
     if rng.random() < 0.3:
         inputs["apply_chat_template"] = True
     where = rng.random()
-    if where < 0.7:                                       # all in sampling_parameters, as vLLM clients send them
+    if where < 0.7:  # all in sampling_parameters, as vLLM clients send them
         inputs["sampling_parameters"] = json.dumps(options)
         return inputs, None
-    if where < 0.85:                                      # as request parameters (HTTP generate's spare keys)
+    if where < 0.85:  # as request parameters (HTTP generate's spare keys)
         return inputs, {k: _parameter(v) for k, v in options.items() if k not in ("n", "best_of", "min_p")}
-    inputs["sampling_parameters"] = json.dumps(options)   # ... or beside a type-correct input that disagrees
+    inputs["sampling_parameters"] = json.dumps(options)  # ... or beside a type-correct input that disagrees
     inputs["max_tokens"] = rng.choice([1, 5])
     return inputs, None
 
 
 def _parameter(value):
     """A gRPC request parameter carries a bool, an int64, a double or a string: anything else goes as JSON text."""
-    if isinstance(value, (bool, float, str)) or (isinstance(value, int) and -2**63 <= value < 2**63):
+    if isinstance(value, (bool, float, str)) or (isinstance(value, int) and -(2**63) <= value < 2**63):
         return value
     return json.dumps(value)
 
 
 def internal_errors(server) -> float:
-    return metric_total(requests.get(server.metrics_url, timeout=30).text, "specgram_request_errors_total",
-                        kind="internal")
+    return metric_total(
+        requests.get(server.metrics_url, timeout=30).text, "specgram_request_errors_total", kind="internal"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +143,7 @@ def reference(triton_server) -> list[int]:
     return ids_of(responses)
 
 
-def test_a_fuzz_of_the_contract_leaves_no_internal_error_and_the_reference_stream_identical(triton_server,
-                                                                                              reference):
+def test_a_fuzz_of_the_contract_leaves_no_internal_error_and_the_reference_stream_identical(triton_server, reference):
     rng = random.Random(SEED)
     digits = _digits()
     cases = [make_request(rng, digits) for _ in range(N)]
@@ -159,7 +181,7 @@ def test_a_fuzz_of_the_contract_leaves_no_internal_error_and_the_reference_strea
     outcome = {"errors": sum(bool(errors_of(a)) for a in answers), "ok": sum(not errors_of(a) for a in answers)}
     print(f"fuzz seed {SEED}: {N} requests, {outcome}, reference runs {len(reference_runs)}")
     assert not problems, problems[:5]
-    assert outcome["ok"] >= N // 10 and outcome["errors"] >= N // 10, outcome   # the fuzz reaches both sides
+    assert outcome["ok"] >= N // 10 and outcome["errors"] >= N // 10, outcome  # the fuzz reaches both sides
     assert reference_runs and all(run == reference for run in reference_runs)
     assert internal_errors(triton_server) == before
     after = stream_infer(triton_server.grpc_url, REFERENCE)
@@ -171,9 +193,19 @@ def test_a_guide_left_without_tokens_ends_that_request_alone(triton_server, refe
     """Regex [0-9]{3}x with only the digit tokens allowed: three digits, then nothing may follow. The request gets
     its digits and one error saying why; the reference stream beside it is as alone."""
     digits = _digits()
-    bad = {"text_input": "Give me a code.", "stream": True, "sampling_parameters": json.dumps(
-        {"allowed_token_ids": digits, "max_tokens": 16, "drafter": drafter, "num_draft_tokens": k,
-         "structured_outputs": {"regex": "[0-9]{3}x"}})}
+    bad = {
+        "text_input": "Give me a code.",
+        "stream": True,
+        "sampling_parameters": json.dumps(
+            {
+                "allowed_token_ids": digits,
+                "max_tokens": 16,
+                "drafter": drafter,
+                "num_draft_tokens": k,
+                "structured_outputs": {"regex": "[0-9]{3}x"},
+            }
+        ),
+    }
     with ThreadPoolExecutor(4) as pool:
         good = pool.submit(stream_infer, triton_server.grpc_url, REFERENCE)
         answers = list(pool.map(lambda _: stream_infer(triton_server.grpc_url, bad), range(3)))

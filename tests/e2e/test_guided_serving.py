@@ -1,6 +1,7 @@
 """Guided decoding through the real tritonserver with the default model: JSON-schema outputs on JME schemas
 parse and validate (jsonschema), regex, EBNF and json outputs match, bad guides (a keyword the grammar engine would
 not enforce among them) fail alone. Every guide here compiles in the server's worker processes."""
+
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +12,18 @@ from jme import load_jme
 
 
 def guided(server, prompt, kind, guide, max_tokens=200, **extra):
-    return stream_infer(server.grpc_url, {
-        "text_input": prompt, "apply_chat_template": True, "stream": True, "max_tokens": max_tokens,
-        "guided_decoding_guide_type": kind, "guided_decoding_guide": guide, **extra})
+    return stream_infer(
+        server.grpc_url,
+        {
+            "text_input": prompt,
+            "apply_chat_template": True,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "guided_decoding_guide_type": kind,
+            "guided_decoding_guide": guide,
+            **extra,
+        },
+    )
 
 
 def test_json_schema_outputs_validate(triton_server):
@@ -22,8 +32,9 @@ def test_json_schema_outputs_validate(triton_server):
 
     def one(case):
         name, schema, data = case
-        prompt = (f"Extract the record as JSON matching the schema.\nRecord: {json.dumps(data)}\n"
-                  f"Schema: {json.dumps(schema)}")
+        prompt = (
+            f"Extract the record as JSON matching the schema.\nRecord: {json.dumps(data)}\nSchema: {json.dumps(schema)}"
+        )
         return guided(triton_server, prompt, "json_schema", json.dumps(schema), 256)
 
     with ThreadPoolExecutor(len(cases)) as pool:
@@ -45,8 +56,14 @@ def test_regex_and_ebnf_outputs_match(triton_server):
     e = guided(triton_server, "List three colors.", "ebnf", ebnf, 40)
     assert last_value(e, "finish_reason") == "stop", text_of(e)
     assert re.fullmatch(r"\[(red|green|blue|yellow)(, (red|green|blue|yellow)){0,2}\]", text_of(e)), text_of(e)
-    j = guided(triton_server, 'Repeat this JSON object exactly: {"name": "Tom", "animal": "cat"}', "json", "", 60,
-               num_draft_tokens=0)
+    j = guided(
+        triton_server,
+        'Repeat this JSON object exactly: {"name": "Tom", "animal": "cat"}',
+        "json",
+        "",
+        60,
+        num_draft_tokens=0,
+    )
     assert last_value(j, "finish_reason") == "stop", text_of(j)
     assert isinstance(json.loads(text_of(j)), dict), text_of(j)
 
@@ -65,9 +82,13 @@ def test_speculation_under_a_grammar_is_exact(triton_server):
 def test_bad_guides_fail_alone_next_to_a_good_stream(triton_server):
     good_inputs = {"text_input": "Name a fruit.", "apply_chat_template": True, "stream": True, "max_tokens": 16}
     solo = ids_of(stream_infer(triton_server.grpc_url, good_inputs))
-    bad = [("json_schema", '{"type": "nonsense"}', "nonsense"), ("regex", "([a-z", "regex"),
-           ("yaml", "a: b", "yaml"), ("json_schema", "{not json", "JSON"),
-           ("json_schema", '{"type": "array", "items": {}, "uniqueItems": true}', "uniqueItems")]
+    bad = [
+        ("json_schema", '{"type": "nonsense"}', "nonsense"),
+        ("regex", "([a-z", "regex"),
+        ("yaml", "a: b", "yaml"),
+        ("json_schema", "{not json", "JSON"),
+        ("json_schema", '{"type": "array", "items": {}, "uniqueItems": true}', "uniqueItems"),
+    ]
     with ThreadPoolExecutor(len(bad) + 1) as pool:
         good = pool.submit(stream_infer, triton_server.grpc_url, good_inputs)
         futures = [pool.submit(guided, triton_server, "hi", kind, guide, 10) for kind, guide, _ in bad]
@@ -85,8 +106,14 @@ def test_choice_guides_answer_with_one_of_the_choices(triton_server):
     prompt = "What is the capital of France?"
     by_type = guided(triton_server, prompt, "choice", json.dumps(choices), 20)
     for name in ("structured_outputs", "guided_decoding"):
-        by_dict = stream_infer(triton_server.grpc_url, {
-            "text_input": prompt, "apply_chat_template": True, "stream": True,
-            "sampling_parameters": json.dumps({"max_tokens": 20, name: {"choice": choices, "backend": "xgrammar"}})})
+        by_dict = stream_infer(
+            triton_server.grpc_url,
+            {
+                "text_input": prompt,
+                "apply_chat_template": True,
+                "stream": True,
+                "sampling_parameters": json.dumps({"max_tokens": 20, name: {"choice": choices, "backend": "xgrammar"}}),
+            },
+        )
         assert ids_of(by_dict) == ids_of(by_type)
     assert last_value(by_type, "finish_reason") == "stop" and text_of(by_type) in choices, text_of(by_type)

@@ -3,6 +3,7 @@ model (its requests refused once it is gone, its Python stub process and that pr
 same greedy output once it is loaded again); two models of this kind with different settings in one server,
 served at once, each with its own settings and its own metric series; unloading one leaves the other serving;
 and the server stops cleanly at the end."""
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,12 @@ A_MAX_TOKENS, B_MAX_TOKENS = 12, 5
 # llm_b: fewer KV slots, a shorter default output and no speculation, so that each setting shows in its outputs
 # and gauges; greedy output is the same with speculation on or off, so llm_b's output is the start of llm's.
 A_SETTINGS = {"default_max_tokens": str(A_MAX_TOKENS)}
-B_SETTINGS = {"max_slots": "2", "default_max_tokens": str(B_MAX_TOKENS), "default_num_draft_tokens": "0",
-              "default_num_draft_tokens_guided": "0"}
+B_SETTINGS = {
+    "max_slots": "2",
+    "default_max_tokens": str(B_MAX_TOKENS),
+    "default_num_draft_tokens": "0",
+    "default_num_draft_tokens_guided": "0",
+}
 PROMPTS = ["Name a colour.", "Count to five.", "Say hello in French."]
 
 
@@ -80,7 +85,7 @@ def process_tree(pid: int) -> set[int]:
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:          # the process ended while we looked
+        except OSError:  # the process ended while we looked
             continue
         if not fields.get("State", "").startswith("Z"):
             parents[int(status.parent.name)] = int(fields.get("PPid", "0"))
@@ -97,8 +102,9 @@ def alive(pids: set[int]) -> set[int]:
     live = set()
     for pid in pids:
         try:
-            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                         if line.startswith("State:"))
+            state = next(
+                line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:")
+            )
         except (OSError, StopIteration):
             continue
         if "Z" not in state.split(":", 1)[1].split()[0]:
@@ -108,8 +114,9 @@ def alive(pids: set[int]) -> set[int]:
 
 def served(server, model: str, prompt: str = PROMPTS[0], on_response=None, **more) -> list[int]:
     """A request to `model` that must succeed: its output ids."""
-    responses = stream_infer(server.grpc_url, request(prompt, **more), model=model, timeout=120,
-                             on_response=on_response)
+    responses = stream_infer(
+        server.grpc_url, request(prompt, **more), model=model, timeout=120, on_response=on_response
+    )
     assert not errors_of(responses), errors_of(responses)
     assert text_of(responses), responses
     return ids_of(responses)
@@ -122,13 +129,17 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("model-management")
     repo = model_repository_with(A_SETTINGS, root / "repository")
     add_model_copy(repo, B, B_SETTINGS, root / "staging")
-    server = TritonServer(model_repository=repo, model=A, log_path=root / "tritonserver.log",
-                          extra_args=["--model-control-mode=explicit", f"--load-model={A}"])
+    server = TritonServer(
+        model_repository=repo,
+        model=A,
+        log_path=root / "tritonserver.log",
+        extra_args=["--model-control-mode=explicit", f"--load-model={A}"],
+    )
     server.start()
     try:
         yield server
     finally:
-        server.stop()           # the last test has stopped it already when it ran
+        server.stop()  # the last test has stopped it already when it ran
 
 
 def test_load_then_unload_ends_the_stub_refuses_requests_and_a_reload_serves_the_same_ids(server):
@@ -140,14 +151,15 @@ def test_load_then_unload_ends_the_stub_refuses_requests_and_a_reload_serves_the
     assert len(before) == B_MAX_TOKENS
     stub = stub_of(server, B)
     tree = process_tree(stub)
-    assert len(tree) > 1, tree          # the grammar-compile processes start with the model
+    assert len(tree) > 1, tree  # the grammar-compile processes start with the model
 
     # Unloading with a stream open on the model: Triton unloads it once the stream has ended, which it does in
     # full (32 tokens, the first 5 those above).
     streaming = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        open_stream = pool.submit(served, server, B, PROMPTS[0], on_response=lambda _: streaming.set(),
-                                  max_tokens=32, stream=True)
+        open_stream = pool.submit(
+            served, server, B, PROMPTS[0], on_response=lambda _: streaming.set(), max_tokens=32, stream=True
+        )
         assert streaming.wait(120)
         r = post(server, f"models/{B}/unload")
         assert r.status_code == 200, r.text
@@ -163,7 +175,7 @@ def test_load_then_unload_ends_the_stub_refuses_requests_and_a_reload_serves_the
     assert wait_for(lambda: not instances(metrics(server), B)), instances(metrics(server), B)
     index = post(server, "index").json()
     assert {m["name"]: m.get("state") for m in index}[B] == "UNAVAILABLE", index
-    assert served(server, A, PROMPTS[0])[:B_MAX_TOKENS] == before   # the other model serves on
+    assert served(server, A, PROMPTS[0])[:B_MAX_TOKENS] == before  # the other model serves on
 
     r = post(server, f"models/{B}/load")
     assert r.status_code == 200, r.text
@@ -172,13 +184,13 @@ def test_load_then_unload_ends_the_stub_refuses_requests_and_a_reload_serves_the
 
 
 def test_two_models_serve_at_once_with_their_own_settings_and_series(server):
-    r = post(server, f"models/{B}/load")        # loaded already when the test above ran: then nothing changes
+    r = post(server, f"models/{B}/load")  # loaded already when the test above ran: then nothing changes
     assert r.status_code == 200, r.text
     text = metrics(server)
     generated = {m: metric_total(text, "specgram_generated_tokens_total", model=m) for m in (A, B)}
     finished = {m: metric_total(text, "specgram_requests_total", model=m, finish_reason="length") for m in (A, B)}
     assert metric_total(text, "specgram_kv_slots", model=A) == 8
-    assert metric_total(text, "specgram_kv_slots", model=B) == 2      # B_SETTINGS' max_slots
+    assert metric_total(text, "specgram_kv_slots", model=B) == 2  # B_SETTINGS' max_slots
 
     # Both models at once: three requests to llm, four to llm_b (more than its two KV slots: some wait).
     jobs = [(A, p) for p in PROMPTS] + [(B, p) for p in PROMPTS] + [(B, PROMPTS[0])]
@@ -187,15 +199,21 @@ def test_two_models_serve_at_once_with_their_own_settings_and_series(server):
     by_prompt = {p: ids for (model, p), ids in zip(jobs, outputs, strict=True) if model == A}
     for (model, prompt), ids in zip(jobs, outputs, strict=True):
         assert len(ids) == (A_MAX_TOKENS if model == A else B_MAX_TOKENS), (model, prompt, ids)
-        assert ids == by_prompt[prompt][:len(ids)], (model, prompt)   # greedy: the same tokens on both models
+        assert ids == by_prompt[prompt][: len(ids)], (model, prompt)  # greedy: the same tokens on both models
 
     # Each model's counters count its own tokens and requests, and each has one instance of its own.
     made = {m: sum(len(ids) for (model, _), ids in zip(jobs, outputs, strict=True) if model == m) for m in (A, B)}
+
     def counted() -> dict:
         text = metrics(server)
-        return {m: (metric_total(text, "specgram_generated_tokens_total", model=m) - generated[m],
-                    metric_total(text, "specgram_requests_total", model=m, finish_reason="length") - finished[m])
-                for m in (A, B)}
+        return {
+            m: (
+                metric_total(text, "specgram_generated_tokens_total", model=m) - generated[m],
+                metric_total(text, "specgram_requests_total", model=m, finish_reason="length") - finished[m],
+            )
+            for m in (A, B)
+        }
+
     expected = {m: (made[m], sum(model == m for model, _ in jobs)) for m in (A, B)}
     assert wait_for(lambda: counted() == expected, polls=100), (counted(), expected)
     text = metrics(server)

@@ -1,6 +1,7 @@
 """Model management in explicit model-control mode: reloading the model while the server runs (the new instance
 loads before the old one unloads) serves the requests after it and stops cleanly, twice in a row. Metrics keep
 one series per instance, so the old instance's unload frees nothing the new one uses."""
+
 import re
 import time
 
@@ -10,7 +11,7 @@ from collect import errors_of, ids_of, stream_infer
 from triton_server import TritonServer, model_repository_with
 
 REQUEST = {"text_input": "Name a colour.", "max_tokens": 8, "ignore_eos": True}
-CLOSE = {"Connection": "close"}         # no idle HTTP connection for the server to wait out when it stops
+CLOSE = {"Connection": "close"}  # no idle HTTP connection for the server to wait out when it stops
 
 
 def instances(server) -> set[str]:
@@ -31,8 +32,11 @@ def wait_for(condition, polls: int = 600) -> bool:
 @pytest.fixture
 def explicit_server(tmp_path):
     repo = model_repository_with({}, tmp_path / "repository")
-    server = TritonServer(model_repository=repo, log_path=tmp_path / "tritonserver.log",
-                          extra_args=["--model-control-mode=explicit", "--load-model=llm"])
+    server = TritonServer(
+        model_repository=repo,
+        log_path=tmp_path / "tritonserver.log",
+        extra_args=["--model-control-mode=explicit", "--load-model=llm"],
+    )
     server.start()
     try:
         yield server, repo
@@ -47,13 +51,16 @@ def test_reloading_the_model_serves_on_and_stops_cleanly(explicit_server):
     config = repo / "llm" / "config.pbtxt"
     for i in range(2):
         # a changed setting: load reloads the model
-        config.write_text(re.sub(r'(key: "max_waiting_requests", value: \{ string_value: ")[^"]*', rf"\g<1>{40 + i}",
-                                 config.read_text()))
+        config.write_text(
+            re.sub(
+                r'(key: "max_waiting_requests", value: \{ string_value: ")[^"]*', rf"\g<1>{40 + i}", config.read_text()
+            )
+        )
         r = requests.post(f"{server.http_url}/v2/repository/models/llm/load", timeout=300, headers=CLOSE)
         assert r.status_code == 200, r.text
         after = stream_infer(server.grpc_url, REQUEST, timeout=60)
         assert not errors_of(after) and ids_of(after) == ids_of(first)
-        assert wait_for(lambda: len(instances(server)) == 1), instances(server)   # the old one's left with it
+        assert wait_for(lambda: len(instances(server)) == 1), instances(server)  # the old one's left with it
     process = server.process
     server.stop()
     log = server.log_tail(400)

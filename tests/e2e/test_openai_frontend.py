@@ -3,6 +3,7 @@ go through the real tritonserver over gRPC streams, and the responses are read t
 (`frontend_answer` below follows engine/triton_engine.py and engine/utils/triton.py of its 26.07 release):
 text without the prompt, `usage` equal to the real token counts, tool-call arguments that parse and satisfy the
 tool's schema, logprobs where asked, the frontend's finish_reason. docs/openai.md says how to run it."""
+
 from __future__ import annotations
 
 import json
@@ -36,13 +37,15 @@ VLLM = vllm_requests() + earlier_releases()
 
 # ---- what the frontend makes of the responses ---------------------------------------------------------------
 
+
 @dataclass
 class Answer:
     """The OpenAI answer the frontend builds from a request's responses (one choice)."""
-    content: str = ""                                   # message.content / text, a stream's deltas joined
+
+    content: str = ""  # message.content / text, a stream's deltas joined
     tool_calls: list[dict] = field(default_factory=list)  # [{"name", "arguments"}] for a forced tool
     finish_reasons: list = field(default_factory=list)  # per chunk sent (one for a non-streaming answer)
-    logprobs: list = field(default_factory=list)        # per chunk: chat content list / completion Logprobs
+    logprobs: list = field(default_factory=list)  # per chunk: chat content list / completion Logprobs
     usage: dict | None = None
 
 
@@ -60,8 +63,12 @@ def _usage(resp: dict) -> tuple[int, int] | None:
     """(prompt, completion) tokens of one response: both outputs present, each UINT32 or INT32 (read as its
     first element), else nothing."""
     n_in, n_out = resp["outputs"].get("num_input_tokens"), resp["outputs"].get("num_output_tokens")
-    if n_in is None or n_out is None or n_in.dtype not in (np.uint32, np.int32) \
-            or n_out.dtype not in (np.uint32, np.int32):
+    if (
+        n_in is None
+        or n_out is None
+        or n_in.dtype not in (np.uint32, np.int32)
+        or n_out.dtype not in (np.uint32, np.int32)
+    ):
         return None
     return int(n_in.reshape(-1)[0]), int(n_out.reshape(-1)[0])
 
@@ -90,10 +97,21 @@ def _chat_logprobs(data: list | None) -> list[dict] | None:
             continue
         ranked = _by_rank(token)
         chosen = ranked[0][1]
-        out.append({"token": chosen["decoded_token"], "logprob": chosen["logprob"],
-                    "bytes": list(chosen["decoded_token"].encode("utf-8")),
-                    "top_logprobs": [{"token": d["decoded_token"], "logprob": d["logprob"],
-                                      "bytes": list(d["decoded_token"].encode("utf-8"))} for _, d in ranked]})
+        out.append(
+            {
+                "token": chosen["decoded_token"],
+                "logprob": chosen["logprob"],
+                "bytes": list(chosen["decoded_token"].encode("utf-8")),
+                "top_logprobs": [
+                    {
+                        "token": d["decoded_token"],
+                        "logprob": d["logprob"],
+                        "bytes": list(d["decoded_token"].encode("utf-8")),
+                    }
+                    for _, d in ranked
+                ],
+            }
+        )
     return out
 
 
@@ -123,8 +141,9 @@ def frontend_answer(req: FrontendRequest, responses: list[dict]) -> Answer:
     want_logprobs = bool(req.body.get("logprobs")) if chat else (req.body.get("logprobs") or 0) > 0
     answer = Answer()
     if not req.stream:
-        assert 1 <= len(responses) <= 2 and responses[-1]["final"], \
+        assert 1 <= len(responses) <= 2 and responses[-1]["final"], (
             f"{req.name}: a non-streaming request must end in 1 or 2 responses, the last final: {len(responses)}"
+        )
         resp = responses[0]
         text = _one_string(resp, "text_output") or ""
         if req.tool_name:
@@ -165,12 +184,13 @@ def frontend_answer(req: FrontendRequest, responses: list[dict]) -> Answer:
 
 # ---- sending ------------------------------------------------------------------------------------------------
 
+
 def send(server, req: FrontendRequest) -> list[dict]:
     """The request's tensors exactly as built (dtype and shape), and nothing else, over a gRPC stream."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
-    inputs = {name: None for name in ASK}          # stream_infer's own switches: not sent unless the request has them
+    inputs = {name: None for name in ASK}  # stream_infer's own switches: not sent unless the request has them
     for name, arr in req.inputs.items():
         inputs[name] = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         inputs[name].set_data_from_numpy(arr)
@@ -200,11 +220,15 @@ def output_text(answer: Answer) -> str:
 
 # ---- every request ------------------------------------------------------------------------------------------
 
+
 def _check_served(req: FrontendRequest, responses: list[dict]) -> Answer:
     answer = frontend_answer(req, responses)
     ids = ids_of(responses)
-    expected = {"prompt_tokens": prompt_tokens(req), "completion_tokens": len(ids),
-                "total_tokens": prompt_tokens(req) + len(ids)}
+    expected = {
+        "prompt_tokens": prompt_tokens(req),
+        "completion_tokens": len(ids),
+        "total_tokens": prompt_tokens(req) + len(ids),
+    }
     assert answer.usage == expected, f"{req.name}: usage {answer.usage}, real counts {expected}"
     max_tokens = req.sampling_parameters.get("max_tokens") or int(req.inputs["max_tokens"].reshape(-1)[0])
     assert 0 < len(ids) <= max_tokens
@@ -233,6 +257,7 @@ def test_vllm_format_request_is_served(served, req):
 
 # ---- what the answers say -----------------------------------------------------------------------------------
 
+
 def test_streamed_chat_is_the_non_streaming_answer(served):
     whole, streamed = served(chat_basic()), served(chat_stream())
     assert ids_of(streamed) == ids_of(whole)
@@ -242,15 +267,14 @@ def test_streamed_chat_is_the_non_streaming_answer(served):
 def test_streamed_completion_is_the_non_streaming_answer(served):
     whole, streamed = served(completion_basic()), served(completion_stream())
     assert ids_of(streamed) == ids_of(whole)
-    assert frontend_answer(completion_stream(), streamed).content == \
-        frontend_answer(completion_basic(), whole).content
+    assert frontend_answer(completion_stream(), streamed).content == frontend_answer(completion_basic(), whole).content
 
 
 def test_stop_strings_end_the_answer(served):
     full = frontend_answer(chat_basic(), served(chat_basic())).content
     stopped = frontend_answer(chat_stop(), served(chat_stop())).content
     cuts = [full.find(s) for s in chat_stop().body["stop"] if s in full]
-    assert stopped == (full[:min(cuts)] if cuts else full)
+    assert stopped == (full[: min(cuts)] if cuts else full)
     assert not any(s in stopped for s in chat_stop().body["stop"])
 
 
@@ -258,7 +282,7 @@ def test_seeded_sampling_repeats(triton_server, served):
     first = served(chat_seed())
     again = send(triton_server, chat_seed())
     assert ids_of(again) == ids_of(first)
-    assert chat_seed().sampling_parameters["temperature"] == 0.7     # sampled, not greedy
+    assert chat_seed().sampling_parameters["temperature"] == 0.7  # sampled, not greedy
 
 
 def test_json_object_response_format_is_a_plain_request(served):
@@ -268,8 +292,12 @@ def test_json_object_response_format_is_a_plain_request(served):
     _check_served(req, served(req))
 
 
-@pytest.mark.parametrize("req", [chat_named_tool(), chat_named_tool(stream=True), chat_required_tool()]
-                         + [r for r in earlier_releases() if r.tool_name], ids=lambda r: r.name)
+@pytest.mark.parametrize(
+    "req",
+    [chat_named_tool(), chat_named_tool(stream=True), chat_required_tool()]
+    + [r for r in earlier_releases() if r.tool_name],
+    ids=lambda r: r.name,
+)
 def test_forced_tool_arguments_are_json_of_its_schema(served, req):
     """Named and "required" tool choice: structured_outputs.json (the tool's parameters schema) guides the output,
     which the frontend returns as the call's arguments."""
@@ -298,7 +326,7 @@ def _check_vllm_logprobs(req: FrontendRequest, responses: list[dict]) -> None:
             assert all(isinstance(d["logprob"], float) and d["logprob"] <= 0 for _, d in ranked)
             assert [d["logprob"] for _, d in ranked] == sorted((d["logprob"] for _, d in ranked), reverse=True)
             assert all(isinstance(d["decoded_token"], str) for _, d in ranked)
-            if token_id not in tokenizer().all_special_ids:      # EOS is counted, but not in the text
+            if token_id not in tokenizer().all_special_ids:  # EOS is counted, but not in the text
                 decoded.append(entry[str(token_id)]["decoded_token"])
     assert "".join(decoded) == output_text(frontend_answer(req, responses))
 

@@ -1,5 +1,6 @@
 """Operating the served model through the real tritonserver: Triton's per-request timeout, the load gauges on
 the metrics port, and stopping the server (the last test of a session: it stops the session's server)."""
+
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,16 +18,21 @@ LONG = {"text_input": "Tell a long story.", "stream": True, "ignore_eos": True}
 def gauges(server) -> dict[str, float]:
     """The specgram gauges on the metrics port: name -> value."""
     text = requests.get(server.metrics_url, timeout=30).text
-    return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
-            if line.startswith(("specgram_requests_waiting", "specgram_requests_running", "specgram_kv_slots",
-                                "specgram_engine_up"))}
+    return {
+        line.split("{")[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(
+            ("specgram_requests_waiting", "specgram_requests_running", "specgram_kv_slots", "specgram_engine_up")
+        )
+    }
 
 
 def test_triton_request_timeout_ends_the_stream_with_finish_reason_timeout(triton_server):
     """1500 tokens of the default model on CPU take far longer than the request's 1.5 s."""
     t0 = time.monotonic()
-    resps = stream_infer(triton_server.grpc_url, {**LONG, "max_tokens": 1500}, request_timeout_us=1_500_000,
-                         timeout=120)
+    resps = stream_infer(
+        triton_server.grpc_url, {**LONG, "max_tokens": 1500}, request_timeout_us=1_500_000, timeout=120
+    )
     assert not errors_of(resps) and resps[-1]["final"]
     assert last_value(resps, "finish_reason") == "timeout"
     assert len(ids_of(resps)) == total_of(resps, "num_output_tokens") < 1500
@@ -46,18 +52,18 @@ def test_load_gauges_on_the_metrics_port(triton_server):
     import tritonclient.grpc as grpcclient
 
     before = gauges(triton_server)
-    assert before["specgram_kv_slots"] == 8 and before["specgram_engine_up"] == 1     # max_slots in config.pbtxt
+    assert before["specgram_kv_slots"] == 8 and before["specgram_engine_up"] == 1  # max_slots in config.pbtxt
     text = requests.get(triton_server.metrics_url, timeout=30).text
     kinds = {k for k in ("native", "torch") if metric_total(text, "specgram_forward", kind=k) == 1}
-    assert len(kinds) == 1, text          # exactly one forward implementation is reported, with value 1
-    wait_for_gauge(triton_server, "specgram_requests_running", 0)      # an earlier test's request may just be ending
+    assert len(kinds) == 1, text  # exactly one forward implementation is reported, with value 1
+    wait_for_gauge(triton_server, "specgram_requests_running", 0)  # an earlier test's request may just be ending
     assert gauges(triton_server)["specgram_requests_waiting"] == 0
     client, started = grpcclient.InferenceServerClient(triton_server.grpc_url), threading.Event()
     client.start_stream(callback=lambda result, error: started.set())
     try:
         client.async_stream_infer("llm", build_inputs({**LONG, "max_tokens": 1500}))
         assert started.wait(120)
-        wait_for_gauge(triton_server, "specgram_requests_running", 1)     # 1500 tokens: far longer than that
+        wait_for_gauge(triton_server, "specgram_requests_running", 1)  # 1500 tokens: far longer than that
     finally:
         client.stop_stream(cancel_requests=True)
         client.close()
@@ -70,8 +76,13 @@ def test_stopping_the_server_mid_stream_finishes_the_stream_and_exits_cleanly(tr
     nothing that crashes on exit (its custom metrics)."""
     started = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        stream = pool.submit(stream_infer, triton_server.grpc_url, {**LONG, "max_tokens": 24}, timeout=120,
-                             on_response=lambda r: started.set())
+        stream = pool.submit(
+            stream_infer,
+            triton_server.grpc_url,
+            {**LONG, "max_tokens": 24},
+            timeout=120,
+            on_response=lambda r: started.set(),
+        )
         assert started.wait(120)
         triton_server.stop()
         resps = stream.result()

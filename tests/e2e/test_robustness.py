@@ -6,6 +6,7 @@ CI runs the short form. SPECGRAM_LONG_ROBUSTNESS=1 adds slow hostile guides, a t
 tests on a server of their own (slow compiles must not starve a cheap guide; a tritonserver crash, a strict
 xfail).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,14 @@ def known_fault(reason: str):
 # the compile pool and other processes share the cores.
 ANSWER_BOUND_S = 30.0
 # The good stream: long enough to outlast the whole table (asserted), greedy, a fixed length.
-GOOD = {"text_input": "Tell me a long story about a lighthouse keeper and his cat.", "apply_chat_template": True,
-        "stream": True, "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
+GOOD = {
+    "text_input": "Tell me a long story about a lighthouse keeper and his cat.",
+    "apply_chat_template": True,
+    "stream": True,
+    "max_tokens": 200,
+    "ignore_eos": True,
+    "temperature": 0.0,
+}
 BAD_WORKERS = 8
 
 
@@ -58,8 +65,10 @@ def metrics(server) -> str:
 def finished(server) -> dict[str, float]:
     """specgram_requests_total by finish reason."""
     text = metrics(server)
-    return {reason: metric_total(text, "specgram_requests_total", finish_reason=reason)
-            for reason in ("stop", "length", "cancelled", "error")}
+    return {
+        reason: metric_total(text, "specgram_requests_total", finish_reason=reason)
+        for reason in ("stop", "length", "cancelled", "error")
+    }
 
 
 def refusals(server) -> float:
@@ -83,11 +92,12 @@ def reference(triton_server) -> list[int]:
 
 # ---- 1. the table of bad requests, next to a good stream ----------------------------------------------------
 
+
 @dataclass
 class Answer:
     responses: list[dict]
-    seconds: float               # until the gRPC stream's last response
-    done_at: float               # time.perf_counter() then
+    seconds: float  # until the gRPC stream's last response
+    done_at: float  # time.perf_counter() then
     http: tuple[int, str] | None  # HTTP generate's status and body, for a request with a JSON form
 
 
@@ -125,8 +135,9 @@ def table(triton_server, reference) -> TableRun:
     with ThreadPoolExecutor(1) as good_pool, ThreadPoolExecutor(BAD_WORKERS) as pool:
         good = good_pool.submit(stream_infer, triton_server.grpc_url, GOOD, on_response=on_good)
         assert streaming.wait(120), "the good stream never started"
-        cases = [(c.id, c.request(), c.parameters, c.http_body()) for c in BAD] + \
-                [(a.id, a.request(), a.parameters, None) for a in ACCEPTED]
+        cases = [(c.id, c.request(), c.parameters, c.http_body()) for c in BAD] + [
+            (a.id, a.request(), a.parameters, None) for a in ACCEPTED
+        ]
         answers = dict(zip([c[0] for c in cases], pool.map(lambda c: ask(triton_server, *c[1:]), cases), strict=True))
         return TableRun(answers, good.result(), arrivals[-1])
 
@@ -143,11 +154,11 @@ def test_bad_request_gets_one_error_naming_the_field(case, table):
     # gRPC delivers an error response as the error alone: nothing may have been streamed before it
     assert len(answer.responses) == 1 and answer.responses[0]["error"], answer.responses
     message = answer.responses[0]["error"]
-    assert "Failed to process the request" not in message, message   # an exception escaped execute()
+    assert "Failed to process the request" not in message, message  # an exception escaped execute()
     assert case.field in message, message
-    said_by_triton = "model 'llm'" in message          # tritonserver's own wording names the model
+    said_by_triton = "model 'llm'" in message  # tritonserver's own wording names the model
     assert said_by_triton == (case.refused_by == TRITON), message
-    if answer.http is not None:                        # HTTP generate: INVALID_ARG -> 400, INTERNAL -> 500
+    if answer.http is not None:  # HTTP generate: INVALID_ARG -> 400, INTERNAL -> 500
         status, body = answer.http
         assert status == 400 and case.field in body, answer.http
 
@@ -166,9 +177,12 @@ def test_good_stream_is_untouched_by_the_bad_requests(table, reference):
 
 
 def test_compile_errors_quote_only_the_reason(table):
-    messages = [a.responses[0]["error"] for a in table.answers.values()
-                if a.responses and (a.responses[0]["error"] or "").startswith("cannot compile")]
-    if len(messages) < 10:                         # the table's compile errors: what the fault needs
+    messages = [
+        a.responses[0]["error"]
+        for a in table.answers.values()
+        if a.responses and (a.responses[0]["error"] or "").startswith("cannot compile")
+    ]
+    if len(messages) < 10:  # the table's compile errors: what the fault needs
         pytest.fail(f"only {len(messages)} compile errors in the table")
     noisy = [m for m in messages if re.search(r"\[\d\d:\d\d:\d\d\]|\.cc:\d+", m)]
     assert not noisy, noisy[:3]
@@ -176,12 +190,13 @@ def test_compile_errors_quote_only_the_reason(table):
 
 # ---- 2. hostile guides -----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Hostile:
     id: str
     kind: str
     guide: str
-    error: str | None = None     # None: it compiles and the output obeys it; else a part of its INVALID_ARG
+    error: str | None = None  # None: it compiles and the output obeys it; else a part of its INVALID_ARG
 
 
 def _nested_objects(depth: int) -> str:
@@ -199,16 +214,29 @@ def _nest(depth, wrap):
     return schema
 
 
-LINKED_LIST = json.dumps({"$defs": {"node": {"type": "object", "required": ["next"], "properties": {
-    "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}}, "$ref": "#/$defs/node"})
+LINKED_LIST = json.dumps(
+    {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "required": ["next"],
+                "properties": {"next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+)
 
 HOSTILE_QUICK = [
     Hostile("regex-(a|aa)*b", "regex", "(a|aa)*b"),
     Hostile("regex-(a*)*b", "regex", "(a*)*b"),
     Hostile("regex-(a{1000}){1000}", "regex", "(a{1000}){1000}"),
     Hostile("enum-5000", "json_schema", json.dumps({"enum": [f"value{i}" for i in range(5000)]})),
-    Hostile("property-name-10k", "json_schema", json.dumps(
-        {"type": "object", "properties": {"k" * 10_000: {"type": "integer"}}, "required": ["k" * 10_000]})),
+    Hostile(
+        "property-name-10k",
+        "json_schema",
+        json.dumps({"type": "object", "properties": {"k" * 10_000: {"type": "integer"}}, "required": ["k" * 10_000]}),
+    ),
     Hostile("nested-objects-30", "json_schema", _nested_objects(30)),
     Hostile("ref-cycle-self", "json_schema", '{"$ref": "#"}', error="Circular $ref"),
     Hostile("ebnf-left-recursive", "ebnf", 'root ::= a\na ::= a "x" | "y"'),
@@ -217,19 +245,36 @@ HOSTILE_SLOW = [
     Hostile("regex-(a+)+b", "regex", "(a+)+b"),
     Hostile("regex-[a-z]{0,5000}", "regex", "[a-z]{0,5000}"),
     Hostile("enum-20000", "json_schema", json.dumps({"enum": [f"w{i}" for i in range(20_000)]})),
-    Hostile("property-name-100k", "json_schema", json.dumps(
-        {"type": "object", "properties": {"k" * 100_000: {"type": "integer"}}, "required": ["k" * 100_000]})),
-    Hostile("properties-2000", "json_schema", json.dumps(
-        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(2000)}})),
-    Hostile("anyOf-500", "json_schema", json.dumps({"anyOf": [
-        {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]} for i in range(500)]})),
+    Hostile(
+        "property-name-100k",
+        "json_schema",
+        json.dumps({"type": "object", "properties": {"k" * 100_000: {"type": "integer"}}, "required": ["k" * 100_000]}),
+    ),
+    Hostile(
+        "properties-2000",
+        "json_schema",
+        json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(2000)}}),
+    ),
+    Hostile(
+        "anyOf-500",
+        "json_schema",
+        json.dumps(
+            {
+                "anyOf": [
+                    {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+                    for i in range(500)
+                ]
+            }
+        ),
+    ),
     Hostile("nested-objects-200", "json_schema", _nested_objects(200)),
     Hostile("nested-arrays-200", "json_schema", _nested_arrays(200)),
     Hostile("ref-recursive-property", "json_schema", '{"type": "object", "properties": {"n": {"$ref": "#"}}}'),
     Hostile("linked-list", "json_schema", LINKED_LIST),
     Hostile("string-minLength-100000", "json_schema", '{"type": "string", "minLength": 100000}'),
-    Hostile("array-minItems-100000", "json_schema",
-            '{"type": "array", "minItems": 100000, "items": {"type": "integer"}}'),
+    Hostile(
+        "array-minItems-100000", "json_schema", '{"type": "array", "minItems": 100000, "items": {"type": "integer"}}'
+    ),
 ]
 
 
@@ -241,17 +286,28 @@ def _obeys(case: Hostile, text: str) -> bool:
     if case.kind == "json_schema":
         jsonschema.validate(json.loads(text), json.loads(case.guide))
         return True
-    return re.fullmatch(r"y(x)*", text) is not None    # the left-recursive grammar's language
+    return re.fullmatch(r"y(x)*", text) is not None  # the left-recursive grammar's language
 
 
-@pytest.mark.parametrize("case", [pytest.param(h, id=h.id) for h in HOSTILE_QUICK] +
-                         [pytest.param(h, id=h.id, marks=long_only) for h in HOSTILE_SLOW])
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(h, id=h.id) for h in HOSTILE_QUICK]
+    + [pytest.param(h, id=h.id, marks=long_only) for h in HOSTILE_SLOW],
+)
 def test_hostile_guide_is_answered_in_time_and_the_server_goes_on(case, triton_server):
     bound = float(engine_setting(triton_server, "grammar_compile_timeout_s")) + 10
     t0 = time.perf_counter()
-    responses = stream_infer(triton_server.grpc_url, {
-        "text_input": "Answer.", "stream": True, "max_tokens": 8, "guided_decoding_guide_type": case.kind,
-        "guided_decoding_guide": case.guide}, timeout=bound + 30)
+    responses = stream_infer(
+        triton_server.grpc_url,
+        {
+            "text_input": "Answer.",
+            "stream": True,
+            "max_tokens": 8,
+            "guided_decoding_guide_type": case.kind,
+            "guided_decoding_guide": case.guide,
+        },
+        timeout=bound + 30,
+    )
     seconds = time.perf_counter() - t0
     print(f"hostile guide {case.id}: answered in {seconds:.2f}s")
     assert seconds < bound
@@ -262,9 +318,15 @@ def test_hostile_guide_is_answered_in_time_and_the_server_goes_on(case, triton_s
     else:
         assert len(responses) == 1 and case.error in (responses[0]["error"] or ""), responses
     # a new guide still compiles (the compile pool is free) and a greedy request is still exact
-    fresh = stream_infer(triton_server.grpc_url, {"text_input": "Yes or no?", "max_tokens": 4,
-                                                  "guided_decoding_guide_type": "regex",
-                                                  "guided_decoding_guide": f"(yes|no) {zlib.crc32(case.id.encode())}"})
+    fresh = stream_infer(
+        triton_server.grpc_url,
+        {
+            "text_input": "Yes or no?",
+            "max_tokens": 4,
+            "guided_decoding_guide_type": "regex",
+            "guided_decoding_guide": f"(yes|no) {zlib.crc32(case.id.encode())}",
+        },
+    )
     assert not errors_of(fresh), fresh
 
 
@@ -275,15 +337,19 @@ def test_greedy_is_exact_after_the_hostile_guides(triton_server, reference):
 # ---- 3. a storm of cancelled streams -----------------------------------------------------------------------------
 
 STORM_WORKERS = 16
-STORM_MAX_TOKENS = 512    # far more than a stream can produce before its cut: none may end by itself
+STORM_MAX_TOKENS = 512  # far more than a stream can produce before its cut: none may end by itself
 RSS_GROWTH_BOUND = 256 << 20
 
 
 def storm_stream(server, i: int) -> list[dict]:
     """Stream i, cut after 0..3 responses (waiting up to 30 s for them) or after 0..0.5 s; one in five guided."""
     rng = random.Random(i)
-    inputs = {"text_input": f"Write story number {i}.", "stream": True, "max_tokens": STORM_MAX_TOKENS,
-              "ignore_eos": True}
+    inputs = {
+        "text_input": f"Write story number {i}.",
+        "stream": True,
+        "max_tokens": STORM_MAX_TOKENS,
+        "ignore_eos": True,
+    }
     if i % 5 == 0:
         inputs.update(guided_decoding_guide_type="regex", guided_decoding_guide="[a-z ]{2000}")
     if rng.random() < 0.5:
@@ -317,8 +383,11 @@ def test_cancellation_storm_leaves_no_trace(triton_server, reference):
     with ThreadPoolExecutor(STORM_WORKERS) as pool:
         cut = list(pool.map(lambda i: storm_stream(triton_server, i), range(n)))
     storm_s = time.perf_counter() - t0
-    ended = [(i, rs[-1]["error"] or last_value(rs, "finish_reason"), len(rs)) for i, rs in enumerate(cut)
-             if any(r["final"] for r in rs)]
+    ended = [
+        (i, rs[-1]["error"] or last_value(rs, "finish_reason"), len(rs))
+        for i, rs in enumerate(cut)
+        if any(r["final"] for r in rs)
+    ]
     # a cut stream is counted as waiting until the model notices its cancellation (polled, 0.25 s): on a busy
     # machine 16 clients that reconnect at once can fill the waiting bound, and the server then refuses at once
     # (UNAVAILABLE, its documented bound) - not a trace; every other ending is
@@ -354,14 +423,17 @@ def test_cancellation_storm_leaves_no_trace(triton_server, reference):
     assert after["length"] - before["length"] == max_slots
 
     rss_after = rss_bytes(stub), rss_bytes(triton_server.process.pid)
-    print(f"storm: {n} streams in {storm_s:.1f}s, {reached} reached the model, {delta['cancelled']:.0f} cancelled, "
-          f"{server_refused:.0f} refused ({len(refused)} seen); "
-          f"RSS stub {rss_before[0] >> 20} -> {rss_after[0] >> 20} MiB, "
-          f"server {rss_before[1] >> 20} -> {rss_after[1] >> 20} MiB")
+    print(
+        f"storm: {n} streams in {storm_s:.1f}s, {reached} reached the model, {delta['cancelled']:.0f} cancelled, "
+        f"{server_refused:.0f} refused ({len(refused)} seen); "
+        f"RSS stub {rss_before[0] >> 20} -> {rss_after[0] >> 20} MiB, "
+        f"server {rss_before[1] >> 20} -> {rss_after[1] >> 20} MiB"
+    )
     assert rss_after[0] - rss_before[0] < RSS_GROWTH_BOUND
 
 
 # ---- long mode: a server of its own, for what takes the server down for a while or for good ------------------------
+
 
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory):
@@ -380,21 +452,37 @@ def own_server(tmp_path_factory):
 def test_timed_out_compiles_do_not_starve_other_guides(own_server):
     # two schemas that each compile for far longer than the 2 s timeout, as many as there are compile workers:
     # their workers are killed, and a cheap guide after them compiles at once
-    slow = [{"text_input": "x", "max_tokens": 2, "guided_decoding_guide_type": "json_schema",
-             "guided_decoding_guide": _nested_arrays(400 + i)} for i in range(2)]
+    slow = [
+        {
+            "text_input": "x",
+            "max_tokens": 2,
+            "guided_decoding_guide_type": "json_schema",
+            "guided_decoding_guide": _nested_arrays(400 + i),
+        }
+        for i in range(2)
+    ]
     with ThreadPoolExecutor(2) as pool:
         hostile = list(pool.map(lambda r: stream_infer(own_server.grpc_url, r, timeout=120), slow))
-    if not all("grammar_compile_timeout_s" in (r[0]["error"] or "") for r in hostile):   # what the fault needs
+    if not all("grammar_compile_timeout_s" in (r[0]["error"] or "") for r in hostile):  # what the fault needs
         pytest.fail(f"the slow guides did not time out: {hostile}")
-    simple = stream_infer(own_server.grpc_url, {"text_input": "Yes or no?", "max_tokens": 4,
-                                                "guided_decoding_guide_type": "regex",
-                                                "guided_decoding_guide": "(yes|no)"}, timeout=120)
+    simple = stream_infer(
+        own_server.grpc_url,
+        {
+            "text_input": "Yes or no?",
+            "max_tokens": 4,
+            "guided_decoding_guide_type": "regex",
+            "guided_decoding_guide": "(yes|no)",
+        },
+        timeout=120,
+    )
     assert not errors_of(simple), simple
 
 
 @long_only
-@known_fault("tritonserver 2.51 crashes (SIGSEGV) when a stream opened with the triton_grpc_error header is closed "
-             "by one request's error while another request on it still streams (fixed in later Triton releases)")
+@known_fault(
+    "tritonserver 2.51 crashes (SIGSEGV) when a stream opened with the triton_grpc_error header is closed "
+    "by one request's error while another request on it still streams (fixed in later Triton releases)"
+)
 def test_triton_grpc_error_streams_do_not_crash_the_server(own_server):
     import queue
 
@@ -403,14 +491,14 @@ def test_triton_grpc_error_streams_do_not_crash_the_server(own_server):
 
     client = grpcclient.InferenceServerClient(own_server.grpc_url)
     got: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: got.put((result, error)),
-                        headers={"triton_grpc_error": "true"})
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers={"triton_grpc_error": "true"})
     try:
-        client.async_stream_infer("llm", build_inputs({"text_input": "Tell a story.", "stream": True,
-                                                       "max_tokens": 64, "ignore_eos": True}))
-        got.get(timeout=120)                               # the good request streams
+        client.async_stream_infer(
+            "llm", build_inputs({"text_input": "Tell a story.", "stream": True, "max_tokens": 64, "ignore_eos": True})
+        )
+        got.get(timeout=120)  # the good request streams
         client.async_stream_infer("llm", build_inputs({"text_input": "x", "max_tokens": 0}))
-        time.sleep(5)                                      # the good request's later responses come back
+        time.sleep(5)  # the good request's later responses come back
     finally:
         client.stop_stream()
         client.close()

@@ -1,4 +1,5 @@
 """Smoke test: the real server starts with the repo's model repository and `llm` is served."""
+
 import json
 import urllib.request
 

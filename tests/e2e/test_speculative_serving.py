@@ -1,14 +1,26 @@
 """Speculation through the real tritonserver: exact greedy output, consistent statistics, metrics."""
+
 import requests
 from collect import errors_of, ids_of, last_value, stream_infer, total_of
 
-EXTRACT = ("Copy this record as JSON with keys name, city, year: name Ada Lovelace, city London, year 1815. "
-           "Then copy it again.")
+EXTRACT = (
+    "Copy this record as JSON with keys name, city, year: name Ada Lovelace, city London, year 1815. "
+    "Then copy it again."
+)
 
 
 def run(server, k, max_tokens=40, **extra):
-    return stream_infer(server.grpc_url, {"text_input": EXTRACT, "apply_chat_template": True, "stream": True,
-                                          "max_tokens": max_tokens, "num_draft_tokens": k, **extra})
+    return stream_infer(
+        server.grpc_url,
+        {
+            "text_input": EXTRACT,
+            "apply_chat_template": True,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "num_draft_tokens": k,
+            **extra,
+        },
+    )
 
 
 def test_greedy_output_identical_with_and_without_speculation(triton_server):
@@ -21,7 +33,7 @@ def test_greedy_output_identical_with_and_without_speculation(triton_server):
     assert drafted > 0 and 0 <= accepted <= drafted
     assert abs(last_value(spec, "spec_acceptance_rate", 0.0) - accepted / drafted) < 1e-6
     assert total_of(spec, "num_output_tokens") == len(ids_of(spec))
-    if accepted:   # accepted drafts arrive together: fewer responses than tokens
+    if accepted:  # accepted drafts arrive together: fewer responses than tokens
         assert len(spec) < len(plain)
         assert max(len(r["outputs"].get("output_ids", [])) for r in spec) > 1
 
@@ -42,31 +54,46 @@ def test_penalties_and_logprobs_are_exact_under_speculation(triton_server):
     """vLLM's penalties and logprobs through the server: the same tokens and the same logprobs with speculation on
     (auto and k = 4) and off."""
     import json
+
     sp = json.dumps({"repetition_penalty": 1.3, "frequency_penalty": 0.3, "logit_bias": {"28": 2.0}, "logprobs": 2})
     runs = [run(triton_server, k, max_tokens=32, sampling_parameters=sp, return_logprobs=True) for k in (0, 4, -1)]
     assert not any(errors_of(r) for r in runs)
     plain = run(triton_server, 0, max_tokens=32)
     assert ids_of(runs[0]) != ids_of(plain), "the penalties change this output"
-    logprobs = [[row for r in rs if "logprobs" in r["outputs"] for row in json.loads(r["outputs"]["logprobs"][0])]
-                for rs in runs]
+    logprobs = [
+        [row for r in rs if "logprobs" in r["outputs"] for row in json.loads(r["outputs"]["logprobs"][0])]
+        for rs in runs
+    ]
     assert all(ids_of(r) == ids_of(runs[0]) for r in runs)
-    native = 'kind="native"' in requests.get(triton_server.metrics_url, timeout=30).text    # bitwise there
+    native = 'kind="native"' in requests.get(triton_server.metrics_url, timeout=30).text  # bitwise there
     for lp in logprobs[1:]:
-        assert [list(row) for row in lp] == [list(row) for row in logprobs[0]]       # the same tokens listed
-        assert lp == logprobs[0] if native else all(
-            abs(row[t]["logprob"] - ref[t]["logprob"]) < 1e-4
-            for row, ref in zip(lp, logprobs[0], strict=True) for t in row)
+        assert [list(row) for row in lp] == [list(row) for row in logprobs[0]]  # the same tokens listed
+        assert (
+            lp == logprobs[0]
+            if native
+            else all(
+                abs(row[t]["logprob"] - ref[t]["logprob"]) < 1e-4
+                for row, ref in zip(lp, logprobs[0], strict=True)
+                for t in row
+            )
+        )
     assert len(logprobs[0]) == len(ids_of(runs[0])) and last_value(runs[1], "spec_drafted_tokens") > 0
 
 
 def test_speculation_metrics_on_the_metrics_port(triton_server):
     run(triton_server, 3, max_tokens=16)
     text = requests.get(triton_server.metrics_url, timeout=30).text
-    for name in ("specgram_draft_tokens_total", "specgram_accepted_draft_tokens_total",
-                 "specgram_generated_tokens_total", "specgram_accepted_drafts_per_step_bucket",
-                 "specgram_time_to_first_token_seconds_count", "specgram_requests_total",
-                 "specgram_e2e_request_latency_seconds_count", "specgram_time_per_output_token_seconds_count",
-                 "specgram_request_queue_time_seconds_count"):
+    for name in (
+        "specgram_draft_tokens_total",
+        "specgram_accepted_draft_tokens_total",
+        "specgram_generated_tokens_total",
+        "specgram_accepted_drafts_per_step_bucket",
+        "specgram_time_to_first_token_seconds_count",
+        "specgram_requests_total",
+        "specgram_e2e_request_latency_seconds_count",
+        "specgram_time_per_output_token_seconds_count",
+        "specgram_request_queue_time_seconds_count",
+    ):
         assert name in text, name
     drafted = [line for line in text.splitlines() if line.startswith("specgram_draft_tokens_total")]
     assert drafted and float(drafted[0].split()[-1]) > 0
@@ -77,8 +104,11 @@ def test_seeded_sampled_output_is_the_same_for_every_draft_length_and_batch(trit
     with k = 4 and auto, and with 7 other streams in flight; another seed gives other tokens."""
     from concurrent.futures import ThreadPoolExecutor
 
-    guide = {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object", "properties": '
-             '{"name": {"type": "string"}, "city": {"type": "string"}, "year": {"type": "integer"}}}'}
+    guide = {
+        "guided_decoding_guide_type": "json_schema",
+        "guided_decoding_guide": '{"type": "object", "properties": '
+        '{"name": {"type": "string"}, "city": {"type": "string"}, "year": {"type": "integer"}}}',
+    }
     for extra in ({}, guide):
         sampled = dict(temperature=0.9, top_p=0.95, top_k=50, seed=20261201, ignore_eos=not extra, **extra)
         solo = run(triton_server, 0, max_tokens=32, **sampled)

@@ -21,11 +21,12 @@ def make_engine(tiny_ckpt):
         kw.setdefault("max_slots", 4)
         kw.setdefault("max_seq_len", 256)
         kw.setdefault("device", TEST_DEVICE)
-        kw.setdefault("dtype", "float32")      # exactness tests compare with HF float32 on CPU
+        kw.setdefault("dtype", "float32")  # exactness tests compare with HF float32 on CPU
         # SPECGRAM_TEST_LINEAR=torch runs the suite over the PyTorch forward (the path CUDA runs), which "auto"
         # does not pick where the native kernels build
         kw.setdefault("linear", os.environ.get("SPECGRAM_TEST_LINEAR", "auto"))
         return Engine.from_config(EngineConfig(checkpoint=str(tiny_ckpt), **kw))
+
     return make
 
 

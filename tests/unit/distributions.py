@@ -1,5 +1,6 @@
 """Sampling's exact reference: the joint distribution of a model's next tokens by enumeration, and the
 chi-square test of sampled sequences against it."""
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ def exact_joint(model, prompt, n_tokens, temperature, top_p=1.0, allowed=None, e
         if eos is not None and position < min_tokens:
             logits[:, eos] = float("-inf")
         n = len(seqs)
-        p = sampling.probabilities(logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long),
-                                   torch.full((n,), top_p))
+        p = sampling.probabilities(
+            logits, torch.full((n,), temperature), torch.zeros(n, dtype=torch.long), torch.full((n,), top_p)
+        )
         for s, row in zip(seqs, p.tolist(), strict=True):
             for t, pt in enumerate(row):
                 if pt > 0:

@@ -1,4 +1,5 @@
 """A stand-in for triton_python_backend_utils with the parts model.py uses, to drive the adapter in-process."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,7 @@ class ResponseSender:
             self.done.set()
 
     def is_cancelled(self) -> bool:
-        self.cancel_checks += 1          # each is a round trip to the server process in real Triton
+        self.cancel_checks += 1  # each is a round trip to the server process in real Triton
         return self._cancelled
 
     def cancel(self):
@@ -96,7 +97,8 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
 class _Metric:
     def __init__(self, family, labels, buckets=None):
         import weakref
-        self._family_ref = weakref.ref(family)     # Triton too: a Metric does not keep its family alive
+
+        self._family_ref = weakref.ref(family)  # Triton too: a Metric does not keep its family alive
         self.labels, self.buckets = labels, buckets
         self._value = 0.0
         self.observations: list[float] = []
@@ -127,7 +129,7 @@ class _Metric:
 class MetricFamily:
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
-    registry: dict[str, list] = {}    # name -> every Metric created under that name (for the tests to read)
+    registry: dict[str, list] = {}  # name -> every Metric created under that name (for the tests to read)
 
     def __init__(self, name, description, kind):
         self.name, self.description, self.kind = name, description, kind

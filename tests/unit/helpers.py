@@ -1,5 +1,6 @@
 """What the unit tests share: driving an engine, target + draft engines on tiny checkpoints, pinning the EOS id,
 and loading model.py (the exact distributions and the chi-square test: distributions.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,19 +26,20 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "llm"
 
 # ---- driving an engine -------------------------------------------------------------------------------------
 
+
 def assert_rows_bitwise_independent(runner) -> None:
     """A verify row's logits on `runner` (slots 0-3, 96 positions) are bitwise the same alone, at width 1, beside
     a prefill row, after a batched prefill and beside a prompt chunk in one forward_step."""
     prompt, other = list(range(10, 40)), list(range(50, 62))
     runner.forward_rows([prompt], [0], [0], last_only=True)
-    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
-    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # its first token, width 1
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]  # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]  # its first token, width 1
     assert torch.equal(alone[0], one[0])
     runner.forward_rows([prompt], [0], [0], last_only=True)
     mixed = runner.forward_rows([[7, 8, 9], other], [0, 2], [30, 0], last_only=False)[0]
-    assert torch.equal(mixed[:3], alone)                                             # beside a prefill row
-    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)     # prefilled in a batch
-    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1) # beside a prompt chunk
+    assert torch.equal(mixed[:3], alone)  # beside a prefill row
+    runner.forward_rows([prompt, other + other], [0, 3], [0, 0], last_only=True)  # prefilled in a batch
+    first, rest = runner.forward_step([other, [7, 8, 9]], [2, 0], [0, 30], n_last=1)  # beside a prompt chunk
     assert torch.equal(rest[0], alone)
     assert torch.equal(first[0], runner.forward_rows([other], [1], [0], last_only=True)[0])
 
@@ -46,9 +48,9 @@ def logits_against(reference, runner) -> tuple[torch.Tensor, float]:
     """60 seeded token ids prefilled on both runners (slot 0) -> (per-position relative error of runner's logits
     against reference's [60], the share of positions with the same top-1 token)."""
     ids = torch.randint(3, 259, (60,), generator=torch.Generator().manual_seed(0)).tolist()
-    ref = reference.forward_rows([ids], [0], [0], last_only=False)[0]                # [60, V]
+    ref = reference.forward_rows([ids], [0], [0], last_only=False)[0]  # [60, V]
     got = runner.forward_rows([ids], [0], [0], last_only=False)[0]
-    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)                                # per position
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)  # per position
     return rel, (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
 
 
@@ -60,8 +62,10 @@ def run_to_end(engine, requests):
 def run(engine, prompts, **params):
     """One request per prompt, submitted together; a list value (except `stop`) gives one value per request.
     -> each request's outputs, in prompt order."""
-    per_request = [{k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()}
-                   for i in range(len(prompts))]
+    per_request = [
+        {k: (v[i] if isinstance(v, list) and k != "stop" else v) for k, v in params.items()}
+        for i in range(len(prompts))
+    ]
     reqs = [engine.make_request(SamplingParams(**p), text=t) for t, p in zip(prompts, per_request, strict=True)]
     outs = run_to_end(engine, reqs)
     return [outs[r.request_id] for r in reqs]
@@ -97,15 +101,22 @@ def wrong_and_right(root: Path) -> dict[str, Engine]:
     return {"wrong": target_and_draft(root, 96), "right": target_and_draft(root, 96, draft_seed=0)}
 
 
-def target_and_draft(root: Path, max_seq_len: int, max_slots: int = 4, target_seed: int = 0, draft_seed: int = 11,
-                     **ckpt) -> Engine:
+def target_and_draft(
+    root: Path, max_seq_len: int, max_slots: int = 4, target_seed: int = 0, draft_seed: int = 11, **ckpt
+) -> Engine:
     """A tiny target with a draft model of other random weights (mostly wrong drafts); draft_seed == target_seed
     drafts with the target itself (every draft right)."""
     target = save_checkpoint(root / f"target-{target_seed}", seed=target_seed, **ckpt)
     draft = save_checkpoint(root / f"draft-{draft_seed}", seed=draft_seed, **ckpt)
-    return Engine.from_config(EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=max_slots,
-                                           max_seq_len=max_seq_len,
-                                           linear=os.environ.get("SPECGRAM_TEST_LINEAR", "auto")))
+    return Engine.from_config(
+        EngineConfig(
+            checkpoint=str(target),
+            draft_checkpoint=str(draft),
+            max_slots=max_slots,
+            max_seq_len=max_seq_len,
+            linear=os.environ.get("SPECGRAM_TEST_LINEAR", "auto"),
+        )
+    )
 
 
 def cheap_draft_model(monkeypatch, engine) -> None:
@@ -113,12 +124,13 @@ def cheap_draft_model(monkeypatch, engine) -> None:
     than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need
     not draft at all)."""
     from specgram.speculation.costs import StepCosts
+
     costs = StepCosts()
     for _ in range(50):
         for n in (1, 2, 4, 8, 16):
             costs.record(n, 0.030 + 1e-4 * n)
     costs.draft_depth_s = 0.002
-    costs.read_token_s = 0.0002                 # a prompt read at 0.2 ms a token: cheap beside the drafts' gain
+    costs.read_token_s = 0.0002  # a prompt read at 0.2 ms a token: cheap beside the drafts' gain
     monkeypatch.setattr(costs, "record", lambda *a: None)
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
     monkeypatch.setattr(costs, "record_read", lambda *a: None)
@@ -127,11 +139,14 @@ def cheap_draft_model(monkeypatch, engine) -> None:
 
 # ---- model.py with a fake triton_python_backend_utils -------------------------------------------------------
 
+
 def config_parameters() -> dict:
     """The parameters block of config.pbtxt, parsed minimally (key/string_value pairs)."""
     text = (MODEL_DIR / "config.pbtxt").read_text()
-    return {k: {"string_value": v} for k, v in
-            re.findall(r'key:\s*"([^"]+)",\s*value:\s*{\s*string_value:\s*"([^"]*)"', text)}
+    return {
+        k: {"string_value": v}
+        for k, v in re.findall(r'key:\s*"([^"]+)",\s*value:\s*{\s*string_value:\s*"([^"]*)"', text)
+    }
 
 
 def load_model_py(name: str = "llm_model"):
@@ -144,6 +159,11 @@ def load_model_py(name: str = "llm_model"):
 
 
 def initialize_args(params: dict, kind: str = "CPU", device_id: str = "0") -> dict:
-    return {"model_config": json.dumps({"parameters": params, "model_transaction_policy": {"decoupled": True}}),
-            "model_repository": str(MODEL_DIR), "model_instance_kind": kind, "model_instance_device_id": device_id,
-            "model_name": "llm", "model_version": "1"}
+    return {
+        "model_config": json.dumps({"parameters": params, "model_transaction_policy": {"decoupled": True}}),
+        "model_repository": str(MODEL_DIR),
+        "model_instance_kind": kind,
+        "model_instance_device_id": device_id,
+        "model_name": "llm",
+        "model_version": "1",
+    }

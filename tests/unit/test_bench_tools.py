@@ -2,6 +2,7 @@
 scripts/bench.py and every scenario, the workload helpers, the closed loop, report rendering, the compare
 report's summaries and ratios, the perf_analyzer export and genai-perf CSV readers; and a --quick smoke of two
 in-process scenarios on a tiny checkpoint."""
+
 import json
 import sys
 import threading
@@ -22,6 +23,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 # ---- options ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", bench.SCENARIOS, ids=[f"{s}-scenario" for s in bench.SCENARIOS])
 def test_every_scenario_parses_with_its_defaults_and_quick_values(name):
     mod = bench.scenario_module(name)
@@ -40,7 +42,7 @@ def test_an_option_given_beats_quick_and_shared_options_are_defined_once():
     assert args.argv == ["draft_length", "--quick", "--max-tokens", "7", "--concurrency", "3", "5"]
     assert report.command(args) == "python scripts/bench.py draft_length --quick --max-tokens 7 --concurrency 3 5"
     with pytest.raises(SystemExit):
-        bench.parse(["forward", "--concurrency", "2"])          # not an option of forward
+        bench.parse(["forward", "--concurrency", "2"])  # not an option of forward
 
 
 def test_choose_keeps_the_known_order_and_the_reference_rows():
@@ -52,15 +54,24 @@ def test_choose_keeps_the_known_order_and_the_reference_rows():
 
 # ---- workload and measures --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, ok", [('{"a": 1}', True), ('```json\n{"a": 2}\n```', True), ('{"a": "x"}', False),
-                                      ('Here: {"a": 1}', False), ('{"a": 1', False)])
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ('{"a": 1}', True),
+        ('```json\n{"a": 2}\n```', True),
+        ('{"a": "x"}', False),
+        ('Here: {"a": 1}', False),
+        ('{"a": 1', False),
+    ],
+)
 def test_is_valid_parses_whole_text_or_a_fence_and_validates(text, ok):
     pytest.importorskip("jsonschema")
     assert workload.is_valid(text, SCHEMA) is ok
 
 
 def test_pct_interpolates_between_ranks_and_trim_stops_at_eos():
-    assert workload.pct([], 50) != workload.pct([], 50)          # nan
+    assert workload.pct([], 50) != workload.pct([], 50)  # nan
     assert workload.pct([3.0, 1.0, 2.0], 50) == 2.0
     assert workload.pct([0.0, 10.0], 90) == pytest.approx(9.0)
     assert workload.trim_at_eos([5, 6, 2, 7], {2}) == [5, 6]
@@ -83,6 +94,7 @@ def test_closed_loop_keeps_c_in_flight_and_returns_results_in_order():
         with lock:
             live[0] -= 1
         return i * i
+
     results, wall = run.closed_loop(one, range(9), 3)
     assert results == [i * i for i in range(9)] and most[0] == 3 and wall > 0
     with pytest.raises(ZeroDivisionError):
@@ -90,8 +102,10 @@ def test_closed_loop_keeps_c_in_flight_and_returns_results_in_order():
 
 
 def test_record_sums_drafts_and_its_measures():
-    reqs = [dict(case=0, ids=[1, 2, 3], ttft_s=0.1, drafted=4, accepted=2, steps=2),
-            dict(case=1, ids=[4], ttft_s=0.3, drafted=0, accepted=0, steps=0)]
+    reqs = [
+        dict(case=0, ids=[1, 2, 3], ttft_s=0.1, drafted=4, accepted=2, steps=2),
+        dict(case=1, ids=[4], ttft_s=0.3, drafted=0, accepted=0, steps=0),
+    ]
     rec = run.record(reqs, 2.0, 2, system="S", config="k4", k=4)
     assert (rec["drafted"], rec["accepted"], rec["concurrency"], rec["system"]) == (4, 2, 2, "S")
     assert run.tok_s(rec) == 2.0 and run.acceptance(rec) == 0.5 and run.tok_per_step(rec) == 2.0
@@ -104,12 +118,14 @@ def test_speculation_formulas():
     assert speculative.ideal_speedup(0.5, 0, 0.3) == 1.0
     assert speculative.ideal_speedup(1.0, 4, 0.0) == 5.0
     assert speculative.ideal_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
-    assert (draft_length.sources_text({"prompt": [3, 1], "output": [1, 1]})
-            == "output 25% (acc 100%), prompt 75% (acc 33%)")
+    assert (
+        draft_length.sources_text({"prompt": [3, 1], "output": [1, 1]}) == "output 25% (acc 100%), prompt 75% (acc 33%)"
+    )
     assert draft_length.sources_text({}) == "–"
 
 
 # ---- reports ------------------------------------------------------------------------------------------------
+
 
 def test_table_cells_and_the_written_report(tmp_path):
     assert report.table(["a", "b"], [[1, "x"]]) == ["| a | b |", "|---|---|", "| 1 | x |"]
@@ -129,20 +145,36 @@ def req(case, ids, text, ttft, latency):
 def test_compare_summaries_and_ratios():
     pytest.importorskip("jsonschema")
     cs = [dict(schema=SCHEMA), dict(schema=SCHEMA)]
-    base = run.record([req(0, [1, 2, 3], '{"a": 1}', 0.1, 1.1), req(1, [4, 5], "no", 0.3, 0.8)], 2.0, 1,
-                      system="S", config="target only", guided=True)
-    spec = dict(run.record([req(0, [1, 2, 3], '{"a": 1}', 0.1, 0.6), req(1, [4, 9], "no", 0.2, 0.4)], 1.0, 1,
-                           system="S", config="ngram k4", guided=True), drafted=10, accepted=4)
+    base = run.record(
+        [req(0, [1, 2, 3], '{"a": 1}', 0.1, 1.1), req(1, [4, 5], "no", 0.3, 0.8)],
+        2.0,
+        1,
+        system="S",
+        config="target only",
+        guided=True,
+    )
+    spec = dict(
+        run.record(
+            [req(0, [1, 2, 3], '{"a": 1}', 0.1, 0.6), req(1, [4, 9], "no", 0.2, 0.4)],
+            1.0,
+            1,
+            system="S",
+            config="ngram k4",
+            guided=True,
+        ),
+        drafted=10,
+        accepted=4,
+    )
     rows = [compare_report.summarize(r, cs, base) for r in (base, spec)]
     compare_report.add_ratios(rows)
     b, s = rows
     assert b["tok_s"] == pytest.approx(5 / 2.0) and s["tok_s"] == pytest.approx(5 / 1.0)
     assert s["ratio"] == pytest.approx(2.0) and b["ratio"] == pytest.approx(1.0)
-    assert b["ttft_p50"] == pytest.approx(200.0)                       # median of 100 and 300 ms
-    assert b["itl_p50"] == pytest.approx((500 + 500) / 2)             # (1.1-0.1)/2 and (0.8-0.3)/1 s
+    assert b["ttft_p50"] == pytest.approx(200.0)  # median of 100 and 300 ms
+    assert b["itl_p50"] == pytest.approx((500 + 500) / 2)  # (1.1-0.1)/2 and (0.8-0.3)/1 s
     assert s["acceptance"] == pytest.approx(0.4) and b["acceptance"] is None
     assert b["valid"] == 1 and b["n"] == 2
-    assert b["same_ids"] == 2 and s["same_ids"] == 1                  # request 1 differs: [4, 9] != [4, 5]
+    assert b["same_ids"] == 2 and s["same_ids"] == 1  # request 1 differs: [4, 9] != [4, 5]
     lines = compare_report.headline(rows + [dict(s, system="ours via Triton"), dict(b, system="ours via Triton")], [1])
     assert any("spec ÷ no-spec, guided, c=1" in line and "2.00×" in line for line in lines)
     table = compare_report.table(rows)
@@ -167,14 +199,36 @@ def test_genai_perf_csv_summary():
 
 
 def test_perf_analyzer_export_figures(tmp_path):
-    ms = 1_000_000                                       # the export's timestamps are ns
-    export = {"version": "2.51.0", "experiments": [{"experiment": {"mode": "concurrency", "value": 2}, "requests": [
-        {"timestamp": 0, "response_timestamps": [100 * ms, 200 * ms, 300 * ms],
-         "response_outputs": [{"output_ids": 5}, {"output_ids": [6, 7]},
-                              {"output_ids": [8], "finish_reason": "stop", "spec_drafted_tokens": 4,
-                               "spec_accepted_tokens": 1}]},
-        {"timestamp": 50 * ms, "response_timestamps": [250 * ms, 1050 * ms],
-         "response_outputs": [{"output_ids": [1, 2]}, {"output_ids": [3, 4], "finish_reason": "length"}]}]}]}
+    ms = 1_000_000  # the export's timestamps are ns
+    export = {
+        "version": "2.51.0",
+        "experiments": [
+            {
+                "experiment": {"mode": "concurrency", "value": 2},
+                "requests": [
+                    {
+                        "timestamp": 0,
+                        "response_timestamps": [100 * ms, 200 * ms, 300 * ms],
+                        "response_outputs": [
+                            {"output_ids": 5},
+                            {"output_ids": [6, 7]},
+                            {
+                                "output_ids": [8],
+                                "finish_reason": "stop",
+                                "spec_drafted_tokens": 4,
+                                "spec_accepted_tokens": 1,
+                            },
+                        ],
+                    },
+                    {
+                        "timestamp": 50 * ms,
+                        "response_timestamps": [250 * ms, 1050 * ms],
+                        "response_outputs": [{"output_ids": [1, 2]}, {"output_ids": [3, 4], "finish_reason": "length"}],
+                    },
+                ],
+            }
+        ],
+    }
     (tmp_path / "v_c2.json").write_text(json.dumps(export))
     [r] = perf_analyzer.summarize_export(tmp_path / "v_c2.json")
     assert (r["concurrency"], r["completed"], r["output_tokens"]) == (2, 2, 8)
@@ -183,16 +237,24 @@ def test_perf_analyzer_export_figures(tmp_path):
     assert r["output_tok_s"] == pytest.approx(8 / 1.05) and r["spec_acceptance_rate"] == pytest.approx(0.25)
     assert r["finish_reasons"] == {"stop": 1, "length": 1} and r["tokens_per_response"] == pytest.approx(8 / 5)
     args = bench.parse(["perf_analyzer", "--raw", str(tmp_path)])
-    lines = perf_analyzer.summary(args, [{"variant": "v", **r}, dict(variant="w", concurrency=1, error="rc 1")],
-                                  dict(inputs="x", server="y", command="z"))
+    lines = perf_analyzer.summary(
+        args,
+        [{"variant": "v", **r}, dict(variant="w", concurrency=1, error="rc 1")],
+        dict(inputs="x", server="y", command="z"),
+    )
     assert any(line.startswith("| v | 2 | 2/2 | 150 |") for line in lines)
     assert any(line.startswith("| w | 1 | failed: rc 1 |") for line in lines)
 
 
 def test_gpu_report_renders_measured_and_failed_sections():
     args = bench.parse(["gpu", "--tokenizer", "x"])
-    fwd = [dict(model=m, graphs=g, batch=b, width=w, ms=ms) for m, ms in (("target-1B", 10.0), ("draft-135M", 4.0))
-           for g in (False, True) for b in (1, 8) for w in (1, 4)]
+    fwd = [
+        dict(model=m, graphs=g, batch=b, width=w, ms=ms)
+        for m, ms in (("target-1B", 10.0), ("draft-135M", 4.0))
+        for g in (False, True)
+        for b in (1, 8)
+        for w in (1, 4)
+    ]
     lines = gpu.render(args, dict(device="D", forward=fwd, engine="RuntimeError('x')"))
     assert lines[0] == "# GPU check: D"
     assert "| target-1B | 1 | 1 | 10.00 | 10.00 | 1.00× |" in lines
@@ -202,11 +264,17 @@ def test_gpu_report_renders_measured_and_failed_sections():
 
 # ---- smoke ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv", [["forward", "--quick", "--batches", "1", "--widths", "1", "2", "--cache-len", "16"],
-                                  ["speculative", "--quick", "--configs", "none,ngram-k2", "--max-tokens", "12"]])
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["forward", "--quick", "--batches", "1", "--widths", "1", "2", "--cache-len", "16"],
+        ["speculative", "--quick", "--configs", "none,ngram-k2", "--max-tokens", "12"],
+    ],
+)
 def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
     assert bench.main([*argv, "--model", str(tiny_ckpt), "--raw", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
     assert text.startswith("# ") and "|---|" in text and (tmp_path / f"{argv[0]}.json").exists()
     if argv[0] == "speculative":
-        assert text.count("| yes |") == 4                     # none and ngram-k2 at c = 1 and 2, same ids
+        assert text.count("| yes |") == 4  # none and ngram-k2 at c = 1 and 2, same ids

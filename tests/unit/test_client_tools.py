@@ -1,6 +1,7 @@
 """The client-side tools the end-to-end suites and the soak scenario (scripts/bench.py soak) lean on: raw input
 tensors in build_inputs, the metrics reader, engine settings of a model repository, a repository with changed
 settings, and finding the model's process and its memory."""
+
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def test_build_inputs_sends_a_raw_tensor_as_built():
     raw = grpcclient.InferInput("max_tokens", [1], "FP32")
     raw.set_data_from_numpy(np.array([2.0], dtype=np.float32))
     [sent] = build_inputs({"max_tokens": raw})
-    assert sent is raw and sent.datatype() == "FP32"         # not cast to the contract's INT32
+    assert sent is raw and sent.datatype() == "FP32"  # not cast to the contract's INT32
     [cast] = build_inputs({"max_tokens": np.array([2.0], dtype=np.float32)})
     assert cast.datatype() == "INT32"
     with pytest.raises(ValueError, match="temperature"):
@@ -54,22 +55,22 @@ def test_build_inputs_sends_a_raw_tensor_as_built():
 
 def test_model_repository_with_changes_and_adds_settings(tmp_path):
     served = model_parameters(REPO / "model_repository")
-    assert "ngram_min" not in served              # an engine setting the served config leaves at its default
+    assert "ngram_min" not in served  # an engine setting the served config leaves at its default
     repo = model_repository_with({"max_slots": "3", "ngram_min": "1"}, tmp_path / "repo")
     params = model_parameters(repo)
     assert params["max_slots"] == "3" and params["ngram_min"] == "1"
-    assert {k: v for k, v in params.items() if k not in ("max_slots", "ngram_min", "checkpoint")} \
-        == {k: v for k, v in served.items() if k not in ("max_slots", "checkpoint")}
+    assert {k: v for k, v in params.items() if k not in ("max_slots", "ngram_min", "checkpoint")} == {
+        k: v for k, v in served.items() if k not in ("max_slots", "checkpoint")
+    }
     # the checkpoint is the same folder, now absolute; model.py is this checkout's (it runs this engine)
     assert Path(params["checkpoint"]).is_absolute()
-    assert Path(params["checkpoint"]).resolve() == \
-        (REPO / "model_repository" / "llm" / served["checkpoint"]).resolve()
+    assert Path(params["checkpoint"]).resolve() == (REPO / "model_repository" / "llm" / served["checkpoint"]).resolve()
     assert (repo / "llm" / "1" / "model.py").resolve() == (REPO / "model_repository" / "llm" / "1" / "model.py")
 
 
 def test_stub_pids_finds_the_children_named_like_the_stub(tmp_path):
     stub = tmp_path / STUB
-    stub.symlink_to("/bin/sleep")            # a process's name is the file it was started from
+    stub.symlink_to("/bin/sleep")  # a process's name is the file it was started from
     children = [subprocess.Popen([str(stub), "30"]), subprocess.Popen(["/bin/sleep", "30"])]
     try:
         assert stub_pids(os.getpid()) == [children[0].pid]

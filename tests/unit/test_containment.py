@@ -1,5 +1,6 @@
 """A failure belongs to one request: whatever one request's values do, and wherever in the step its own work fails,
 that request ends with its own error and every batch-mate's output is what it is alone."""
+
 import pytest
 
 from specgram import faults as faults_mod
@@ -9,8 +10,11 @@ from specgram.sample import sampling
 
 from .helpers import target_and_draft, tokens_of
 
-MATES = [("The quick brown fox jumps", {}), ("abcabc abcabc abc", {"num_draft_tokens": 3}),
-         ("Hello there", {"guide_type": "regex", "guide": "[a-z ]{4,30}", "num_draft_tokens": 2})]
+MATES = [
+    ("The quick brown fox jumps", {}),
+    ("abcabc abcabc abc", {"num_draft_tokens": 3}),
+    ("Hello there", {"guide_type": "regex", "guide": "[a-z ]{4,30}", "num_draft_tokens": 2}),
+]
 
 
 def _req(engine, text, **kw):
@@ -35,8 +39,9 @@ def _drive(engine, reqs):
 
 
 def _solo(engine, mates=MATES, **common):
-    return [tokens_of(_drive(engine, [r])[r.request_id]) for r in
-            [_req(engine, t, **{**common, **kw}) for t, kw in mates]]
+    return [
+        tokens_of(_drive(engine, [r])[r.request_id]) for r in [_req(engine, t, **{**common, **kw}) for t, kw in mates]
+    ]
 
 
 def _with_victim(engine, victim, mates=MATES, **common):
@@ -62,8 +67,15 @@ def test_a_guide_whose_token_list_leaves_nothing_ends_that_request_alone(engine,
     """Regex [0-9]{3}x with only the digits allowed: after three digits nothing may follow. The request ends with
     one INVALID error naming the cause; it never holds a token it excluded; the mates are as alone."""
     alone = _solo(engine, drafter=drafter)
-    victim = _req(engine, "Give me a code", guide_type="regex", guide="[0-9]{3}x", allowed_token_ids=_digits(engine),
-                  drafter=drafter, num_draft_tokens=k)
+    victim = _req(
+        engine,
+        "Give me a code",
+        guide_type="regex",
+        guide="[0-9]{3}x",
+        allowed_token_ids=_digits(engine),
+        drafter=drafter,
+        num_draft_tokens=k,
+    )
     got, mates = _with_victim(engine, victim, drafter=drafter)
     assert mates == alone
     final = got[-1]
@@ -85,39 +97,60 @@ def _inject(monkeypatch, engine, phase, victim):
     if phase == "admission":
         real = engine.output.start
         monkeypatch.setattr(engine.output, "start", lambda r: real(r) if r is not victim else 1 / 0)
-    elif phase == "prefill":        # the first token's logits processors
+    elif phase == "prefill":  # the first token's logits processors
         real = penalties.apply
-        monkeypatch.setattr(penalties, "apply", lambda logits, rows: real(logits, rows) if all(
-            r is not victim for _, r, _ in rows) else 1 / 0)
-    elif phase == "drafting":       # the drafter over a batch holding the victim, after two tokens
+        monkeypatch.setattr(
+            penalties,
+            "apply",
+            lambda logits, rows: real(logits, rows) if all(r is not victim for _, r, _ in rows) else 1 / 0,
+        )
+    elif phase == "drafting":  # the drafter over a batch holding the victim, after two tokens
         drafter = engine.drafters["ngram"]
         real = drafter.propose
-        monkeypatch.setattr(drafter, "propose", lambda reqs, *a: real(reqs, *a) if victim not in reqs
-                            or len(victim.output_ids) < 2 else 1 / 0)
-    elif phase == "grammar":        # the victim's matcher, after three tokens
+        monkeypatch.setattr(
+            drafter,
+            "propose",
+            lambda reqs, *a: real(reqs, *a) if victim not in reqs or len(victim.output_ids) < 2 else 1 / 0,
+        )
+    elif phase == "grammar":  # the victim's matcher, after three tokens
         real = engine.planner.masks.fill
-        monkeypatch.setattr(engine.planner.masks, "fill", lambda slot, guide: real(slot, guide)
-                            if guide is not victim.guide or len(victim.output_ids) < 3 else 1 / 0)
-    elif phase == "verify":         # the verify rows' processors, after four tokens
+        monkeypatch.setattr(
+            engine.planner.masks,
+            "fill",
+            lambda slot, guide: real(slot, guide) if guide is not victim.guide or len(victim.output_ids) < 3 else 1 / 0,
+        )
+    elif phase == "verify":  # the verify rows' processors, after four tokens
         real = penalties.apply
-        monkeypatch.setattr(penalties, "apply", lambda logits, rows: real(logits, rows) if all(
-            r is not victim for _, r, _ in rows) or len(victim.output_ids) < 4 else 1 / 0)
-    elif phase == "sampling":       # the verify's token choice over a batch holding the victim
+        monkeypatch.setattr(
+            penalties,
+            "apply",
+            lambda logits, rows: (
+                real(logits, rows) if all(r is not victim for _, r, _ in rows) or len(victim.output_ids) < 4 else 1 / 0
+            ),
+        )
+    elif phase == "sampling":  # the verify's token choice over a batch holding the victim
         real = sampling.accept
-        monkeypatch.setattr(sampling, "accept", lambda reqs, *a: real(reqs, *a) if victim not in reqs
-                            or len(victim.output_ids) < 3 else 1 / 0)
-    elif phase == "settle":         # the drafter's bookkeeping after the verify
+        monkeypatch.setattr(
+            sampling,
+            "accept",
+            lambda reqs, *a: real(reqs, *a) if victim not in reqs or len(victim.output_ids) < 3 else 1 / 0,
+        )
+    elif phase == "settle":  # the drafter's bookkeeping after the verify
         drafter = engine.drafters["ngram"]
         real = drafter.committed
-        monkeypatch.setattr(drafter, "committed", lambda r, a: real(r, a) if r is not victim
-                            or len(victim.output_ids) < 2 else 1 / 0)
+        monkeypatch.setattr(
+            drafter, "committed", lambda r, a: real(r, a) if r is not victim or len(victim.output_ids) < 2 else 1 / 0
+        )
     elif phase == "logprobs":
         real = engine.logprobs._entry
         monkeypatch.setattr(engine.logprobs, "_entry", lambda lp, n, toks: real(lp, n, toks) if n != 3 else 1 / 0)
-    elif phase == "commit":         # the victim's text and stop checks
+    elif phase == "commit":  # the victim's text and stop checks
         real = engine.output.commit
-        monkeypatch.setattr(engine.output, "commit", lambda r, *a: real(r, *a) if r is not victim
-                            or len(victim.output_ids) < 5 else 1 / 0)
+        monkeypatch.setattr(
+            engine.output,
+            "commit",
+            lambda r, *a: real(r, *a) if r is not victim or len(victim.output_ids) < 5 else 1 / 0,
+        )
 
 
 PHASES = ["admission", "prefill", "drafting", "grammar", "verify", "sampling", "settle", "logprobs", "commit"]
@@ -129,8 +162,16 @@ def test_a_failure_in_any_phase_ends_its_request_alone(engine, monkeypatch, phas
     internal error, the mates (one plain, one drafting by lookup, one guided) stream what they stream alone."""
     common = {"drafter": "ngram"}
     alone = _solo(engine, **common)
-    victim = _req(engine, "abcabc abcabc abc", guide_type="regex", guide="[a-c ]{8,40}", repetition_penalty=1.1,
-                  num_draft_tokens=3, logprobs=3, **common)
+    victim = _req(
+        engine,
+        "abcabc abcabc abc",
+        guide_type="regex",
+        guide="[a-c ]{8,40}",
+        repetition_penalty=1.1,
+        num_draft_tokens=3,
+        logprobs=3,
+        **common,
+    )
     _inject(monkeypatch, engine, phase, victim)
     got, mates = _with_victim(engine, victim, **common)
     assert mates == alone
@@ -143,6 +184,7 @@ def test_each_or_alone_blames_the_request_whose_own_call_fails():
     class R:
         def __init__(self, i):
             self.request_id = i
+
     reqs = [R(1), R(2), R(3)]
     f = faults_mod.Faults()
 
@@ -150,6 +192,7 @@ def test_each_or_alone_blames_the_request_whose_own_call_fails():
         if any(r.request_id == 2 for r in sub):
             raise ValueError("two")
         return [r.request_id * 10 for r in sub]
+
     assert f.each_or_alone(reqs, fn, -1) == [10, -1, 30]
     assert [(r.request_id, str(e)) for r, e in f.take()] == [(2, "two")]
     assert not f
@@ -162,12 +205,16 @@ def test_a_failed_request_leaves_its_batch_mates_logprobs_their_own(engine, monk
 
     def logprobs(outs):
         return [(row[0].token_id, round(row[0].logprob, 4)) for o in outs for row in o.logprobs]
+
     r = _req(engine, *mate[0][:1], **mate[0][1])
     alone = logprobs(_drive(engine, [r])[r.request_id])
     victim = _req(engine, "abcabc abcabc abc", drafter="ngram", num_draft_tokens=3)
     real = sampling.accept
-    monkeypatch.setattr(sampling, "accept", lambda reqs, *a: real(reqs, *a) if victim not in reqs
-                        or len(victim.output_ids) < 3 else 1 / 0)
+    monkeypatch.setattr(
+        sampling,
+        "accept",
+        lambda reqs, *a: real(reqs, *a) if victim not in reqs or len(victim.output_ids) < 3 else 1 / 0,
+    )
     other = _req(engine, *mate[0][:1], **mate[0][1])
     outs = _drive(engine, [victim, other])
     assert outs[victim.request_id][-1].error_kind == "internal"

@@ -1,5 +1,6 @@
 """The client contract is declared once (specgram/contract.py): config.pbtxt, the parser, the client and
 docs/api.md must agree with it."""
+
 import dataclasses
 import importlib.util
 import re
@@ -22,12 +23,14 @@ def _pbtxt_block(text: str, kind: str) -> list[dict]:
     entries = []
     for body in re.findall(r"\{([^{}]*)\}", block.group(1)):
         fields = dict(re.findall(r"(\w+):\s*(\"[^\"]*\"|\[[^\]]*\]|\w+)", body))
-        entries.append({
-            "name": fields["name"].strip('"'),
-            "dtype": fields["data_type"].removeprefix("TYPE_"),
-            "dims": tuple(int(d) for d in fields["dims"].strip("[]").split(",")),
-            "optional": fields.get("optional", "false") == "true",
-        })
+        entries.append(
+            {
+                "name": fields["name"].strip('"'),
+                "dtype": fields["data_type"].removeprefix("TYPE_"),
+                "dims": tuple(int(d) for d in fields["dims"].strip("[]").split(",")),
+                "optional": fields.get("optional", "false") == "true",
+            }
+        )
     return entries
 
 
@@ -68,12 +71,14 @@ def test_every_option_has_a_check_and_parameters_exist():
             assert f.convert is not None, f.name
         if f.param is not None:
             assert f.option and f.param in sp_fields, f.name
-    switches = {n for n in contract.INPUT if n.startswith("return_")}      # vllm_backend's: input tensors only
+    switches = {n for n in contract.INPUT if n.startswith("return_")}  # vllm_backend's: input tensors only
     assert switches and set(protocol._SWITCHES) == switches and all(contract.INPUT[n].convert for n in switches)
-    sampling_keys = {f.name for f in contract.SAMPLING_KEYS}        # sampling_parameters keys, not inputs
+    sampling_keys = {f.name for f in contract.SAMPLING_KEYS}  # sampling_parameters keys, not inputs
     assert sampling_keys and not sampling_keys & set(contract.INPUT)
-    assert set(protocol.OPTIONS) == ({f.name for f in contract.INPUTS} - {"text_input", "sampling_parameters"}
-                                     - switches) | sampling_keys
+    assert (
+        set(protocol.OPTIONS)
+        == ({f.name for f in contract.INPUTS} - {"text_input", "sampling_parameters"} - switches) | sampling_keys
+    )
 
 
 def test_client_dtypes_come_from_the_contract():
@@ -82,6 +87,7 @@ def test_client_dtypes_come_from_the_contract():
         import stream_client
     finally:
         sys.path.remove(str(REPO / "client"))
-    assert stream_client.INPUT_DTYPES == {f.name: ("BYTES" if f.dtype == "STRING" else f.dtype)
-                                          for f in contract.INPUTS}
+    assert stream_client.INPUT_DTYPES == {
+        f.name: ("BYTES" if f.dtype == "STRING" else f.dtype) for f in contract.INPUTS
+    }
     assert set(stream_client.SCALAR_OUTPUTS) == {f.name for f in contract.OUTPUTS if f.dims == (1,)}

@@ -1,4 +1,5 @@
 """The container and deployment files, checked where they cannot be run (no Docker, no cluster here)."""
+
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ def test_dockerfile_pins_its_base_and_copies_what_exists():
 
 def test_kubernetes_example_is_consistent():
     import yaml
+
     docs = list(yaml.safe_load_all((REPO / "deploy" / "kubernetes.yaml").read_text()))
     dep = next(d for d in docs if d["kind"] == "Deployment")
     svc = next(d for d in docs if d["kind"] == "Service")
@@ -47,6 +49,7 @@ def test_kubernetes_example_is_consistent():
 
 def _yaml(name: str) -> list[dict]:
     import yaml
+
     return [d for d in yaml.safe_load_all((REPO / "deploy" / name).read_text()) if d]
 
 
@@ -56,6 +59,7 @@ def _exported_metrics() -> dict[str, tuple[str, set[str]]]:
     from specgram.serving.metrics import Metrics
 
     from . import fake_pb_utils as pb
+
     mark = {"model": "llm", "version": "1", "instance": "deploy-files-check"}
     metrics = Metrics(pb.MetricFamily, mark, max_draft_len=4, max_slots=8, forward="native")
     exported = {}
@@ -63,9 +67,9 @@ def _exported_metrics() -> dict[str, tuple[str, set[str]]]:
         mine = [m for m in series if m.labels.get("instance") == mark["instance"]]
         if mine:
             exported[name] = (mine[0].family.kind, set().union(*(m.labels for m in mine)))
-    metrics.release()           # only now: a metric's kind is its family's, which the Metrics object holds
-    for series in pb.MetricFamily.registry.values():    # the stand-in keeps every series: drop these again, so
-        series[:] = [m for m in series if m.labels.get("instance") != mark["instance"]]   # others' [0] is theirs
+    metrics.release()  # only now: a metric's kind is its family's, which the Metrics object holds
+    for series in pb.MetricFamily.registry.values():  # the stand-in keeps every series: drop these again, so
+        series[:] = [m for m in series if m.labels.get("instance") != mark["instance"]]  # others' [0] is theirs
     return exported
 
 
@@ -75,19 +79,23 @@ def _quantity(value) -> float:
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
-PROMETHEUS_TARGET_LABELS = {"namespace", "pod"}     # what Prometheus adds to a pod's series when it scrapes it
+PROMETHEUS_TARGET_LABELS = {"namespace", "pod"}  # what Prometheus adds to a pod's series when it scrapes it
 
 
 def test_autoscaler_scales_the_deployment_on_metrics_the_model_exports():
     from . import fake_pb_utils as pb
+
     exported = _exported_metrics()
     assert {"specgram_requests_waiting", "specgram_requests_running", "specgram_kv_slots"} <= set(exported)
     (dep,) = [d for d in _yaml("kubernetes.yaml") if d["kind"] == "Deployment"]
     (hpa,) = _yaml("autoscaling.yaml")
     assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2", "HorizontalPodAutoscaler")
     spec = hpa["spec"]
-    assert spec["scaleTargetRef"] == {"apiVersion": dep["apiVersion"], "kind": "Deployment",
-                                      "name": dep["metadata"]["name"]}
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": dep["apiVersion"],
+        "kind": "Deployment",
+        "name": dep["metadata"]["name"],
+    }
     assert 1 <= spec["minReplicas"] <= dep["spec"]["replicas"] <= spec["maxReplicas"] <= 64
 
     # The adapter's rules: each exposes one name, computed from gauges the model exports (summed over the
@@ -108,7 +116,7 @@ def test_autoscaler_scales_the_deployment_on_metrics_the_model_exports():
         exposed[rule["name"]["as"]] = used
     assert exposed["specgram_requests_waiting"] == {"specgram_requests_waiting"}
     assert exposed["specgram_kv_slot_usage"] == {"specgram_requests_running", "specgram_kv_slots"}
-    assert values["rules"]["default"] is False          # the chart's catch-all rules would expose the names twice
+    assert values["rules"]["default"] is False  # the chart's catch-all rules would expose the names twice
 
     # The autoscaler asks for exactly those names, per pod, selected by labels every series behind them carries.
     targets = {}
@@ -122,7 +130,7 @@ def test_autoscaler_scales_the_deployment_on_metrics_the_model_exports():
         targets[name] = _quantity(metric["pods"]["target"]["averageValue"])
     assert set(targets) == set(exposed)
     assert targets["specgram_requests_waiting"] > 0
-    assert 0 < targets["specgram_kv_slot_usage"] < 1        # a share of slots: a target of 1 or more never scales up
+    assert 0 < targets["specgram_kv_slot_usage"] < 1  # a share of slots: a target of 1 or more never scales up
 
 
 def test_pods_outlive_tritons_exit_timeout_when_scaled_down():

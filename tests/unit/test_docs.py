@@ -1,5 +1,6 @@
 """The docs agree with the code: docs/configuration.md lists every engine setting with the defaults that the code
 and the shipped config.pbtxt give; the README stays short; relative links in the docs resolve."""
+
 import dataclasses
 import re
 from pathlib import Path

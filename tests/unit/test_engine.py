@@ -1,4 +1,5 @@
 """Engine behaviour on tiny random models: exactness against HF, batching invariance, limits, cancellation."""
+
 import pytest
 import torch
 
@@ -11,9 +12,15 @@ PROMPTS = ["Hello there", "The quick brown fox jumps", "a", "Speculative decodin
 
 
 def hf_greedy(model, prompt_ids, max_new):
-    out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                         max_new_tokens=max_new, do_sample=False, eos_token_id=2, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -31,6 +38,7 @@ def test_other_llama_family_types_equal_hf(tmp_path, model_type):
     from specgram.engine.engine import Engine
 
     from .tiny import save_checkpoint
+
     ckpt = save_checkpoint(tmp_path / model_type, model_type=model_type, seed=3)
     engine = Engine.from_config(EngineConfig(checkpoint=str(ckpt), max_slots=2, max_seq_len=128))
     req = engine.make_request(SamplingParams(max_tokens=24), text="Qwen and Mistral")
@@ -97,8 +105,7 @@ def test_top_k_1_is_greedy(make_engine):
 
 def test_stream_pieces_join_to_full_decode(make_engine):
     engine = make_engine()
-    req = engine.make_request(SamplingParams(max_tokens=60, ignore_eos=True, temperature=1.0, seed=3),
-                              text=PROMPTS[3])
+    req = engine.make_request(SamplingParams(max_tokens=60, ignore_eos=True, temperature=1.0, seed=3), text=PROMPTS[3])
     outs = run_to_end(engine, [req])[req.request_id]
     ids = tokens_of(outs)
     assert len(ids) == 60 and outs[-1].finish_reason == "length"
@@ -112,8 +119,7 @@ def test_stop_string_cuts_output_and_is_never_streamed(make_engine):
     full = text_of(run_to_end(engine, [base])[base.request_id])
     stop = full[10:14]
     assert len(stop) == 4
-    req = engine.make_request(SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop, "\x00never"]),
-                              text=PROMPTS[1])
+    req = engine.make_request(SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop, "\x00never"]), text=PROMPTS[1])
     outs = run_to_end(engine, [req])[req.request_id]
     cut = full.index(stop)
     assert text_of(outs) == full[:cut]
@@ -136,7 +142,7 @@ def test_eos_finishes_with_stop(make_engine):
         outs = run_to_end(engine, [req])[req.request_id]
     assert tokens_of(outs) == full[:cut] and cut <= 11
     assert outs[-1].finished and outs[-1].finish_reason == "stop"
-    assert text_of(outs) == engine.tokenizer.decode(full[:cut - 1], skip_special_tokens=True)   # EOS is not text
+    assert text_of(outs) == engine.tokenizer.decode(full[: cut - 1], skip_special_tokens=True)  # EOS is not text
 
 
 def test_context_limit_finishes_with_length(make_engine):
@@ -178,19 +184,22 @@ def test_abort_frees_slot_and_leaves_others_unchanged(make_engine):
     assert sum(o.finished for o in outs[victim.request_id]) == 1
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_k=-5), "top_k"),
-    (dict(seed=-2**63 - 1), "seed"),
-    (dict(stop=[""]), "stop"),
-    (dict(num_draft_tokens=99), "num_draft_tokens"),
-    (dict(guide="{}"), "guided_decoding_guide_type"),
-    (dict(guide_type="yaml", guide="x"), "unknown guided_decoding_guide_type"),
-    (dict(guide_type="regex", guide=""), "empty"),
-    (dict(guide_type="json_schema", guide="{not json"), "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-5), "top_k"),
+        (dict(seed=-(2**63) - 1), "seed"),
+        (dict(stop=[""]), "stop"),
+        (dict(num_draft_tokens=99), "num_draft_tokens"),
+        (dict(guide="{}"), "guided_decoding_guide_type"),
+        (dict(guide_type="yaml", guide="x"), "unknown guided_decoding_guide_type"),
+        (dict(guide_type="regex", guide=""), "empty"),
+        (dict(guide_type="json_schema", guide="{not json"), "not valid JSON"),
+    ],
+)
 def test_invalid_params_raise_for_that_request(make_engine, params, message):
     engine = make_engine()
     with pytest.raises(InvalidRequest, match=message):
@@ -199,7 +208,7 @@ def test_invalid_params_raise_for_that_request(make_engine, params, message):
 
 def test_unsupported_features_are_refused_not_ignored(make_engine):
     engine = make_engine()
-    with pytest.raises(InvalidRequest, match="drafter 'draft_model'"):   # no draft model configured here
+    with pytest.raises(InvalidRequest, match="drafter 'draft_model'"):  # no draft model configured here
         engine.make_request(SamplingParams(num_draft_tokens=2, drafter="draft_model"), text="hi")
 
 
@@ -232,7 +241,7 @@ def test_a_failure_in_a_shared_prefill_and_verify_step_fails_only_its_side(make_
     engine = make_engine(device="cpu", linear="native")
     running = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text="hi")
     engine.add(running)
-    engine.step()                                                        # "hi" is prefilled: it now decodes
+    engine.step()  # "hi" is prefilled: it now decodes
     new = engine.make_request(SamplingParams(max_tokens=1), text=PROMPTS[1])
     engine.add(new)
     owner = {"mask_verify": engine.logits, "draft": engine.planner, "forward_split": engine.target.native}[broken]
@@ -301,23 +310,35 @@ def test_a_prefill_step_ends_at_a_prompt_end_once_it_holds_pack_tokens(make_engi
         return steps
 
     assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [8, 15, 40, 30]) == [
-        [(0, 8), (1, 15)], [(2, 40)], [(3, 30)]]          # 8 < 20 takes the next prompt; 23 >= 20 ends the step
-    assert chunk_sizes(Scheduler(4, 50), [8, 15, 40, 30]) == [            # packed to the budget
-        [(0, 8), (1, 15), (2, 27)], [(2, 13), (3, 30)]]
-    assert chunk_sizes(Scheduler(4, 16, pack_tokens=64), [40, 5]) == [    # the budget still caps a step
-        [(0, 16)], [(0, 16)], [(0, 8), (1, 5)]]
-    assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [20, 5]) == [[(0, 20)], [(1, 5)]]   # 20 >= 20: ends
+        [(0, 8), (1, 15)],
+        [(2, 40)],
+        [(3, 30)],
+    ]  # 8 < 20 takes the next prompt; 23 >= 20 ends the step
+    assert chunk_sizes(Scheduler(4, 50), [8, 15, 40, 30]) == [  # packed to the budget
+        [(0, 8), (1, 15), (2, 27)],
+        [(2, 13), (3, 30)],
+    ]
+    assert chunk_sizes(Scheduler(4, 16, pack_tokens=64), [40, 5]) == [  # the budget still caps a step
+        [(0, 16)],
+        [(0, 16)],
+        [(0, 8), (1, 5)],
+    ]
+    assert chunk_sizes(Scheduler(4, 50, pack_tokens=20), [20, 5]) == [[(0, 20)], [(1, 5)]]  # 20 >= 20: ends
     cpu = make_engine(device="cpu", linear="native")
-    assert cpu.scheduler.pack_tokens == 64 and cpu.target.fuse_steps              # the CPU engine's defaults
+    assert cpu.scheduler.pack_tokens == 64 and cpu.target.fuse_steps  # the CPU engine's defaults
 
 
 def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatch):
     """Native CPU forward: a step with prompt chunks and decoding requests runs one forward for both. Greedy
     outputs (plain, speculative, guided) equal those with a forward each, and each request's output alone."""
-    specs = [(LONG, dict(max_tokens=14)), ("hi", dict(max_tokens=24, num_draft_tokens=3)),
-             (PROMPTS[3], dict(max_tokens=18, guide_type="regex", guide=r"(ab|cd|[e-h]x){2,12}")),
-             (LONG[:50], dict(max_tokens=20, num_draft_tokens=2)), (PROMPTS[1], dict(max_tokens=9)),
-             (LONG, dict(max_tokens=16, num_draft_tokens=4))]
+    specs = [
+        (LONG, dict(max_tokens=14)),
+        ("hi", dict(max_tokens=24, num_draft_tokens=3)),
+        (PROMPTS[3], dict(max_tokens=18, guide_type="regex", guide=r"(ab|cd|[e-h]x){2,12}")),
+        (LONG[:50], dict(max_tokens=20, num_draft_tokens=2)),
+        (PROMPTS[1], dict(max_tokens=9)),
+        (LONG, dict(max_tokens=16, num_draft_tokens=4)),
+    ]
 
     def outputs(engine):
         reqs = [engine.make_request(SamplingParams(**kw), text=t) for t, kw in specs]
@@ -329,7 +350,7 @@ def test_prompt_chunks_and_verify_rows_share_one_forward(make_engine, monkeypatc
     split = fused.target.native.forward_split
     monkeypatch.setattr(fused.target.native, "forward_split", lambda *a, **k: calls.append(1) or split(*a, **k))
     together = outputs(fused)
-    assert len(calls) >= 10                                   # the long prompts' chunks rode with decode rows
+    assert len(calls) >= 10  # the long prompts' chunks rode with decode rows
     alone = []
     for t, kw in specs:
         r = fused.make_request(SamplingParams(**kw), text=t)
@@ -346,16 +367,16 @@ def test_running_requests_decode_while_a_long_prompt_prefills(make_engine):
     engine = make_engine(max_prefill_tokens=8)
     short = engine.make_request(SamplingParams(max_tokens=30, ignore_eos=True), text="hi")
     engine.add(short)
-    first = engine.step()                                 # "hi" fits one chunk: its first token comes at once
+    first = engine.step()  # "hi" fits one chunk: its first token comes at once
     assert [o.request_id for o in first] == [short.request_id]
     long = engine.make_request(SamplingParams(max_tokens=4), text=LONG)
     engine.add(long)
     chunks = -(-len(long.prompt_ids) // 8)
-    for _ in range(chunks - 1):                           # the long prompt is still being prefilled ...
+    for _ in range(chunks - 1):  # the long prompt is still being prefilled ...
         outs = engine.step()
-        assert [o.request_id for o in outs] == [short.request_id]      # ... and the short one decodes each step
+        assert [o.request_id for o in outs] == [short.request_id]  # ... and the short one decodes each step
         assert long.prefilling
-    outs = engine.step()                                  # last chunk: the long request's first token
+    outs = engine.step()  # last chunk: the long request's first token
     assert {o.request_id for o in outs} == {short.request_id, long.request_id} and not long.prefilling
 
 

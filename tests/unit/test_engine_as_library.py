@@ -1,5 +1,6 @@
 """The engine used as a library in a plain script: no `if __name__ == "__main__":` guard needed, the script runs
 once (the grammar workers never re-run it), and the workers start only when a guide needs them."""
+
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,8 @@ BACKEND = Path(__file__).resolve().parents[2] / "backend"
 
 def test_a_script_without_a_main_guard_runs_once_and_gets_guided_output(tmp_path, tiny_ckpt):
     script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(BACKEND)!r})
         from specgram.config import EngineConfig
@@ -27,7 +29,8 @@ def test_a_script_without_a_main_guard_runs_once_and_gets_guided_output(tmp_path
         text = "".join(o.text for g in generate(engine, [req]).generations for o in g.outputs)
         print("output", text, flush=True)
         engine.close()
-    """))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("script body ran") == 1, done.stdout

@@ -3,6 +3,7 @@ their own entry points: the hidden states, every KV-cache entry and the lm_head'
 weight form, for decode, verify and prefill-sized batches (the GEMM's dealt ranges and its dynamic schedule), with
 and without an attention window, with a float32 and a bfloat16 KV cache - for each ISA's build of the kernels that
 this CPU runs."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,7 @@ from specgram.model.runner import ModelRunner
 
 from .tiny import build_model
 
-pytestmark = pytest.mark.skipif(kernels.load() is None,
-                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 
 def kernel_by_kernel(native, cache, tokens, slots, positions, window):
@@ -34,10 +34,12 @@ def kernel_by_kernel(native, cache, tokens, slots, positions, window):
     for i, L in enumerate(native.layers):
         k, v = cache.k[i], cache.v[i]
         L.qkv.into(x, qkv)
-        lib.specgram_rope_cache_write(p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv,
-                                      D, P, p(q), nt)
-        lib.specgram_attention(p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, window or 0,
-                               native.scaling, p(att), nt)
+        lib.specgram_rope_cache_write(
+            p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, p(q), nt
+        )
+        lib.specgram_attention(
+            p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, window or 0, native.scaling, p(att), nt
+        )
         L.o.into(att, o)
         lib.specgram_add_rmsnorm(p(h), p(o), p(L.w_post), L.eps_post, p(x), N, E, nt)
         L.gate_up.into(x, gu)
@@ -61,7 +63,7 @@ WEIGHTS = ["auto", "bfloat16", "int8", "int8-dynamic", "int8-dynamic8"]
 BATCHES = {
     "decode": [(0, 40, 1)],
     "verify rows": [(0, 40, 5), (1, 30, 5), (2, 50, 1)],
-    "prefill chunk beside a verify row": [(3, 0, 140), (0, 40, 4)],     # 140 rows: the dynamic schedule
+    "prefill chunk beside a verify row": [(3, 0, 140), (0, 40, 4)],  # 140 rows: the dynamic schedule
 }
 
 
@@ -71,7 +73,7 @@ BATCHES = {
 @pytest.mark.parametrize("model_type,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 8})])
 def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type, overrides, kv_dtype):
     model = build_model(model_type, seed=5, **overrides)
-    with torch.no_grad():                        # norms of ones would hide a norm applied in the wrong place
+    with torch.no_grad():  # norms of ones would hide a norm applied in the wrong place
         for name, t in model.named_parameters():
             if name.endswith("norm.weight"):
                 t.copy_(1 + 0.2 * torch.randn(t.shape, generator=torch.Generator().manual_seed(len(name))))
@@ -83,7 +85,7 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
     assert runner.cache.k.dtype == (torch.bfloat16 if kv_dtype == "bfloat16" else torch.float32)
     native, window = runner.native, runner.window
     assert native.lib is lib
-    history = batch([(s, 0, 50) for s in range(3)])                    # earlier tokens in the cache
+    history = batch([(s, 0, 50) for s in range(3)])  # earlier tokens in the cache
     native.layers_forward(runner.cache, *history, window)
     tokens, slots, positions = batch(BATCHES[shape])
     k0, v0 = runner.cache.k.clone(), runner.cache.v.clone()
@@ -94,7 +96,7 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
     want = kernel_by_kernel(native, runner.cache, tokens, slots, positions, window)
     assert torch.equal(got, want)
     assert torch.equal(k1, runner.cache.k) and torch.equal(v1, runner.cache.v)
-    assert not torch.equal(k0, k1)                                     # the call did write the new tokens' K
+    assert not torch.equal(k0, k1)  # the call did write the new tokens' K
     # the lm_head in the same call: on chosen rows (a row's last token, in any order) and on all of them
     N = tokens.shape[0]
     for head_rows in (torch.tensor([N - 1, 0]), None):

@@ -1,6 +1,7 @@
 """Grammar masking through the speculative step (tiny random models, byte-level tokenizer): outputs obey the
 grammar, speculation stays exact under a grammar, forced tokens are drafted for free, sampling keeps the
 masked distribution, and bad guides fail only their own request (slow ones: test_grammar_pool.py)."""
+
 import json
 import re
 
@@ -16,8 +17,14 @@ from .distributions import chi2_critical, chi2_stat, exact_joint
 from .helpers import PROMPTS, run, run_to_end, target_and_draft, text_of, tokens_of
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog|bird)", "age": [1-9][0-9]?\}'
-SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},
-                     "required": ["ok", "tag"], "additionalProperties": False})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["x", "yz"]}},
+        "required": ["ok", "tag"],
+        "additionalProperties": False,
+    }
+)
 EBNF = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'
 GUIDES = [("regex", REGEX), ("json_schema", SCHEMA), ("ebnf", EBNF)]
 
@@ -64,8 +71,9 @@ def test_greedy_identical_with_speculation_under_a_grammar(engine, k):
     for kind, guide in GUIDES:
         base = run(engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide)
         for drafter in ("ngram", "draft_model", "grammar"):
-            spec = run(engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide, num_draft_tokens=k,
-                       drafter=drafter)
+            spec = run(
+                engine, PROMPTS, max_tokens=60, guide_type=kind, guide=guide, num_draft_tokens=k, drafter=drafter
+            )
             assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base], (kind, drafter)
 
 
@@ -75,19 +83,25 @@ def test_mixed_batch_of_guided_and_free_requests_and_drafters(engine):
     guides = {"regex": REGEX, "json_schema": SCHEMA, "ebnf": EBNF, None: None}
     params = dict(max_tokens=50, guide_type=kinds, guide=[guides[k] for k in kinds])
     base = run(engine, prompts, **params)
-    spec = run(engine, prompts, **params, num_draft_tokens=[3, 0, 8, 1, 5, 2, 4, 6],
-               drafter=["grammar", "ngram", "draft_model", "ngram", "draft_model", "draft_model", "grammar", "ngram"])
+    spec = run(
+        engine,
+        prompts,
+        **params,
+        num_draft_tokens=[3, 0, 8, 1, 5, 2, 4, 6],
+        drafter=["grammar", "ngram", "draft_model", "ngram", "draft_model", "draft_model", "grammar", "ngram"],
+    )
     assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
 
 
 def test_grammar_forced_tokens_are_drafted_for_free_and_always_accepted(engine):
     [base] = run(engine, PROMPTS[:1], max_tokens=80, guide_type="regex", guide=REGEX)
-    [forced] = run(engine, PROMPTS[:1], max_tokens=80, guide_type="regex", guide=REGEX, num_draft_tokens=8,
-                   drafter="grammar")
+    [forced] = run(
+        engine, PROMPTS[:1], max_tokens=80, guide_type="regex", guide=REGEX, num_draft_tokens=8, drafter="grammar"
+    )
     assert tokens_of(forced) == tokens_of(base)
     s = forced[-1].spec
-    assert s.drafted >= 8 and s.accepted == s.drafted          # a forced token is the only legal one
-    assert len(forced) < len(base)                             # several tokens per step
+    assert s.drafted >= 8 and s.accepted == s.drafted  # a forced token is the only legal one
+    assert len(forced) < len(base)  # several tokens per step
 
 
 def test_grammar_end_finishes_even_with_ignore_eos(engine):
@@ -102,10 +116,15 @@ def test_commit_of_an_illegal_token_is_a_bug_not_a_branch(engine):
         g.commit(a + 1)
 
 
-@pytest.mark.parametrize("kind, guide, needle", [
-    ("regex", "a(b", "regex"), ("json_schema", '{"type": "nonsense"}', "nonsense"),
-    ("ebnf", "root ::= undefined_rule", "ebnf"), ("structural_tag", '{"format": 3}', "structural_tag"),
-])
+@pytest.mark.parametrize(
+    "kind, guide, needle",
+    [
+        ("regex", "a(b", "regex"),
+        ("json_schema", '{"type": "nonsense"}', "nonsense"),
+        ("ebnf", "root ::= undefined_rule", "ebnf"),
+        ("structural_tag", '{"format": 3}', "structural_tag"),
+    ],
+)
 def test_bad_guide_fails_only_its_request(engine, kind, guide, needle):
     good = engine.make_request(SamplingParams(max_tokens=20), text=PROMPTS[0])
     bad = engine.make_request(SamplingParams(max_tokens=20, guide_type=kind, guide=guide), text=PROMPTS[0])
@@ -118,8 +137,9 @@ def test_bad_guide_fails_only_its_request(engine, kind, guide, needle):
 
 def test_oversized_guide_is_refused_at_once(engine):
     with pytest.raises(InvalidRequest, match="larger than"):
-        engine.make_request(SamplingParams(guide_type="regex", guide="a" * (engine.grammar.max_guide_bytes + 1)),
-                            text="hi")
+        engine.make_request(
+            SamplingParams(guide_type="regex", guide="a" * (engine.grammar.max_guide_bytes + 1)), text="hi"
+        )
 
 
 # ---- sampling under a grammar: distribution ---------------------------------------------------------------
@@ -134,14 +154,26 @@ def test_sampling_under_a_grammar_matches_masked_sampling(tmp_path_factory, draf
     allowed = [eng.tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in "abc"]
     expected = exact_joint(eng.target.model, prompt, 3, 1.0, allowed=allowed)
     n = 2000
-    reqs = [eng.make_request(SamplingParams(max_tokens=4, temperature=1.0, seed=i, guide_type="regex", guide=CHOICE,
-                                            num_draft_tokens=k, drafter=drafter), prompt_ids=prompt)
-            for i in range(n)]
+    reqs = [
+        eng.make_request(
+            SamplingParams(
+                max_tokens=4,
+                temperature=1.0,
+                seed=i,
+                guide_type="regex",
+                guide=CHOICE,
+                num_draft_tokens=k,
+                drafter=drafter,
+            ),
+            prompt_ids=prompt,
+        )
+        for i in range(n)
+    ]
     outs = run_to_end(eng, reqs)
     samples = []
     for r in reqs:
         ids = tokens_of(outs[r.request_id])
-        assert len(ids) == 4 and ids[3] in eng.eos_ids     # three letters, then the grammar's forced end
+        assert len(ids) == 4 and ids[3] in eng.eos_ids  # three letters, then the grammar's forced end
         samples.append(tuple(ids[:3]))
     if k:
         stats = [outs[r.request_id][-1].spec for r in reqs]
@@ -165,20 +197,27 @@ def test_forced_strings_are_drafted_in_multi_character_tokens():
         pytest.skip("the default model's tokenizer is fetched by scripts/setup.sh")
     tok = load_tokenizer(str(path))
     vocab = len(tok)
-    compiler = GrammarCompiler(tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30,
-                                           json_strict=True, json_any_whitespace=False)
-    schema = json.dumps({"type": "object", "properties": {"customer_identifier": {"type": "integer"}},
-                         "required": ["customer_identifier"], "additionalProperties": False})
+    compiler = GrammarCompiler(
+        tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30, json_strict=True, json_any_whitespace=False
+    )
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"customer_identifier": {"type": "integer"}},
+            "required": ["customer_identifier"],
+            "additionalProperties": False,
+        }
+    )
     masks = StepMasks(vocab, 1, 8, torch.device("cpu"))
     drafted = {}
     for strings in (False, True):
         guide = Guide(compiler.compile(GuideType.JSON_SCHEMA, schema))
         drafted[strings] = masks.forced_prefix(0, guide, 8, strings)
-        assert guide.tentative == len(drafted[strings])      # every drafted token accepted tentatively
+        assert guide.tentative == len(drafted[strings])  # every drafted token accepted tentatively
         guide.rollback()
     text = tok.decode(drafted[True])
     assert text.startswith('{"customer_identifier"') and len(drafted[True]) > len(drafted[False])
-    assert len(drafted[True]) < len(text)                    # multi-character tokens, not bytes
+    assert len(drafted[True]) < len(text)  # multi-character tokens, not bytes
 
 
 def test_json_guide_type_takes_no_guide_text_and_errors_quote_only_the_reason(engine):

@@ -6,6 +6,7 @@ The slow guide is a JSON schema with thousands of optional properties: xgrammar'
 square of their number (9000 take ~20 s even with the tests' 259-token vocabulary on a loaded 2-core machine, in
 224 KB, within max_guide_bytes). The tests assert the order of events (a cheap guide is done while slow ones are
 not), never how long something took."""
+
 import json
 import os
 import time
@@ -24,8 +25,9 @@ CHEAP = (GuideType.REGEX, "[ab]{3}")
 
 
 def slow_schema(salt: str = "", n: int = 9000) -> str:
-    return json.dumps({"type": "object", "properties": {f"{salt}{i}": {"type": "string"} for i in range(n)}},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"type": "object", "properties": {f"{salt}{i}": {"type": "string"} for i in range(n)}}, separators=(",", ":")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,19 +88,19 @@ def test_a_compile_past_its_budget_fails_and_its_worker_is_killed(compiler):
     t0 = time.monotonic()
     with pytest.raises(InvalidRequest, match="grammar_compile_timeout_s"):
         wait(compiler.submit(GuideType.JSON_SCHEMA, slow_schema()))
-    assert time.monotonic() - t0 >= 1.0              # not stopped before its budget was spent
+    assert time.monotonic() - t0 >= 1.0  # not stopped before its budget was spent
     [killed] = before - set(compiler.pool.worker_pids())
     assert gone(killed), "the timed-out compile's worker still runs"
-    assert len(compiler.pool.worker_pids()) == 2      # replaced
+    assert len(compiler.pool.worker_pids()) == 2  # replaced
     assert wait(compiler.submit(*CHEAP)) is not None
 
 
 @pytest.mark.parametrize("compiler", [dict(queue_limit=1, trial_s=60)], indirect=True)
 def test_the_queue_is_bounded_and_identical_guides_share_one_compile(compiler):
-    running = [started(compiler, slow_schema(salt)) for salt in "ab"]                        # both workers
-    queued = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))                        # the queue's one
+    running = [started(compiler, slow_schema(salt)) for salt in "ab"]  # both workers
+    queued = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))  # the queue's one
     assert compiler.pool.waiting() == 1
-    again = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))      # joins that compile, takes no place
+    again = compiler.submit(GuideType.JSON_SCHEMA, slow_schema("c"))  # joins that compile, takes no place
     assert again.future is queued.future
     with pytest.raises(Overloaded, match="grammar_compile_queue 1"):
         compiler.submit(*CHEAP)
@@ -156,19 +158,19 @@ def test_results_are_cached_and_usable(compiler):
 
     compiled = wait(compiler.submit(*CHEAP))
     assert compiler.cache_bytes() > 0
-    assert compiler.submit(*CHEAP).result() is compiled          # a hit is ready at once
+    assert compiler.submit(*CHEAP).result() is compiled  # a hit is ready at once
     a = build_tokenizer()("a", add_special_tokens=False)["input_ids"][0]
     guide = Guide(compiled)
-    assert guide.try_tentative(a) and not guide.try_tentative(a + 2)   # "a" allowed, "c" not
+    assert guide.try_tentative(a) and not guide.try_tentative(a + 2)  # "a" allowed, "c" not
 
 
 # ---- through the engine ------------------------------------------------------------------------------------
 
+
 def test_a_slow_guide_fails_alone_and_its_neighbour_runs(make_engine):
     eng = make_engine(grammar_compile_timeout_s=1)
     try:
-        slow = eng.make_request(SamplingParams(max_tokens=5, guide_type="json_schema", guide=slow_schema()),
-                                text="hi")
+        slow = eng.make_request(SamplingParams(max_tokens=5, guide_type="json_schema", guide=slow_schema()), text="hi")
         fast = eng.make_request(SamplingParams(max_tokens=5, ignore_eos=True), text="hi")
         outs = run_to_end(eng, [slow, fast])
     finally:
@@ -182,11 +184,10 @@ def test_aborting_a_request_stops_its_compile(make_engine):
     eng = make_engine()
     try:
         before = set(eng.grammar.pool.worker_pids())
-        req = eng.make_request(SamplingParams(max_tokens=5, guide_type="json_schema", guide=slow_schema()),
-                               text="hi")
+        req = eng.make_request(SamplingParams(max_tokens=5, guide_type="json_schema", guide=slow_schema()), text="hi")
         eng.add(req)
         eng.step()
-        while eng.grammar.pool.waiting():       # until a worker has taken it
+        while eng.grammar.pool.waiting():  # until a worker has taken it
             time.sleep(0.005)
         assert eng.abort(req.request_id).finish_reason == "cancelled"
         deadline = time.monotonic() + 10
@@ -224,6 +225,7 @@ def test_a_schema_nested_too_deeply_is_refused_not_crashed(compiler):
 
 # ---- the engine process's own compile ----------------------------------------------------------------------
 
+
 def test_a_guide_that_passed_its_trial_compiles_on_the_long_lane(compiler, monkeypatch):
     """A worker compile that took longer than a trial, even one that never got a long lane (they were full),
     is compiled again in the engine process beside the slow guides, never in the cheap guides' lane."""
@@ -233,7 +235,7 @@ def test_a_guide_that_passed_its_trial_compiles_on_the_long_lane(compiler, monke
     lanes = []
     monkeypatch.setattr(compiler._short, "submit", lambda *a: lanes.append("short"))
     monkeypatch.setattr(compiler._long, "submit", lambda *a: lanes.append("long"))
-    for seconds in (0.01, 2.0):                         # trial_s is 0.5
+    for seconds in (0.01, 2.0):  # trial_s is 0.5
         job = Job(*CHEAP)
         job.future.set_result(seconds)
         compiler._verdict(_Compile(CHEAP, job))

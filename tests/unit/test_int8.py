@@ -4,6 +4,7 @@ model's logits bitwise batch- and width-invariant and close to fp32's; an int8 t
 with speculation on or off; the int8 native draft copy (weight-only, VNNI turned off; the int8-dynamic copy:
 test_int8_dynamic.py) drafting for an fp32 target without changing its output; and the settings - for each ISA's
 build of the kernels that this CPU runs."""
+
 from __future__ import annotations
 
 from contextlib import closing
@@ -25,17 +26,15 @@ from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, r
 from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model, save_checkpoint
 
-pytestmark = pytest.mark.skipif(kernels.load() is None,
-                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
-REL_TOL = 1e-5     # fp32 accumulation against float64, relative to the largest output
-
+REL_TOL = 1e-5  # fp32 accumulation against float64, relative to the largest output
 
 
 def test_quantization_is_symmetric_per_output_row():
     torch.manual_seed(0)
-    w = torch.randn(70, 33) * torch.logspace(-3, 1, 70)[:, None]     # rows of very different magnitude
-    w[5] = 0                                                          # a row of zeros
+    w = torch.randn(70, 33) * torch.logspace(-3, 1, 70)[:, None]  # rows of very different magnitude
+    w[5] = 0  # a row of zeros
     q, scale = quantize_rows(w)
     assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (70,)
     assert int(q.abs().max()) == 127 and int(q.min()) >= -127
@@ -44,7 +43,7 @@ def test_quantization_is_symmetric_per_output_row():
     assert torch.equal(q[nonzero].abs().amax(1), torch.full((69,), 127, dtype=torch.int8))  # each row's max -> 127
     assert scale[5] == 0 and not q[5].any()
     err = (dequantize_rows(q, scale) - w).abs()
-    assert bool((err <= scale[:, None] * 0.5 * (1 + 1e-6)).all())    # within half a step of its row
+    assert bool((err <= scale[:, None] * 0.5 * (1 + 1e-6)).all())  # within half a step of its row
     assert torch.equal(quantize_rows(w.to(torch.bfloat16))[0], quantize_rows(w.to(torch.bfloat16).float())[0])
 
 
@@ -69,13 +68,13 @@ def test_int8_linear_is_close_to_the_float_weights(lib):
     w, x = torch.randn(256, 512) * 0.05, torch.randn(9, 512)
     got, exact = NativeLinear(w, None, torch.int8, lib)(x), x @ w.T
     rel = ((got - exact).norm() / exact.norm()).item()
-    assert 1e-3 < rel < 2e-2                # lossy (Gaussian rows, per-row int8: ~0.8% of the norm), but close
+    assert 1e-3 < rel < 2e-2  # lossy (Gaussian rows, per-row int8: ~0.8% of the norm), but close
 
 
 def _int8_runner(model, slots: int = 4, positions: int = 96) -> ModelRunner:
     runner = ModelRunner(model, slots, positions, choose_for(model, linear="native", weights="int8"))
     assert runner.weights == "int8" and runner.native is not None
-    assert all(lin.packed.dtype == torch.int8 for lin in runner.linear_layers())        # the lm_head's too
+    assert all(lin.packed.dtype == torch.int8 for lin in runner.linear_layers())  # the lm_head's too
     return runner
 
 
@@ -86,27 +85,31 @@ def test_int8_model_rows_are_bitwise_independent_of_batch_and_width(lib, tied):
     assert_rows_bitwise_independent(runner)
 
 
-@pytest.mark.parametrize("init,max_median,max_rel,min_agree", [
-    (0.3, 0.08, 0.25, 0.8),      # the tests' tiny model: large weights, a high-gain random network
-    (0.1, 0.04, 0.06, 0.9),      # weights at a third of that: errors grow less through the layers
-])
+@pytest.mark.parametrize(
+    "init,max_median,max_rel,min_agree",
+    [
+        (0.3, 0.08, 0.25, 0.8),  # the tests' tiny model: large weights, a high-gain random network
+        (0.1, 0.04, 0.06, 0.9),  # weights at a third of that: errors grow less through the layers
+    ],
+)
 def test_int8_logits_are_close_to_fp32(lib, init, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=init)
     fp32, int8 = ModelRunner(model, 2, 96, choose_for(model, linear="native")), _int8_runner(model, 2)
     rel, agree = logits_against(fp32, int8)
     assert 0 < rel.median().item() < max_median and rel.max().item() < max_rel, rel
-    assert agree >= min_agree, agree            # the same top-1 token at most positions
+    assert agree >= min_agree, agree  # the same top-1 token at most positions
 
 
 @pytest.mark.parametrize("vnni", [True, False])
-def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine, tmp_path,
-                                                                                   monkeypatch, vnni):
+def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alone(
+    lib, make_engine, tmp_path, monkeypatch, vnni
+):
     """weights int8: int16 activations where the CPU has VNNI (runner weights int8-dynamic), else fp32 ones."""
     if vnni and not kernels.has_vnni(lib):
         pytest.skip("this CPU lacks VNNI for this build")
     if not vnni:
         monkeypatch.setenv(kernels.VNNI_ENV, "0")
-    draft = save_checkpoint(tmp_path / "draft", seed=11)          # other weights: its drafts are mostly wrong
+    draft = save_checkpoint(tmp_path / "draft", seed=11)  # other weights: its drafts are mostly wrong
     with closing(make_engine(weights="int8", draft_checkpoint=str(draft))) as engine:
         assert engine.target.weights == (DYNAMIC if vnni else "int8") and engine.target.native.lib is lib
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
@@ -116,9 +119,10 @@ def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alo
             assert [tokens_of(o) for o in spec] == alone, (k, drafter)
 
 
-def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_its_output(lib, make_engine,
-                                                                                          monkeypatch):
-    monkeypatch.setenv(kernels.VNNI_ENV, "0")      # the weight-only copy (int8-dynamic on VNNI: test_int8_dynamic.py)
+def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_its_output(
+    lib, make_engine, monkeypatch
+):
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")  # the weight-only copy (int8-dynamic on VNNI: test_int8_dynamic.py)
     with closing(make_engine(draft_quantization="int8")) as engine:
         copy = engine.drafters["draft_model"].runner
         assert engine.target.weights == "auto" and copy.weights == "int8" and copy.native.lib is lib
@@ -128,11 +132,12 @@ def test_the_native_int8_draft_copy_drafts_for_an_fp32_target_without_changing_i
     assert [tokens_of(o) for o in spec] == alone
     drafted = sum(o[-1].spec.drafted for o in spec)
     accepted = sum(o[-1].spec.accepted for o in spec)
-    assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
+    assert drafted > 0 and accepted / drafted > 0.5  # a close copy of the target: most drafts accepted
 
 
 def test_the_target_copy_shares_the_target_cache_reads_no_prompt_and_leaves_the_target_kv_as_without_drafts(
-        lib, make_engine):
+    lib, make_engine
+):
     """The copy attends to the target's K and V: admission feeds it nothing, a proposal feeds the last committed
     token (and the forced prefix, and its drafts), and after the run every committed position of the target's
     cache holds bitwise what a run without speculation wrote there (the verify overwrote what the copy wrote)."""
@@ -146,18 +151,19 @@ def test_the_target_copy_shares_the_target_cache_reads_no_prompt_and_leaves_the_
         assert drafter.shares_cache and not drafter.reads_prompts
         fed = []
         forward_rows = drafter.runner.forward_rows
-        drafter.runner.forward_rows = lambda rows, *a, **kw: fed.append(list(map(len, rows))) or forward_rows(
-            rows, *a, **kw)
+        drafter.runner.forward_rows = lambda rows, *a, **kw: (
+            fed.append(list(map(len, rows))) or forward_rows(rows, *a, **kw)
+        )
         spec = run(engine, [prompt], max_tokens=n_out, ignore_eos=True, num_draft_tokens=3, drafter="draft_model")
         assert tokens_of(spec[0]) == alone and spec[0][-1].spec.accepted > 0
-        assert fed and max(max(f) for f in fed) == 1        # never a prompt or a catch-up: one token a row
-        n = n_prompt + n_out - 1                            # committed tokens with K and V in the cache
+        assert fed and max(max(f) for f in fed) == 1  # never a prompt or a catch-up: one token a row
+        n = n_prompt + n_out - 1  # committed tokens with K and V in the cache
         cache = engine.target.cache
         assert torch.equal(cache.k[..., :n], k_ref[..., :n]) and torch.equal(cache.v[:, :, :, :n], v_ref[:, :, :, :n])
 
 
 def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(make_engine, monkeypatch):
-    monkeypatch.setattr(kernels, "load", lambda: None)                  # no ISA it runs / no compiler
+    monkeypatch.setattr(kernels, "load", lambda: None)  # no ISA it runs / no compiler
     with closing(make_engine(draft_quantization="int8")) as engine:
         copy = engine.drafters["draft_model"].runner
     assert engine.target.linear_kind == "torch" and copy.linear_kind == "torch" and copy.weights == "auto"
@@ -166,20 +172,21 @@ def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(mak
         make_engine(weights="int8")
 
 
-def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(lib, make_engine, tiny_ckpt,
-                                                                                monkeypatch):
+def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(
+    lib, make_engine, tiny_ckpt, monkeypatch
+):
     with closing(make_engine(draft_quantization="auto")) as engine:
         assert engine.drafters["draft_model"].runner.weights == (DYNAMIC if kernels.has_vnni(lib) else "int8")
         req = engine.make_request(SamplingParams(), text="hi")
-        assert req.params.drafter == "draft_model"                # drafter auto: the loaded draft model
+        assert req.params.drafter == "draft_model"  # drafter auto: the loaded draft model
     with closing(make_engine(draft_quantization="auto", weights="int8")) as engine:
-        assert "draft_model" not in engine.drafters               # an int8 target: its copy would be itself
+        assert "draft_model" not in engine.drafters  # an int8 target: its copy would be itself
         assert engine.make_request(SamplingParams(), text="hi").params.drafter == "ngram"
     with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
-        assert engine.drafters["draft_model"].runner.weights == "auto"     # the named draft, as it is
+        assert engine.drafters["draft_model"].runner.weights == "auto"  # the named draft, as it is
     monkeypatch.setattr(kernels, "load", lambda: None)
     with closing(make_engine(draft_quantization="auto")) as engine:
-        assert "draft_model" not in engine.drafters               # the PyTorch forward: no int8 copy
+        assert "draft_model" not in engine.drafters  # the PyTorch forward: no int8 copy
     with pytest.raises(ModelLoadError, match="draft_quantization auto found no draft model"):
         make_engine(draft_quantization="auto", drafter="draft_model")
 

@@ -4,6 +4,7 @@ and bitwise batch-invariant; the two ISA builds equal; the VNNI decision and its
 bitwise batch- and width-invariant and close to fp32's; and the int8 draft copy being int8-dynamic where the CPU has
 VNNI, drafting for an fp32 target without changing its output - for each ISA's build of the kernels that this
 CPU runs (skipped where it lacks that build's VNNI)."""
+
 from __future__ import annotations
 
 from contextlib import closing
@@ -23,8 +24,7 @@ from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, r
 from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model
 
-pytestmark = pytest.mark.skipif(kernels.load() is None,
-                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 
 @pytest.fixture
@@ -44,12 +44,12 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, activati
     amax = x.abs().amax(dim=1)
     xs = amax / levels
     inv = torch.where(amax > 0, torch.full_like(amax, levels) / amax, torch.zeros_like(amax))  # not levels / amax:
-    xq = torch.round(x * inv[:, None]).clamp(-levels, levels).long()     # torch computes that as reciprocal * L
+    xq = torch.round(x * inv[:, None]).clamp(-levels, levels).long()  # torch computes that as reciprocal * L
     colsum, qT = q.sum(1).long(), q.long().T
     if activations == "int8":
         acc = ((xq + 128) @ qT - 128 * colsum).float()
     else:
-        hi, lo = (xq + 32768) // 256, (xq + 32768) % 256                 # the two base-256 digits, each a u8
+        hi, lo = (xq + 32768) // 256, (xq + 32768) % 256  # the two base-256 digits, each a u8
         acc = ((hi @ qT - 128 * colsum).float() * 256) + (lo @ qT).float()
     y = (acc * wscale) * xs[:, None]
     return y if b is None else y + b
@@ -66,11 +66,10 @@ def inputs(m: int, k: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
-def test_quantized_activations_are_bitwise_their_integer_reference_and_batch_invariant(vnni, n, k, bias,
-                                                                                      activations):
+def test_quantized_activations_are_bitwise_their_integer_reference_and_batch_invariant(vnni, n, k, bias, activations):
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
-    w[1] = 0                                                  # a weight row of zeros: scale 0
+    w[1] = 0  # a weight row of zeros: scale 0
     b = torch.randn(n) if bias else None
     lin = NativeLinear(w, b, torch.int8, vnni, activations=activations)
     q, scale = quantize_rows(w)
@@ -79,7 +78,7 @@ def test_quantized_activations_are_bitwise_their_integer_reference_and_batch_inv
     x = inputs(PREFILL_ROWS, k, seed=n)
     full = assert_batch_invariant(lin, x)
     assert torch.equal(full, reference(x, w, b, activations))
-    assert not full[3].any() if b is None else torch.equal(full[3], b)    # a zero row: 0 (+ bias)
+    assert not full[3].any() if b is None else torch.equal(full[3], b)  # a zero row: 0 (+ bias)
 
 
 def test_the_call_follows_buffers_that_move(vnni):
@@ -87,7 +86,7 @@ def test_the_call_follows_buffers_that_move(vnni):
     w, x = torch.randn(70, 40) * 0.05, torch.randn(3, 40)
     lin = NativeLinear(w, torch.randn(70), torch.int8, vnni, activations="int16")
     before, ptr = lin(x), lin.packed.data_ptr()
-    lin.share_memory()                                  # Module._apply: new storage for every buffer
+    lin.share_memory()  # Module._apply: new storage for every buffer
     assert lin.packed.data_ptr() != ptr and torch.equal(lin(x), before)
 
 
@@ -97,7 +96,7 @@ def test_pack_k4_layout():
     assert p.shape == (2, 3, 32, 4) and p.is_contiguous()
     for b, k4, j, kk in ((0, 0, 0, 0), (1, 2, 4, 1), (0, 1, 31, 3), (1, 0, 3, 2)):
         assert p[b, k4, j, kk] == q[32 * b + j, 4 * k4 + kk]
-    assert not p[1, :, 5:].any() and not p[:, 2, :, 2:].any()      # zero past N = 37 and past K = 10
+    assert not p[1, :, 5:].any() and not p[:, 2, :, 2:].any()  # zero past N = 37 and past K = 10
     assert torch.equal(column_sums(q), q.sum(1).int())
 
 
@@ -116,19 +115,21 @@ def test_the_two_isa_builds_give_the_same_bits():
     w, b, x = torch.randn(300, 258) * 0.05, torch.randn(300), inputs(20, 258, seed=3)
     for activations in ("int16", "int8"):
         a, c = (NativeLinear(w, b, torch.int8, lib, activations=activations)(x) for lib in libs)
-        assert torch.equal(a, c)   # integer sums and elementwise fp32 only: nothing depends on the vector width
+        assert torch.equal(a, c)  # integer sums and elementwise fp32 only: nothing depends on the vector width
 
 
 def test_quantized_activations_are_close_to_the_float_product(vnni):
     torch.manual_seed(1)
     w, x = torch.randn(256, 512) * 0.05, torch.randn(9, 512)
-    x[:, 7] *= 50                                            # an outlier channel, as language models' inputs have
+    x[:, 7] *= 50  # an outlier channel, as language models' inputs have
     exact = x @ w.T
-    rel = {act: ((NativeLinear(w, None, torch.int8, vnni, activations=act)(x) - exact).norm() / exact.norm()).item()
-           for act in ("float32", "int16", "int8")}
-    assert 1e-3 < rel["float32"] < 2e-2                      # the int8 weights' own error
-    assert abs(rel["int16"] - rel["float32"]) < 0.05 * rel["float32"]   # int16 activations add next to nothing
-    assert rel["int8"] > 1.5 * rel["float32"]                # int8 ones, a step of max / 127, add much
+    rel = {
+        act: ((NativeLinear(w, None, torch.int8, vnni, activations=act)(x) - exact).norm() / exact.norm()).item()
+        for act in ("float32", "int16", "int8")
+    }
+    assert 1e-3 < rel["float32"] < 2e-2  # the int8 weights' own error
+    assert abs(rel["int16"] - rel["float32"]) < 0.05 * rel["float32"]  # int16 activations add next to nothing
+    assert rel["int8"] > 1.5 * rel["float32"]  # int8 ones, a step of max / 127, add much
 
 
 def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypatch):
@@ -141,9 +142,9 @@ def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypat
     for value, expected in (("0", False), (" 0 ", False), ("1", True), ("", True)):
         monkeypatch.setenv(kernels.VNNI_ENV, value)
         assert kernels.has_vnni(lib) is expected
-    assert lib.specgram_i8a8_built() == 1           # gcc >= 11 (or the AVX-512 build) compiles the product
+    assert lib.specgram_i8a8_built() == 1  # gcc >= 11 (or the AVX-512 build) compiles the product
 
-    class BuiltWithout:                             # the AVX2 library as gcc before 11 builds it: no product
+    class BuiltWithout:  # the AVX2 library as gcc before 11 builds it: no product
         isa = lib.isa
 
         @staticmethod
@@ -167,8 +168,9 @@ def test_the_vnni_decision_follows_the_cpu_flags_and_the_override(lib, monkeypat
 def _quantized_runner(model, weights: str, slots: int = 4, positions: int = 96) -> ModelRunner:
     runner = ModelRunner(model, slots, positions, choose_for(model, linear="native", weights=weights))
     assert runner.weights == weights and runner.native is not None
-    assert all(lin.activations == ACTIVATIONS[weights] and lin.packed.dtype == torch.int8
-               for lin in runner.linear_layers())
+    assert all(
+        lin.activations == ACTIVATIONS[weights] and lin.packed.dtype == torch.int8 for lin in runner.linear_layers()
+    )
     return runner
 
 
@@ -179,10 +181,13 @@ def test_quantized_model_rows_are_bitwise_independent_of_batch_and_width(vnni, w
     assert_rows_bitwise_independent(runner)
 
 
-@pytest.mark.parametrize("weights,max_median,max_rel,min_agree", [
-    (DYNAMIC, 0.04, 0.06, 0.9),      # test_int8.py's bounds for int8 weights alone, same model
-    (DYNAMIC8, 0.06, 0.12, 0.85),
-])
+@pytest.mark.parametrize(
+    "weights,max_median,max_rel,min_agree",
+    [
+        (DYNAMIC, 0.04, 0.06, 0.9),  # test_int8.py's bounds for int8 weights alone, same model
+        (DYNAMIC8, 0.06, 0.12, 0.85),
+    ],
+)
 def test_quantized_logits_are_close_to_fp32(vnni, weights, max_median, max_rel, min_agree):
     model = build_model("llama", seed=1, init=0.1)
     fp32 = ModelRunner(model, 2, 96, choose_for(model, linear="native"))
@@ -204,7 +209,7 @@ def test_the_int8_draft_copy_is_int8_dynamic_on_vnni_and_drafts_without_changing
     assert [tokens_of(o) for o in spec] == alone and [tokens_of(o) for o in spec_alone] == alone
     drafted = sum(o[-1].spec.drafted for o in spec)
     accepted = sum(o[-1].spec.accepted for o in spec)
-    assert drafted > 0 and accepted / drafted > 0.5     # a close copy of the target: most drafts accepted
+    assert drafted > 0 and accepted / drafted > 0.5  # a close copy of the target: most drafts accepted
     with closing(make_engine(draft_quantization="auto")) as engine:
         assert engine.drafters["draft_model"].runner.weights == DYNAMIC
 

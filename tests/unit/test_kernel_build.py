@@ -1,6 +1,7 @@
 """Building and finding the native kernel libraries (specgram/model/kernels/__init__.py, __main__.py): the cache
 key, the directory order and its fall-backs, the warning when the kernels are unavailable, the debug build's
 asserts, and the sources shipping inside the wheel. Choosing the ISA: test_kernel_isa.py."""
+
 from __future__ import annotations
 
 import ctypes
@@ -48,8 +49,13 @@ def dirs(tmp_path, monkeypatch):
     """Every directory the kernels may use, redirected under tmp_path; `blocked` cannot be created (a file
     stands in its parent's place)."""
     (tmp_path / "file").write_text("")
-    d = {"env": tmp_path / "env", "prebuilt": tmp_path / "prebuilt", "home": tmp_path / "home",
-         "temp": tmp_path / "temp", "blocked": tmp_path / "file" / "sub"}
+    d = {
+        "env": tmp_path / "env",
+        "prebuilt": tmp_path / "prebuilt",
+        "home": tmp_path / "home",
+        "temp": tmp_path / "temp",
+        "blocked": tmp_path / "file" / "sub",
+    }
     monkeypatch.setattr(kernels, "PREBUILT_DIR", d["prebuilt"])
     monkeypatch.setattr(kernels, "_private_temp_dir", lambda: d["temp"])
     monkeypatch.setenv("HOME", str(d["home"]))
@@ -95,15 +101,15 @@ def test_lookup_order(dirs, monkeypatch):
     for d in ("env", "prebuilt", "user"):
         dirs[d].mkdir(parents=True)
         (dirs[d] / name).write_text("")
-    assert kernels.build("avx512") == dirs["prebuilt"] / name           # no $SPECGRAM_KERNEL_CACHE
+    assert kernels.build("avx512") == dirs["prebuilt"] / name  # no $SPECGRAM_KERNEL_CACHE
     monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["env"]))
     assert kernels.build("avx512") == dirs["env"] / name
     (dirs["env"] / name).unlink()
-    assert kernels.build("avx512") == dirs["prebuilt"] / name           # a prebuilt library before compiling
+    assert kernels.build("avx512") == dirs["prebuilt"] / name  # a prebuilt library before compiling
     (dirs["prebuilt"] / name).unlink()
     assert kernels.build("avx512") == dirs["user"] / name
-    assert kernels.build("avx2") == dirs["env"] / kernels.library_name("avx2")   # another ISA: another file
-    monkeypatch.setenv(kernels.DEBUG_ENV, "1")                          # another key: compiled into $...CACHE
+    assert kernels.build("avx2") == dirs["env"] / kernels.library_name("avx2")  # another ISA: another file
+    monkeypatch.setenv(kernels.DEBUG_ENV, "1")  # another key: compiled into $...CACHE
     assert kernels.build("avx512") == dirs["env"] / kernels.library_name("avx512", debug=True)
 
 
@@ -112,7 +118,7 @@ def test_compiles_into_the_first_writable_directory(dirs, monkeypatch):
     monkeypatch.setenv(kernels.CACHE_ENV, str(dirs["blocked"]))
     assert kernels.build("avx2") == dirs["user"] / name
     (dirs["user"] / name).unlink()
-    monkeypatch.setenv("HOME", str(dirs["blocked"]))                     # no writable cache at all
+    monkeypatch.setenv("HOME", str(dirs["blocked"]))  # no writable cache at all
     assert kernels.build("avx2") == dirs["temp"] / name
 
 
@@ -132,7 +138,7 @@ def test_load_warns_when_unavailable(monkeypatch, caplog):
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx2", "fma"}))
     monkeypatch.setattr(kernels, "load_isa", fail)
     with caplog.at_level(logging.WARNING, logger=kernels.__name__):
-        assert kernels.load.__wrapped__() is None                       # the uncached body of load()
+        assert kernels.load.__wrapped__() is None  # the uncached body of load()
     assert "the avx512 build failed, trying avx2" in caplog.text
     assert "falls back to PyTorch" in caplog.text and "no C compiler" in caplog.text
 
@@ -140,7 +146,7 @@ def test_load_warns_when_unavailable(monkeypatch, caplog):
 @pytest.mark.skipif(not NATIVE, reason="needs gcc and an AVX-512 or AVX2 CPU")
 def test_build_command(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
-    assert kernels_main(["build", "--out", str(tmp_path)]) == 0          # every ISA, whatever this CPU runs
+    assert kernels_main(["build", "--out", str(tmp_path)]) == 0  # every ISA, whatever this CPU runs
     out, err = capsys.readouterr()
     paths = [Path(line) for line in out.split()]
     assert paths == [tmp_path / kernels.library_name(isa, debug=False) for isa in kernels.ISAS]
@@ -164,7 +170,8 @@ def test_specgram_h_is_the_whole_contract_and_its_mirrors_match_the_compiler(isa
     entry point is exported, and each struct's ctypes mirror has the compiler's size."""
     lib = kernels.load_isa(isa)
     assert {name: c for name, (c, _) in abi.sizes(lib).items()} == {
-        name: py for name, (_, py) in abi.sizes(lib).items()}
+        name: py for name, (_, py) in abi.sizes(lib).items()
+    }
     assert set(abi.STRUCTS) == {"specgram_linear", "specgram_layer", "specgram_decoder"}
     nm = shutil.which("nm")
     if nm is None:
@@ -178,7 +185,7 @@ def test_the_declared_signatures_are_read_as_ctypes_types():
     restype, args = abi.FUNCTIONS["specgram_decoder_forward"]
     assert restype is ctypes.c_int and len(args) == 20 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
     assert abi.FUNCTIONS["specgram_isa"] == (ctypes.c_char_p, [])
-    assert abi.FUNCTIONS["specgram_attention"][1][13] is ctypes.c_float               # the score scale
+    assert abi.FUNCTIONS["specgram_attention"][1][13] is ctypes.c_float  # the score scale
     assert dict(abi.Layer._fields_)["eps_next"] is ctypes.c_float
     assert dict(abi.Decoder._fields_)["layer"] == ctypes.POINTER(abi.Layer)
     assert (abi.LIN_F32, abi.LIN_I8A8, abi.BAD_TOKEN, abi.BAD_HEAD_ROW) == (0, 3, 1, 5)
@@ -204,25 +211,51 @@ def test_debug_build_asserts_bounds(tmp_path, isa):
         attend(S)
         print("out of range: not caught", flush=True)
     """)
-    env = {**os.environ, kernels.DEBUG_ENV: "1", kernels.CACHE_ENV: str(tmp_path), kernels.ISA_ENV: isa,
-           "PYTHONPATH": str(REPO / "backend")}
+    env = {
+        **os.environ,
+        kernels.DEBUG_ENV: "1",
+        kernels.CACHE_ENV: str(tmp_path),
+        kernels.ISA_ENV: isa,
+        "PYTHONPATH": str(REPO / "backend"),
+    }
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert "in range: ok" in r.stdout, r.stderr
     assert r.returncode != 0 and "not caught" not in r.stdout
     assert "Assertion" in r.stderr and "slots[n] < S" in r.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
-                    reason="building the wheel offline (--no-build-isolation) needs setuptools in this environment")
+@pytest.mark.skipif(
+    importlib.util.find_spec("setuptools") is None,
+    reason="building the wheel offline (--no-build-isolation) needs setuptools in this environment",
+)
 def test_wheel_ships_the_kernel_sources(tmp_path):
     """A non-editable install must carry the .c / .h files: the kernels compile from them."""
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(REPO / "backend" / "pyproject.toml", src)
-    shutil.copytree(REPO / "backend" / "specgram", src / "specgram",
-                    ignore=shutil.ignore_patterns("__pycache__", "_build", "*.egg-info"))
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-q", str(src), "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=120)
+    shutil.copytree(
+        REPO / "backend" / "specgram",
+        src / "specgram",
+        ignore=shutil.ignore_patterns("__pycache__", "_build", "*.egg-info"),
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            str(src),
+            "-w",
+            str(tmp_path / "wheel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "wheel").glob("specgram-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

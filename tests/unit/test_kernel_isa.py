@@ -2,6 +2,7 @@
 AVX2 + FMA, else none (the PyTorch forward); SPECGRAM_KERNEL_ISA forcing one; each library knowing its own ISA;
 and, for each ISA this CPU runs, the engine's greedy output token-identical with speculation on and off and
 batched or alone (test_native.py checks the kernels' bitwise invariance under each ISA)."""
+
 from __future__ import annotations
 
 import logging
@@ -24,11 +25,14 @@ def cpu(monkeypatch):
     return lambda flags: monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
 
 
-@pytest.mark.parametrize("flags,expected", [
-    (ALL, ["avx512", "avx2"]),
-    (ALL - {"avx512bw"}, ["avx2"]),                   # AVX-512 without BW: not enough for the AVX-512 build
-    ({"avx512f", "avx512bw", "avx2"}, ["avx512"]),   # no FMA flag: no AVX2 build
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (ALL, ["avx512", "avx2"]),
+        (ALL - {"avx512bw"}, ["avx2"]),  # AVX-512 without BW: not enough for the AVX-512 build
+        ({"avx512f", "avx512bw", "avx2"}, ["avx512"]),  # no FMA flag: no AVX2 build
+    ],
+)
 def test_auto_tries_the_isas_this_cpu_runs_best_first(cpu, flags, expected):
     cpu(flags)
     assert kernels.candidate_isas() == expected
@@ -43,8 +47,12 @@ def test_no_isa_means_no_kernels(cpu, flags):
 
 def test_the_setting_forces_an_isa(cpu, monkeypatch):
     cpu(ALL)
-    for value, expected in (("avx2", ["avx2"]), (" AVX512 ", ["avx512"]), ("auto", ["avx512", "avx2"]),
-                            ("", ["avx512", "avx2"])):
+    for value, expected in (
+        ("avx2", ["avx2"]),
+        (" AVX512 ", ["avx512"]),
+        ("auto", ["avx512", "avx2"]),
+        ("", ["avx512", "avx2"]),
+    ):
         monkeypatch.setenv(kernels.ISA_ENV, value)
         assert kernels.candidate_isas() == expected
     monkeypatch.setenv(kernels.ISA_ENV, "sse4")
@@ -81,13 +89,12 @@ needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="no native ker
 @pytest.mark.parametrize("isa", CPU_ISAS)
 def test_load_takes_the_forced_build_which_knows_its_isa(isa, monkeypatch):
     monkeypatch.setenv(kernels.ISA_ENV, isa)
-    lib = kernels.load.__wrapped__()                  # the uncached body of load(), under the setting
+    lib = kernels.load.__wrapped__()  # the uncached body of load(), under the setting
     assert lib is kernels.load_isa(isa) and lib.isa == isa and lib.specgram_isa() == isa.encode()
     assert lib.path.name.startswith(f"libspecgram_kernels-{isa}-")
     other = next((o for o in kernels.ISAS if o != isa), None)
     with pytest.raises(kernels.KernelsUnavailable, match=f"is the {isa} build, not {other}"):
         kernels.open_library(lib.path, other)
-
 
 
 def test_greedy_output_is_the_same_speculating_or_not_batched_or_alone(lib, make_engine):

@@ -3,6 +3,7 @@ copy's cache): its rows bitwise batch-invariant and its logits close to a float3
 it gives the same greedy tokens alone, batched and speculating; the setting validated - for each ISA's build of
 the kernels that this CPU runs. (The attention kernel on a bfloat16 cache against a float32 one of the same values:
 test_native.py; the whole stack against the kernels one by one: test_forward_stack.py.)"""
+
 from __future__ import annotations
 
 from contextlib import closing
@@ -20,8 +21,7 @@ from specgram.model.runner import ModelRunner
 from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
 from .tiny import build_model
 
-pytestmark = pytest.mark.skipif(kernels.load() is None,
-                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 
 def test_a_bfloat16_cache_is_batch_invariant_and_close_to_float32(lib):
@@ -31,7 +31,7 @@ def test_a_bfloat16_cache_is_batch_invariant_and_close_to_float32(lib):
     assert half.cache.k.dtype == half.cache.v.dtype == torch.bfloat16 and half.dtype == torch.float32
     assert_rows_bitwise_independent(half)
     rel, top1 = logits_against(exact, half)
-    assert 0 < rel.max().item() < 0.05 and top1 >= 0.95          # lossy (K and V rounded to 8 bits), but slightly
+    assert 0 < rel.max().item() < 0.05 and top1 >= 0.95  # lossy (K and V rounded to 8 bits), but slightly
     with pytest.raises(ModelLoadError, match="kv_cache_dtype bfloat16 runs on the native CPU forward only"):
         ModelRunner(model, 2, 32, choose_for(model, linear="torch", kv_dtype="bfloat16"))
     with pytest.raises(ModelLoadError, match="kv_dtype must be"):
@@ -51,8 +51,9 @@ def test_an_engine_with_a_bfloat16_cache_gives_the_same_tokens_alone_batched_and
 
 
 @pytest.mark.parametrize("kv", ["auto", "bfloat16"])
-def test_the_target_int8_copy_uses_the_target_cache_and_another_checkpoint_copy_a_bfloat16_one(lib, make_engine,
-                                                                                             tiny_ckpt, kv):
+def test_the_target_int8_copy_uses_the_target_cache_and_another_checkpoint_copy_a_bfloat16_one(
+    lib, make_engine, tiny_ckpt, kv
+):
     with closing(make_engine(draft_quantization="int8", kv_cache_dtype=kv)) as engine:
         assert engine.target.cache.k.dtype == (torch.bfloat16 if kv == "bfloat16" else torch.float32)
         assert engine.drafters["draft_model"].runner.cache is engine.target.cache

@@ -1,4 +1,5 @@
 """The engine package's shape: packages by concern, small files, no import circles, no Triton."""
+
 import ast
 from pathlib import Path
 
@@ -17,9 +18,12 @@ def _imports(path: Path, pkg: Path) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
-                   for n in ast.walk(block)}
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -28,14 +32,14 @@ def _imports(path: Path, pkg: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = ".".join(base[:len(base) - node.level + 1])
+                base = ".".join(base[: len(base) - node.level + 1])
                 mod = f"{base}.{node.module}" if node.module else base
             else:
                 mod = node.module or ""
             if not mod.startswith("specgram"):
                 continue
             found.add(mod)
-            found |= {f"{mod}.{a.name}" for a in node.names}     # `from . import loading` names a module
+            found |= {f"{mod}.{a.name}" for a in node.names}  # `from . import loading` names a module
     return found
 
 
@@ -52,7 +56,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == "open":
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (c := visit(n)):
                 return c
         state[m] = "done"
@@ -85,15 +89,26 @@ def test_files_are_small_and_the_top_level_is_short():
 def test_the_engine_never_imports_triton():
     for p in PKG.rglob("*.py"):
         for node in ast.walk(ast.parse(p.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n.startswith(("triton_python_backend_utils", "tritonclient")) for n in names), p
 
 
 # the packages in layers, lowest first: a module imports from its own package and from the layers below it only
 # (the top-level modules: settings, errors, the wire's words, per-request state, faults)
-LAYERS = [{"specgram"}, {"specgram.model", "specgram.grammar"}, {"specgram.sample"}, {"specgram.speculation"},
-          {"specgram.engine"}, {"specgram.serving"}]
+LAYERS = [
+    {"specgram"},
+    {"specgram.model", "specgram.grammar"},
+    {"specgram.sample"},
+    {"specgram.speculation"},
+    {"specgram.engine"},
+    {"specgram.serving"},
+]
 
 
 def _layer(module: str) -> int:
@@ -106,6 +121,5 @@ def _layer(module: str) -> int:
 def test_no_module_imports_a_layer_above_it():
     graph = _graph()
     files = {_module_name(p, PKG) for p in PKG.rglob("*.py")}
-    upward = sorted((m, i) for m, imports in graph.items() for i in imports
-                    if _layer(i) > _layer(m) and i in files)
+    upward = sorted((m, i) for m, imports in graph.items() for i in imports if _layer(i) > _layer(m) and i in files)
     assert not upward, upward

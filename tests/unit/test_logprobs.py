@@ -1,6 +1,7 @@
 """Logprobs (engine/logprobs.py): equal to transformers' log-softmax at each generated position; the same for
 every draft length, drafter and batch (bitwise on the native forward); "processed" ones are those of the
 distribution the token was chosen from (grammar mask, temperature)."""
+
 import math
 
 import pytest
@@ -22,9 +23,13 @@ def engines(tmp_path_factory):
 def generate(engine, text=PROMPT, company=(), **params):
     """-> (tokens, per-token logprob rows, the final output) of one request, optionally beside others."""
     req = engine.make_request(SamplingParams(max_tokens=20, ignore_eos=True, logprobs=TOP, **params), text=text)
-    others = [engine.make_request(SamplingParams(max_tokens=12 + i, num_draft_tokens=3, ignore_eos=True,
-                                                 logprobs=1 if i % 2 else None), text=t)
-              for i, t in enumerate(company)]
+    others = [
+        engine.make_request(
+            SamplingParams(max_tokens=12 + i, num_draft_tokens=3, ignore_eos=True, logprobs=1 if i % 2 else None),
+            text=t,
+        )
+        for i, t in enumerate(company)
+    ]
     outs = run_to_end(engine, others + [req])[req.request_id]
     return tokens_of(outs), [row for o in outs for row in o.logprobs], outs[-1]
 
@@ -38,8 +43,8 @@ def test_logprobs_are_transformers_log_softmax(engines):
     ids, rows, final = generate(engine, num_draft_tokens=4)
     prompt = engine.make_request(SamplingParams(), text=PROMPT).prompt_ids
     with torch.no_grad():
-        logits = engine.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
-    ref = torch.log_softmax(logits, -1)                                         # [len(ids), V]
+        logits = engine.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    ref = torch.log_softmax(logits, -1)  # [len(ids), V]
     for i, (t, row) in enumerate(zip(ids, rows, strict=True)):
         assert row[0].token_id == t and row[0].rank == 1, "greedy: the chosen token is the most likely"
         assert abs(row[0].logprob - ref[i, t].item()) < 1e-4
@@ -51,9 +56,16 @@ def test_logprobs_are_transformers_log_softmax(engines):
     assert final.cumulative_logprob == pytest.approx(sum(r[0].logprob for r in rows), abs=1e-4)
 
 
-@pytest.mark.parametrize("which, k, drafter", [("wrong", 4, "ngram"), ("wrong", 8, "ngram"),
-                                               ("wrong", 3, "draft_model"), ("right", 4, "draft_model"),
-                                               ("right", AUTO_DRAFT, "draft_model")])
+@pytest.mark.parametrize(
+    "which, k, drafter",
+    [
+        ("wrong", 4, "ngram"),
+        ("wrong", 8, "ngram"),
+        ("wrong", 3, "draft_model"),
+        ("right", 4, "draft_model"),
+        ("right", AUTO_DRAFT, "draft_model"),
+    ],
+)
 @pytest.mark.parametrize("company", [0, 3])
 def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which, k, drafter, company, monkeypatch):
     engine = engines[which]
@@ -62,13 +74,17 @@ def test_logprobs_do_not_depend_on_draft_length_drafter_or_batch(engines, which,
     base_ids, base_rows, _ = generate(engine, num_draft_tokens=0)
     ids, rows, final = generate(engine, company=PROMPTS[:company], num_draft_tokens=k, drafter=drafter)
     assert ids == base_ids and final.spec.drafted > 0
-    if engine.target.linear_kind == "native":       # every row computed alike: bitwise
+    if engine.target.linear_kind == "native":  # every row computed alike: bitwise
         assert as_table(rows) == as_table(base_rows)
     else:
-        assert [[(t, r) for t, _, r in row] for row in as_table(rows)] == \
-            [[(t, r) for t, _, r in row] for row in as_table(base_rows)]
-        assert all(abs(a - b) < 1e-4 for ra, rb in zip(as_table(rows), as_table(base_rows), strict=True)
-                   for (_, a, _), (_, b, _) in zip(ra, rb, strict=True))
+        assert [[(t, r) for t, _, r in row] for row in as_table(rows)] == [
+            [(t, r) for t, _, r in row] for row in as_table(base_rows)
+        ]
+        assert all(
+            abs(a - b) < 1e-4
+            for ra, rb in zip(as_table(rows), as_table(base_rows), strict=True)
+            for (_, a, _), (_, b, _) in zip(ra, rb, strict=True)
+        )
 
 
 def test_logprobs_zero_is_the_chosen_token_alone_and_none_asks_nothing(engines):
@@ -112,7 +128,8 @@ def test_processed_logprobs_of_a_sampled_request_divide_by_the_temperature(proce
     assert raw_ids == ids, "the mode changes what is reported, not what is chosen"
     prompt = processed.make_request(SamplingParams(), text=PROMPT).prompt_ids
     with torch.no_grad():
-        logits = processed.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+        logits = processed.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     for reported, ref in ((rows, torch.log_softmax(logits / 0.7, -1)), (raw_rows, torch.log_softmax(logits, -1))):
-        assert all(abs(row[0].logprob - ref[i, t].item()) < 1e-4
-                   for i, (t, row) in enumerate(zip(ids, reported, strict=True)))
+        assert all(
+            abs(row[0].logprob - ref[i, t].item()) < 1e-4 for i, (t, row) in enumerate(zip(ids, reported, strict=True))
+        )

@@ -1,5 +1,6 @@
 """Validation by magnitude and length: every number and string a client sends is bounded where it arrives (tensor,
 sampling_parameters, request parameter), and every malformed JSON or schema is one INVALID_ARG naming the field."""
+
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from specgram.serving.protocol import parse
 
 from .helpers import run, tokens_of
 
-BIG = 100000000000000000000         # 1e20: a JSON integer that no INT32 tensor can carry
+BIG = 100000000000000000000  # 1e20: a JSON integer that no INT32 tensor can carry
 
 
 def _sp(**kw) -> dict:
@@ -24,24 +25,27 @@ def _validated(given: dict) -> SamplingParams:
     return params.validate(16, 8)
 
 
-@pytest.mark.parametrize("given,field", [
-    (_sp(temperature=1, top_k=BIG), "top_k"),
-    (_sp(max_tokens=BIG), "max_tokens"),
-    (_sp(min_tokens=-BIG), "min_tokens"),
-    (_sp(num_draft_tokens=BIG), "num_draft_tokens"),
-    (_sp(seed=2**64), "seed"),
-    (_sp(stop_token_ids=[1, BIG]), "stop_token_ids"),
-    (_sp(allowed_token_ids=[BIG]), "allowed_token_ids"),
-    (_sp(logit_bias={str(BIG): 1}), "logit_bias"),
-    (_sp(temperature=10**400), "temperature"),
-    (_sp(logprobs=BIG), "logprobs"),
-    ({"text_input": "hi", "sampling_parameters": '{"top_k": ' + "9" * 5000 + "}"}, "sampling_parameters"),
-    ({"text_input": "hi", "top_k": "9" * 5000}, "top_k"),
-])
+@pytest.mark.parametrize(
+    "given,field",
+    [
+        (_sp(temperature=1, top_k=BIG), "top_k"),
+        (_sp(max_tokens=BIG), "max_tokens"),
+        (_sp(min_tokens=-BIG), "min_tokens"),
+        (_sp(num_draft_tokens=BIG), "num_draft_tokens"),
+        (_sp(seed=2**64), "seed"),
+        (_sp(stop_token_ids=[1, BIG]), "stop_token_ids"),
+        (_sp(allowed_token_ids=[BIG]), "allowed_token_ids"),
+        (_sp(logit_bias={str(BIG): 1}), "logit_bias"),
+        (_sp(temperature=10**400), "temperature"),
+        (_sp(logprobs=BIG), "logprobs"),
+        ({"text_input": "hi", "sampling_parameters": '{"top_k": ' + "9" * 5000 + "}"}, "sampling_parameters"),
+        ({"text_input": "hi", "top_k": "9" * 5000}, "top_k"),
+    ],
+)
 def test_every_integer_and_float_is_bounded_however_it_arrives(given, field):
     with pytest.raises(InvalidRequest, match=field) as e:
         _validated(given)
-    assert len(str(e.value)) < 400                  # a 5,000-digit value is not echoed back
+    assert len(str(e.value)) < 400  # a 5,000-digit value is not echoed back
 
 
 def test_request_parameters_are_bounded_too():
@@ -68,7 +72,7 @@ def test_a_temperature_below_1e_5_is_greedy(make_engine, t):
     engine = make_engine()
     tiny, greedy = run(engine, ["Hello there"] * 2, temperature=[t, 0.0], max_tokens=12, logprobs=2)
     assert tokens_of(tiny) == tokens_of(greedy)
-    assert all(e.logprob == e.logprob for o in tiny for row in o.logprobs for e in row)     # no NaN
+    assert all(e.logprob == e.logprob for o in tiny for row in o.logprobs for e in row)  # no NaN
 
 
 @pytest.mark.parametrize("field", ["stop", "bad_words"])
@@ -79,13 +83,16 @@ def test_stop_strings_and_bad_words_are_capped_in_length(make_engine, field):
         engine.make_request(SamplingParams(**{field: ["ok", "x" * 51]}), text="hi")
 
 
-@pytest.mark.parametrize("schema", [
-    '{"type": [{}]}',
-    '{"type": "string", "format": ["date"]}',
-    '{"type": "object", "properties": []}',
-    '{"type": "integer", "minimum": ' + "9" * 5000 + "}",
-    '{"enum": 3}',
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        '{"type": [{}]}',
+        '{"type": "string", "format": ["date"]}',
+        '{"type": "object", "properties": []}',
+        '{"type": "integer", "minimum": ' + "9" * 5000 + "}",
+        '{"enum": 3}',
+    ],
+)
 def test_a_malformed_schema_is_an_invalid_request(make_engine, schema):
     """Refused when the request is read (check) or when it compiles: InvalidRequest either way, never another
     exception type (which the adapter would report as INTERNAL)."""

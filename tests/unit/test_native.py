@@ -1,6 +1,7 @@
 """The native CPU forward (specgram/native.py, kernels/*.c): agreement with transformers, and the batch and
 width invariance that makes greedy speculative output equal non-speculative output bitwise - for each ISA's
 build of the kernels that this CPU runs (AVX-512, AVX2), each on its own."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,12 +17,10 @@ from specgram.model.runner import ModelRunner
 from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
 from .tiny import build_model
 
-pytestmark = pytest.mark.skipif(kernels.load() is None,
-                                reason="native kernels need AVX-512 or AVX2 and a C compiler")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 # transformers' eager float32 forward vs ours: the same math summed in another order
 LOGIT_ATOL = 1e-4
-
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
@@ -38,27 +37,37 @@ def test_linear_matches_torch_and_is_batch_invariant(lib, n, k, bias, weight_dty
 
 
 def _runners(model, **kw):
-    return (ModelRunner(model, 4, 96, choose_for(model, linear="native", **kw)),
-            ModelRunner(model, 4, 96, choose_for(model, linear="torch", **kw)))
+    return (
+        ModelRunner(model, 4, 96, choose_for(model, linear="native", **kw)),
+        ModelRunner(model, 4, 96, choose_for(model, linear="torch", **kw)),
+    )
 
 
-@pytest.mark.parametrize("model_type,overrides", [
-    ("llama", {}),
-    ("qwen2", {}),                                      # q/k/v projections with bias
-    ("mistral", {"sliding_window": 8}),                 # attention window shorter than the prompt
-    ("llama", {"num_key_value_heads": 4}),              # no grouping
-    # rotary by a table per position (scaled), and per call (dynamic: its tables change past 16 positions)
-    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
-    ("llama", {"max_position_embeddings": 16,
-               "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
-])
+@pytest.mark.parametrize(
+    "model_type,overrides",
+    [
+        ("llama", {}),
+        ("qwen2", {}),  # q/k/v projections with bias
+        ("mistral", {"sliding_window": 8}),  # attention window shorter than the prompt
+        ("llama", {"num_key_value_heads": 4}),  # no grouping
+        # rotary by a table per position (scaled), and per call (dynamic: its tables change past 16 positions)
+        ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+        (
+            "llama",
+            {
+                "max_position_embeddings": 16,
+                "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+            },
+        ),
+    ],
+)
 def test_forward_matches_transformers(lib, model_type, overrides):
     model = build_model(model_type, seed=1, **overrides)
     native, eager = _runners(model)
     assert native.linear_kind == "native" and eager.linear_kind == "torch" and native.native.lib is lib
     ids = torch.randint(3, 259, (1, 30), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        ref = model(ids).logits[0]                                                  # [30, V]
+        ref = model(ids).logits[0]  # [30, V]
     prefill = native.forward_rows([ids[0, :20].tolist()], [1], [0], last_only=False)[0]
     decode = native.forward_rows([ids[0, 20:].tolist()], [1], [20], last_only=False)[0]
     got = torch.cat([prefill, decode])
@@ -73,8 +82,8 @@ def test_rows_are_bitwise_independent_of_batch_and_width(lib):
     prompt = list(range(10, 40))
     other = list(range(50, 62))
     runner.forward_rows([prompt], [0], [0], last_only=True)
-    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]          # a verify row of width 3
-    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]                  # the same first token, width 1
+    alone = runner.forward_rows([[7, 8, 9]], [0], [30], last_only=False)[0]  # a verify row of width 3
+    one = runner.forward_rows([[7]], [0], [30], last_only=False)[0]  # the same first token, width 1
     assert torch.equal(alone[0], one[0])
     # the same row next to a longer prefill in another slot, and padded to that row's width
     runner.forward_rows([prompt], [0], [0], last_only=True)
@@ -92,7 +101,7 @@ def test_bfloat16_weights_run_in_float32(lib):
     assert runner.dtype == torch.float32 and runner.cache.k.dtype == torch.float32
     ids = list(range(5, 25))
     with torch.inference_mode():
-        ref = model.float()(torch.tensor([ids])).logits[0, -1]   # bf16 weights widened exactly, float32 math
+        ref = model.float()(torch.tensor([ids])).logits[0, -1]  # bf16 weights widened exactly, float32 math
     got = runner.forward_rows([ids], [0], [0], last_only=True)[0]
     assert (got - ref).abs().max().item() < LOGIT_ATOL
 
@@ -111,20 +120,21 @@ def test_kind_selection_and_fallbacks(monkeypatch):
         choose(build_model("llama", seed=4, hidden_act="gelu").config, cpu, torch.float32, linear="native")
     # the CUDA-graph path is torch's
     assert ModelRunner(model, 2, 32, choose_for(model, static_width=3)).linear_kind == "torch"
-    monkeypatch.setattr(kernels, "load", lambda: None)                          # no ISA it runs / no compiler
+    monkeypatch.setattr(kernels, "load", lambda: None)  # no ISA it runs / no compiler
     assert ModelRunner(model, 2, 32).linear_kind == "torch"
     with pytest.raises(ModelLoadError, match="not available"):
         ModelRunner(model, 2, 32, choose_for(model, linear="native"))
 
 
-@pytest.mark.parametrize("H,Hkv,window,D", [(9, 3, 0, 64), (9, 3, 6, 64), (4, 4, 0, 64), (10, 2, 0, 64),
-                                            (24, 1, 5, 64), (6, 2, 0, 20)])     # D = 20: partial vectors
+@pytest.mark.parametrize(
+    "H,Hkv,window,D", [(9, 3, 0, 64), (9, 3, 6, 64), (4, 4, 0, 64), (10, 2, 0, 64), (24, 1, 5, 64), (6, 2, 0, 20)]
+)  # D = 20: partial vectors
 def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
     """Tokens of one row attended together (sharing K/V loads, in groups) give bitwise what each gives alone."""
     P, S = 64, 6
     g = torch.Generator().manual_seed(H * 100 + window)
     kc, vc = torch.randn(S, Hkv, D, P, generator=g), torch.randn(S, Hkv, P, D, generator=g)
-    widths, starts = [9, 1, 5, 3, 13, 2], [20, 0, 7, 40, 30, 11]      # verify rows, a decode row, prefill chunks
+    widths, starts = [9, 1, 5, 3, 13, 2], [20, 0, 7, 40, 30, 11]  # verify rows, a decode row, prefill chunks
     slots = torch.tensor([s for s, w in enumerate(widths) for _ in range(w)])
     positions = torch.tensor([p + t for p, w in zip(starts, widths, strict=True) for t in range(w)])
     N = slots.numel()
@@ -132,28 +142,44 @@ def test_attention_of_a_row_equals_its_tokens_alone(lib, H, Hkv, window, D):
 
     def attend(qs, sl, pos, k=kc, v=vc):
         out = torch.empty(qs.shape[0], H * D)
-        lib.specgram_attention(qs.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16), sl.data_ptr(),
-                               pos.data_ptr(), qs.shape[0], S, H, Hkv, D, P, window, 0.125, out.data_ptr(), 2)
+        lib.specgram_attention(
+            qs.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            int(k.dtype == torch.bfloat16),
+            sl.data_ptr(),
+            pos.data_ptr(),
+            qs.shape[0],
+            S,
+            H,
+            Hkv,
+            D,
+            P,
+            window,
+            0.125,
+            out.data_ptr(),
+            2,
+        )
         return out
 
     together = attend(q, slots, positions)
     for n in range(N):
-        alone = attend(q[n:n + 1].contiguous(), slots[n:n + 1].contiguous(), positions[n:n + 1].contiguous())
+        alone = attend(q[n : n + 1].contiguous(), slots[n : n + 1].contiguous(), positions[n : n + 1].contiguous())
         assert torch.equal(together[n], alone[0]), n
     lo = 0
-    for w in widths:                     # each row by itself (a single short row is split into smaller groups)
-        row = attend(q[lo:lo + w].contiguous(), slots[lo:lo + w].contiguous(), positions[lo:lo + w].contiguous())
-        assert torch.equal(row, together[lo:lo + w])
+    for w in widths:  # each row by itself (a single short row is split into smaller groups)
+        row = attend(q[lo : lo + w].contiguous(), slots[lo : lo + w].contiguous(), positions[lo : lo + w].contiguous())
+        assert torch.equal(row, together[lo : lo + w])
         lo += w
     # and against the definition (softmax over the token's own window of its slot)
     for n in range(N):
         pos, s = int(positions[n]), int(slots[n])
         lo = max(0, pos - window + 1) if window else 0
         for h in range(H):
-            k = kc[s, h // (H // Hkv), :, lo:pos + 1]                               # [D, len]
-            v = vc[s, h // (H // Hkv), lo:pos + 1]                                  # [len, D]
-            ref = torch.softmax(q[n, h * D:(h + 1) * D] @ k * 0.125, -1) @ v
-            assert torch.allclose(together[n, h * D:(h + 1) * D], ref, atol=1e-5)
+            k = kc[s, h // (H // Hkv), :, lo : pos + 1]  # [D, len]
+            v = vc[s, h // (H // Hkv), lo : pos + 1]  # [len, D]
+            ref = torch.softmax(q[n, h * D : (h + 1) * D] @ k * 0.125, -1) @ v
+            assert torch.allclose(together[n, h * D : (h + 1) * D], ref, atol=1e-5)
     # a bfloat16 cache: widened exactly as it is read, so bitwise a float32 cache holding the same values
     kb, vb = kc.bfloat16(), vc.bfloat16()
     assert torch.equal(attend(q, slots, positions, kb, vb), attend(q, slots, positions, kb.float(), vb.float()))
@@ -177,7 +203,8 @@ def test_out_of_range_slots_and_positions_raise_before_any_write(lib):
             runner.forward_rows(rows, slots, starts, last_only=False)
     native = runner.native
     with pytest.raises(ValueError, match="positions: expected a contiguous int64"):
-        native.layers_forward(runner.cache, torch.tensor([1]), torch.tensor([0]), torch.tensor([0], dtype=torch.int32),
-                              None)
+        native.layers_forward(
+            runner.cache, torch.tensor([1]), torch.tensor([0]), torch.tensor([0], dtype=torch.int32), None
+        )
     assert torch.equal(runner.cache.k, k) and torch.equal(runner.cache.v, v)
-    runner.forward_rows([[1, 2]], [3], [30], last_only=True)              # the last slot and position: fine
+    runner.forward_rows([[1, 2]], [3], [30], last_only=True)  # the last slot and position: fine

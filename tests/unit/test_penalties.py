@@ -2,6 +2,7 @@
 here over transformers' logits; greedy output is token-identical with speculation on and off with them on (every
 verify row sees the drafts before it); sampled output keeps the processed distribution (chi-square) and, coupled,
 its seed's tokens."""
+
 import pytest
 import torch
 
@@ -63,9 +64,18 @@ def test_each_processor_matches_the_reference(engines, name):
 
 
 @pytest.mark.parametrize("name", sorted(PENALTIES))
-@pytest.mark.parametrize("k, drafter, which", [(2, "ngram", "wrong"), (4, "ngram", "wrong"), (8, "ngram", "wrong"),
-                                               (AUTO_DRAFT, "ngram", "wrong"), (3, "draft_model", "wrong"),
-                                               (4, "draft_model", "right"), (AUTO_DRAFT, "draft_model", "right")])
+@pytest.mark.parametrize(
+    "k, drafter, which",
+    [
+        (2, "ngram", "wrong"),
+        (4, "ngram", "wrong"),
+        (8, "ngram", "wrong"),
+        (AUTO_DRAFT, "ngram", "wrong"),
+        (3, "draft_model", "wrong"),
+        (4, "draft_model", "right"),
+        (AUTO_DRAFT, "draft_model", "right"),
+    ],
+)
 def test_greedy_speculation_is_token_identical_with_processors_on(engines, name, k, drafter, which, monkeypatch):
     engine = engines[which]
     if k == AUTO_DRAFT and drafter == "draft_model":
@@ -93,9 +103,13 @@ def test_processors_in_a_batch_apply_to_their_own_request_alone(engines):
     engine = engines["wrong"]
     alone = {t: greedy(engine, t, num_draft_tokens=4, **PENALTIES["all"])[0] for t in PROMPTS}
     plain = {t: greedy(engine, t, num_draft_tokens=4)[0] for t in PROMPTS}
-    reqs = [engine.make_request(SamplingParams(max_tokens=24, ignore_eos=True, num_draft_tokens=4,
-                                               **(PENALTIES["all"] if i % 2 else {})), text=t)
-            for i, t in enumerate(PROMPTS)]
+    reqs = [
+        engine.make_request(
+            SamplingParams(max_tokens=24, ignore_eos=True, num_draft_tokens=4, **(PENALTIES["all"] if i % 2 else {})),
+            text=t,
+        )
+        for i, t in enumerate(PROMPTS)
+    ]
     outs = run_to_end(engine, reqs)
     for i, (t, r) in enumerate(zip(PROMPTS, reqs, strict=True)):
         assert tokens_of(outs[r.request_id]) == (alone if i % 2 else plain)[t]
@@ -111,7 +125,7 @@ def test_bad_words_allowed_ids_and_stop_token_ids(engines):
         ids, req = greedy(engine, PROMPT, num_draft_tokens=k, bad_words=[word])
         assert req.bad_word_ids == banned
         for seq in banned:
-            assert all(ids[i:i + len(seq)] != seq for i in range(len(ids))), (seq, ids)
+            assert all(ids[i : i + len(seq)] != seq for i in range(len(ids))), (seq, ids)
         allowed = sorted(set(plain[5:]))[:3] or [1, 2]
         ids, _ = greedy(engine, PROMPT, num_draft_tokens=k, allowed_token_ids=allowed)
         assert set(ids) <= set(allowed)
@@ -119,23 +133,29 @@ def test_bad_words_allowed_ids_and_stop_token_ids(engines):
     first = plain.index(stop)
     req = engine.make_request(SamplingParams(max_tokens=24, num_draft_tokens=4, stop_token_ids=[stop]), text=PROMPT)
     out = run_to_end(engine, [req])[req.request_id]
-    assert tokens_of(out) == plain[:first + 1] and out[-1].finish_reason == "stop"
-    req = engine.make_request(SamplingParams(max_tokens=24, num_draft_tokens=4, stop_token_ids=[stop],
-                                             min_tokens=first + 2), text=PROMPT)
+    assert tokens_of(out) == plain[: first + 1] and out[-1].finish_reason == "stop"
+    req = engine.make_request(
+        SamplingParams(max_tokens=24, num_draft_tokens=4, stop_token_ids=[stop], min_tokens=first + 2), text=PROMPT
+    )
     out = run_to_end(engine, [req])[req.request_id]
-    assert stop not in tokens_of(out)[:first + 2], "below min_tokens a stop token is never chosen"
+    assert stop not in tokens_of(out)[: first + 2], "below min_tokens a stop token is never chosen"
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(engines):
     from specgram.errors import InvalidRequest
+
     engine = engines["wrong"]
     vocab = engine.target.vocab_size
     for params in (dict(logit_bias={vocab: 1.0}), dict(stop_token_ids=[-1]), dict(allowed_token_ids=[vocab + 3])):
         with pytest.raises(InvalidRequest, match="outside the vocabulary"):
             engine.make_request(SamplingParams(**params), text="x")
-    for params, field in ((dict(presence_penalty=3.0), "presence_penalty"), (dict(repetition_penalty=0.0),
-                          "repetition_penalty"), (dict(logit_bias={1: 101.0}), "logit_bias"),
-                          (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(bad_words=[""]), "bad_words")):
+    for params, field in (
+        (dict(presence_penalty=3.0), "presence_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(logit_bias={1: 101.0}), "logit_bias"),
+        (dict(allowed_token_ids=[]), "allowed_token_ids"),
+        (dict(bad_words=[""]), "bad_words"),
+    ):
         with pytest.raises(InvalidRequest, match=field):
             engine.make_request(SamplingParams(**params), text="x")
 
@@ -143,8 +163,9 @@ def test_token_ids_outside_the_vocabulary_are_refused(engines):
 # ---- sampling: the processed distribution ----------------------------------------------------------------
 
 VOCAB = 4
-SAMPLED = dict(temperature=0.9, frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.3,
-               logit_bias={2: 0.5})
+SAMPLED = dict(
+    temperature=0.9, frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.3, logit_bias={2: 0.5}
+)
 PROMPT_IDS = [3, 1, 3, 0, 3, 2, 3, 3, 3]
 N_SAMPLES = 3000
 
@@ -166,13 +187,24 @@ def exact_penalised(model, prompt, n_tokens) -> dict[tuple, float]:
 
 @pytest.fixture(scope="module")
 def vocab_engine(tmp_path_factory):
-    return target_and_draft(tmp_path_factory.mktemp("pen-vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2,
-                            vocab_size=VOCAB, init=0.08)
+    return target_and_draft(
+        tmp_path_factory.mktemp("pen-vocab4"),
+        32,
+        max_slots=64,
+        target_seed=1,
+        draft_seed=2,
+        vocab_size=VOCAB,
+        init=0.08,
+    )
 
 
 def samples(engine, **params):
-    reqs = [engine.make_request(SamplingParams(max_tokens=3, ignore_eos=True, seed=i, **SAMPLED, **params),
-                                prompt_ids=PROMPT_IDS) for i in range(N_SAMPLES)]
+    reqs = [
+        engine.make_request(
+            SamplingParams(max_tokens=3, ignore_eos=True, seed=i, **SAMPLED, **params), prompt_ids=PROMPT_IDS
+        )
+        for i in range(N_SAMPLES)
+    ]
     outs = run_to_end(engine, reqs)
     return [tuple(tokens_of(outs[r.request_id])) for r in reqs]
 

@@ -1,4 +1,5 @@
 """Instance placement: Triton's instance kind / device id + the device parameter -> one device, or a clear error."""
+
 import pytest
 import torch
 
@@ -8,26 +9,32 @@ from specgram.errors import ModelLoadError
 from specgram.serving.placement import resolve_device
 
 
-@pytest.mark.parametrize("kind, dev_id, configured, expected", [
-    ("GPU", "1", "auto", "cuda:1"),
-    ("GPU", 0, "cuda", "cuda:0"),
-    ("GPU", "2", "cuda:2", "cuda:2"),
-    ("KIND_GPU", "3", "auto", "cuda:3"),
-    ("CPU", "0", "auto", "cpu"),
-    ("CPU", "0", "cpu", "cpu"),
-    ("MODEL", "0", "auto", "auto"),
-    ("MODEL", "0", "cuda:1", "cuda:1"),
-    (None, None, "cpu", "cpu"),
-])
+@pytest.mark.parametrize(
+    "kind, dev_id, configured, expected",
+    [
+        ("GPU", "1", "auto", "cuda:1"),
+        ("GPU", 0, "cuda", "cuda:0"),
+        ("GPU", "2", "cuda:2", "cuda:2"),
+        ("KIND_GPU", "3", "auto", "cuda:3"),
+        ("CPU", "0", "auto", "cpu"),
+        ("CPU", "0", "cpu", "cpu"),
+        ("MODEL", "0", "auto", "auto"),
+        ("MODEL", "0", "cuda:1", "cuda:1"),
+        (None, None, "cpu", "cpu"),
+    ],
+)
 def test_resolve_device(kind, dev_id, configured, expected):
     assert resolve_device(kind, dev_id, configured) == expected
 
 
-@pytest.mark.parametrize("kind, dev_id, configured, needle", [
-    ("GPU", "0", "cpu", "KIND_GPU places this instance on GPU 0"),
-    ("GPU", "1", "cuda:0", "says 'cuda:0'"),
-    ("CPU", "0", "cuda", "KIND_CPU runs this instance on CPU"),
-])
+@pytest.mark.parametrize(
+    "kind, dev_id, configured, needle",
+    [
+        ("GPU", "0", "cpu", "KIND_GPU places this instance on GPU 0"),
+        ("GPU", "1", "cuda:0", "says 'cuda:0'"),
+        ("CPU", "0", "cuda", "KIND_CPU runs this instance on CPU"),
+    ],
+)
 def test_conflicting_placement_is_a_load_error(kind, dev_id, configured, needle):
     with pytest.raises(ModelLoadError, match=needle):
         resolve_device(kind, dev_id, configured)

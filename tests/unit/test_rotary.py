@@ -1,6 +1,7 @@
 """Rotary cos/sin are a function of the position alone: the same bits whatever other positions share the call and
 whatever the thread count, so a token's keys and queries do not depend on its batch (the native forward's
 batch invariance rests on it)."""
+
 import torch
 
 from .tiny import build_model
@@ -9,7 +10,7 @@ from .tiny import build_model
 def _rows(rotary, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.zeros(1, len(positions), 8)
     cos, sin = rotary(x, position_ids=torch.tensor([positions]))
-    return cos[0], sin[0]                                                    # [N, head_dim]
+    return cos[0], sin[0]  # [N, head_dim]
 
 
 def test_rotary_rows_depend_on_the_position_alone():

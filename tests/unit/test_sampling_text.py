@@ -1,4 +1,5 @@
 """Pure functions: sampling math, stop-string hold-back, UTF-8-safe incremental detokenization."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,7 @@ def test_probabilities_temperature_top_k_top_p():
     assert torch.allclose(p[0], logits[0].softmax(-1))
     assert torch.allclose(p[1].sort(descending=True).values, torch.tensor([0.5, 0.5, 0.0, 0.0]))
     p = sampling.probabilities(logits[:1], torch.tensor([1.0]), torch.tensor([0]), torch.tensor([0.7]))
-    sm = logits[0].softmax(-1)   # 0.644 + 0.237 >= 0.7 -> nucleus of two tokens
+    sm = logits[0].softmax(-1)  # 0.644 + 0.237 >= 0.7 -> nucleus of two tokens
     assert torch.allclose(p[0], torch.cat([sm[:2] / sm[:2].sum(), torch.zeros(2)]))
     p = sampling.probabilities(logits[:1], torch.tensor([0.5]), torch.tensor([0]), torch.tensor([1.0]))
     assert torch.allclose(p[0], (logits[0] / 0.5).softmax(-1))
@@ -55,7 +56,7 @@ def test_gumbel_values_are_finite_for_every_word():
     words = np.array([0, 1, 2**12 - 1, 2**63, 2**64 - 2**12, 2**64 - 1], dtype=np.uint64)
     g = noise.gumbel_of_words(words)
     assert np.isfinite(g).all() and g.max() < 37 and g.min() > -4
-    assert g[0] == g[1] == g[2] and g[-1] == g[-2]          # the low 12 bits are dropped
+    assert g[0] == g[1] == g[2] and g[-1] == g[-2]  # the low 12 bits are dropped
 
 
 @pytest.mark.parametrize("vocab", [49152, 70001])
@@ -98,4 +99,4 @@ def test_incremental_detokenizer_never_emits_broken_characters(text):
     pieces = [d.push(t) for t in ids] + [d.flush()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
-    assert len(ids) > len(text) or text.isascii()   # multi-byte characters did span several tokens
+    assert len(ids) > len(text) or text.isascii()  # multi-byte characters did span several tokens

@@ -4,6 +4,7 @@ drain and a dying engine.
 Steps are slowed to at least STEP_S each, so a request of n tokens runs at least n * STEP_S: the tests rely on
 such lower bounds only (a loaded machine makes steps slower, never faster), and wait generously for the rest.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ from specgram.wire import ErrorKind, FinishReason
 from .helpers import run, run_to_end
 
 STEP_S = 0.01
-WAIT_S = 120        # upper bounds on waits: far above what a busy 2-core machine needs
+WAIT_S = 120  # upper bounds on waits: far above what a busy 2-core machine needs
 
 
 class Recorder:
@@ -50,6 +51,7 @@ class Recorder:
 @contextlib.contextmanager
 def serving(make_engine, **config):
     """An EngineLoop over a tiny engine whose steps take at least STEP_S."""
+
     def factory():
         engine = make_engine(**config)
         step = engine.step
@@ -93,13 +95,13 @@ def test_over_the_waiting_bound_a_request_is_refused_at_once_and_never_reaches_t
         add = loop.engine.add
         loop.engine.add = lambda req: (added.append(req.request_id), add(req))[1]
         a1, a2 = running(loop), running(loop)
-        b = submit(loop, max_tokens=2)              # waits for a slot
+        b = submit(loop, max_tokens=2)  # waits for a slot
         c = submit(loop, max_tokens=2)
         assert b.accepted
         assert_refused(c, "at capacity", "max_waiting_requests = 1")
         loop.abort(a1.request_id)
         assert b.final.finish_reason == FinishReason.LENGTH
-        d = submit(loop, max_tokens=2)              # b left the queue: there is room again
+        d = submit(loop, max_tokens=2)  # b left the queue: there is room again
         assert d.accepted and d.final.finish_reason == FinishReason.LENGTH
         assert c.request_id not in added and {a1.request_id, a2.request_id, b.request_id, d.request_id} <= set(added)
         loop.abort(a2.request_id)
@@ -108,7 +110,7 @@ def test_over_the_waiting_bound_a_request_is_refused_at_once_and_never_reaches_t
 def test_the_waiting_prompt_tokens_are_bounded_but_a_long_prompt_alone_is_taken(make_engine):
     with serving(make_engine, max_slots=1, max_waiting_prompt_tokens=12) as loop:
         a = running(loop)
-        long = submit(loop, text="x" * 20, max_tokens=2)         # longer than the bound, but nothing waits
+        long = submit(loop, text="x" * 20, max_tokens=2)  # longer than the bound, but nothing waits
         assert long.accepted
         assert_refused(submit(loop, text="y", max_tokens=2), "max_waiting_prompt_tokens = 12", "prompt tokens")
         loop.abort(long.request_id)
@@ -120,7 +122,7 @@ def test_the_waiting_prompt_tokens_are_bounded_but_a_long_prompt_alone_is_taken(
 
 def test_a_request_without_a_slot_within_max_queue_delay_ms_is_refused(make_engine):
     with serving(make_engine, max_slots=1, max_queue_delay_ms=300) as loop:
-        a = running(loop)                          # >= 199 more steps: >= 2 s
+        a = running(loop)  # >= 199 more steps: >= 2 s
         t0 = time.monotonic()
         b = submit(loop, max_tokens=2)
         assert b.accepted and b.final.error_kind == ErrorKind.UNAVAILABLE
@@ -133,13 +135,13 @@ def test_run_limits_end_a_request_with_finish_reason_timeout_and_its_text_so_far
     """The client's timeout applies when shorter than request_timeout_s; the setting when the client's is longer."""
     with serving(make_engine, max_slots=2, max_seq_len=512, request_timeout_s=2) as loop:
         t0 = time.monotonic()
-        short = submit(loop, max_tokens=400, timeout_s=0.5)      # 400 tokens take >= 4 s
-        long = submit(loop, max_tokens=400, timeout_s=3600)     # without the setting: runs to its length
+        short = submit(loop, max_tokens=400, timeout_s=0.5)  # 400 tokens take >= 4 s
+        long = submit(loop, max_tokens=400, timeout_s=3600)  # without the setting: runs to its length
         assert short.final.finish_reason == long.final.finish_reason == FinishReason.TIMEOUT
         assert short.final.error is None and long.final.error is None
         assert short.done_at - t0 >= 0.5 and long.done_at - t0 >= 2.0
         assert len(short.tokens) < len(long.tokens) < 400
-        assert short.tokens == long.tokens[:len(short.tokens)], "same prompt, greedy: the same stream, cut earlier"
+        assert short.tokens == long.tokens[: len(short.tokens)], "same prompt, greedy: the same stream, cut earlier"
 
 
 def test_a_timeout_sends_the_text_held_back_for_a_possible_stop_string(make_engine):
@@ -150,8 +152,11 @@ def test_a_timeout_sends_the_text_held_back_for_a_possible_stop_string(make_engi
     [ref] = run(engine, ["Hello"], max_tokens=12, ignore_eos=True)
     ids = [t for o in ref for t in o.token_ids]
     full = tok.decode(ids, skip_special_tokens=True)
-    j = next(j for j in range(4, 12) if len(so_far := tok.decode(ids[:j], skip_special_tokens=True)) >= 2
-             and "\ufffd" not in so_far[-2:])
+    j = next(
+        j
+        for j in range(4, 12)
+        if len(so_far := tok.decode(ids[:j], skip_special_tokens=True)) >= 2 and "\ufffd" not in so_far[-2:]
+    )
     so_far = tok.decode(ids[:j], skip_special_tokens=True)
     stop = so_far[-2:] + "\x07\x08\x07"
     assert stop not in full
@@ -180,7 +185,7 @@ def test_shutdown_refuses_the_waiting_at_once_and_lets_the_running_finish(make_e
 
 def test_shutdown_cuts_what_outlasts_the_grace_period(make_engine):
     with serving(make_engine, max_slots=1) as loop:
-        a = running(loop)                          # >= 199 more steps: >= 2 s
+        a = running(loop)  # >= 199 more steps: >= 2 s
         t0 = time.monotonic()
         loop.shutdown(grace_s=0.3)
         assert a.final.finish_reason == FinishReason.CANCELLED and "grace period" in a.final.error
@@ -195,6 +200,7 @@ def test_a_dying_engine_fails_every_open_request_and_refuses_new_ones(make_engin
 
         def broken_step():
             raise RuntimeError("scheduler state corrupted")
+
         loop.engine.step = broken_step
         for rec in (a, b):
             assert rec.final.finish_reason == FinishReason.ERROR and rec.final.error_kind == ErrorKind.INTERNAL
@@ -203,9 +209,16 @@ def test_a_dying_engine_fails_every_open_request_and_refuses_new_ones(make_engin
         assert_refused(submit(loop, max_tokens=2), "engine stopped", "restarted")
 
 
-@pytest.mark.parametrize("setting, value", [("max_waiting_requests", -2), ("max_queue_delay_ms", -1),
-                                            ("request_timeout_s", -1), ("shutdown_grace_s", -1),
-                                            ("max_waiting_prompt_tokens", -5)])
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("max_waiting_requests", -2),
+        ("max_queue_delay_ms", -1),
+        ("request_timeout_s", -1),
+        ("shutdown_grace_s", -1),
+        ("max_waiting_prompt_tokens", -5),
+    ],
+)
 def test_negative_limits_fail_the_load(tiny_ckpt, setting, value):
     from specgram.config import EngineConfig
     from specgram.errors import ModelLoadError
@@ -230,7 +243,7 @@ def test_an_idle_loop_blocks_instead_of_polling(make_engine):
         assert not engine.has_work() and not engine.only_waiting_for_grammars()
         slow = engine.make_request(SamplingParams(max_tokens=4, guide_type="regex", guide="[ab]{3}"), text="hi")
         engine.add(slow)
-        assert slow.pending_grammar is not None and engine.only_waiting_for_grammars()   # until a step admits it
+        assert slow.pending_grammar is not None and engine.only_waiting_for_grammars()  # until a step admits it
     finally:
         engine.close()
 
@@ -259,12 +272,11 @@ def test_a_refused_guided_request_cancels_its_compile(make_engine):
         assert b.accepted
         rec = Recorder()
         schema = '{"type": "object", "properties": {"refused": {"type": "integer", "minimum": 7}}}'
-        req = loop.engine.make_request(SamplingParams(guide_type="json_schema", guide=schema, max_tokens=4),
-                                       text="x")
+        req = loop.engine.make_request(SamplingParams(guide_type="json_schema", guide=schema, max_tokens=4), text="x")
         assert req.pending_grammar is not None
         rec.accepted = loop.submit(req, rec)
         assert_refused(rec, "at capacity")
         grammar = loop.engine.grammar
-        assert not any(key[1] == schema for key in grammar._inflight)        # no compile of it in flight
+        assert not any(key[1] == schema for key in grammar._inflight)  # no compile of it in flight
         loop.abort(a.request_id)
         loop.abort(b.request_id)

@@ -1,4 +1,5 @@
 """engine/settings.py: every "auto" resolved once, from the config and the checkpoints' config.json alone."""
+
 import shutil
 
 import pytest
@@ -22,28 +23,51 @@ def test_auto_resolves_to_the_native_forward_and_the_shared_int8_copy(lib, confi
     s = resolve(EngineConfig(checkpoint=config_only))
     assert s.device == torch.device("cpu") and s.dtype == torch.float32
     assert (s.target.kind, s.target.weights, s.target.kv_dtype, s.target.lib) == ("native", "auto", "auto", lib)
-    assert s.draft is None and s.drafter == "ngram" and s.prefix_cache      # draft_quantization's default: none
-    s = resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto"))     # the served model's setting
+    assert s.draft is None and s.drafter == "ngram" and s.prefix_cache  # draft_quantization's default: none
+    s = resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto"))  # the served model's setting
     d = s.draft
     assert (d.source, d.int8, d.shares_cache, d.forward.kind, d.forward.weights) == (
-        "target", "native", True, "native", int8_form(lib))
+        "target",
+        "native",
+        True,
+        "native",
+        int8_form(lib),
+    )
     assert d.forward.kv_dtype == "auto" and d.dtype == torch.float32
     assert s.drafter == "draft_model" and s.prefix_cache
 
 
-@pytest.mark.parametrize("settings, target, draft, drafter, prefix", [
-    (dict(linear="torch"), ("torch", "auto"), None, "ngram", False),
-    (dict(linear="torch", prefix_cache="on"), ("torch", "auto"), None, "ngram", True),
-    (dict(prefix_cache="off"), ("native", "auto"), None, "ngram", False),
-    (dict(weights="int8", draft_quantization="auto"), ("native", "int8*"), None, "ngram", True),  # an int8 target
-    (dict(linear="torch", draft_quantization="auto"), ("torch", "auto"), None, "ngram", False),
-    (dict(linear="torch", draft_quantization="int8"), ("torch", "auto"), ("target", "torch", False), "draft_model",
-     False),
-    (dict(cuda_graphs=True, draft_quantization="int8"), ("torch", "auto"), ("target", "torch", False),
-     "draft_model", False),
-    (dict(drafter="grammar", draft_quantization="auto"), ("native", "auto"), ("target", "native", True), "grammar",
-     True),
-])
+@pytest.mark.parametrize(
+    "settings, target, draft, drafter, prefix",
+    [
+        (dict(linear="torch"), ("torch", "auto"), None, "ngram", False),
+        (dict(linear="torch", prefix_cache="on"), ("torch", "auto"), None, "ngram", True),
+        (dict(prefix_cache="off"), ("native", "auto"), None, "ngram", False),
+        (dict(weights="int8", draft_quantization="auto"), ("native", "int8*"), None, "ngram", True),  # an int8 target
+        (dict(linear="torch", draft_quantization="auto"), ("torch", "auto"), None, "ngram", False),
+        (
+            dict(linear="torch", draft_quantization="int8"),
+            ("torch", "auto"),
+            ("target", "torch", False),
+            "draft_model",
+            False,
+        ),
+        (
+            dict(cuda_graphs=True, draft_quantization="int8"),
+            ("torch", "auto"),
+            ("target", "torch", False),
+            "draft_model",
+            False,
+        ),
+        (
+            dict(drafter="grammar", draft_quantization="auto"),
+            ("native", "auto"),
+            ("target", "native", True),
+            "grammar",
+            True,
+        ),
+    ],
+)
 def test_each_auto_resolves_by_the_other_settings(lib, config_only, settings, target, draft, drafter, prefix):
     s = resolve(EngineConfig(checkpoint=config_only, **settings))
     weights = int8_form(lib) if target[1] == "int8*" else target[1]
@@ -57,7 +81,12 @@ def test_a_draft_checkpoint_is_its_own_model_with_its_own_cache(lib, config_only
     plain = resolve(EngineConfig(checkpoint=config_only, draft_checkpoint=str(tiny_ckpt), draft_dtype="bf16"))
     d = plain.draft
     assert (d.source, d.int8, d.shares_cache, d.forward.kind, d.dtype) == (
-        "checkpoint", "none", False, "native", torch.bfloat16)
+        "checkpoint",
+        "none",
+        False,
+        "native",
+        torch.bfloat16,
+    )
     named = EngineConfig(checkpoint=config_only, draft_checkpoint=str(tiny_ckpt), draft_quantization="int8")
     copy = resolve(named).draft
     assert (copy.int8, copy.shares_cache, copy.forward.kv_dtype) == ("native", False, "bfloat16")

@@ -1,5 +1,6 @@
 """Speculative decoding is exact: greedy output is token-identical with speculation on and off, for every
 drafter, draft length and batch composition; sampled output has the target's distribution (chi-square)."""
+
 import pytest
 
 from specgram.request import SamplingParams
@@ -12,6 +13,7 @@ from .helpers import PROMPTS, pinned_eos, run, run_to_end, target_and_draft, tex
 
 class OracleDrafter(Drafter):
     """Proposes the known greedy continuation (always right) or, with `wrong`, a token that is never it."""
+
     name = "oracle"
 
     def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
@@ -20,7 +22,7 @@ class OracleDrafter(Drafter):
     def propose(self, reqs, ks, pick, prefixes):
         out = []
         for r, k in zip(reqs, ks, strict=True):
-            ref = self.references[tuple(r.prompt_ids)][len(r.output_ids):len(r.output_ids) + k]
+            ref = self.references[tuple(r.prompt_ids)][len(r.output_ids) : len(r.output_ids) + k]
             out.append(Proposal([(t + 1) % self.vocab for t in ref] if self.wrong else list(ref)))
         return out
 
@@ -33,8 +35,9 @@ def spec_engine(tmp_path_factory):
 def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
     refs = run(engine, prompts, max_tokens=max_tokens, **extra)
     keys = [tuple(engine.make_request(SamplingParams(), text=t).prompt_ids) for t in prompts]
-    engine.drafters["oracle"] = OracleDrafter({k: tokens_of(o) for k, o in zip(keys, refs, strict=True)},
-                                              engine.target.vocab_size, wrong)
+    engine.drafters["oracle"] = OracleDrafter(
+        {k: tokens_of(o) for k, o in zip(keys, refs, strict=True)}, engine.target.vocab_size, wrong
+    )
     return refs
 
 
@@ -50,8 +53,8 @@ def test_greedy_identical_batch1_and_batch4(spec_engine, k, drafter):
         assert [text_of(o) for o in spec] == [text_of(o) for o in base]
         stats = [o[-1].spec for o in spec]
         assert all(0 <= s.accepted <= s.drafted for s in stats)
-        assert stats[-1].drafted > 0      # the last prompt always gets drafts (it repeats itself: n-grams too)
-        if drafter == "right":   # the target as its own draft: every draft is accepted
+        assert stats[-1].drafted > 0  # the last prompt always gets drafts (it repeats itself: n-grams too)
+        if drafter == "right":  # the target as its own draft: every draft is accepted
             assert all(s.accepted == s.drafted for s in stats)
             assert len(spec[0]) < len(base[0]), "accepted drafts commit several tokens per step"
 
@@ -60,8 +63,9 @@ def test_mixed_draft_lengths_and_drafters_in_one_batch(spec_engine):
     engine = spec_engine["wrong"]
     prompts = PROMPTS * 2
     base = run(engine, prompts, max_tokens=25)
-    spec = run(engine, prompts, max_tokens=25, num_draft_tokens=[0, 1, 3, 8, 2, 5, 7, 4],
-               drafter=["ngram", "draft_model"] * 4)
+    spec = run(
+        engine, prompts, max_tokens=25, num_draft_tokens=[0, 1, 3, 8, 2, 5, 7, 4], drafter=["ngram", "draft_model"] * 4
+    )
     assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
 
 
@@ -88,7 +92,7 @@ def test_max_tokens_inside_an_accepted_run(spec_engine, max_tokens):
 def test_eos_inside_a_draft(spec_engine):
     engine = spec_engine["wrong"]
     refs = with_oracle(engine, PROMPTS[:1], 30, ignore_eos=True)
-    eos = tokens_of(refs[0])[9]              # pretend this token is EOS: it ends the output mid-draft
+    eos = tokens_of(refs[0])[9]  # pretend this token is EOS: it ends the output mid-draft
     with pinned_eos(engine, eos):
         base = run(engine, PROMPTS[:1], max_tokens=30)
         spec = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=8, drafter="oracle")
@@ -103,19 +107,22 @@ def test_stop_string_spanning_a_step(spec_engine):
     stop = full[12:16]
     base = run(engine, PROMPTS[1:2], max_tokens=30, ignore_eos=True, stop=[stop])
     for k in (2, 3, 5, 8):
-        spec = run(engine, PROMPTS[1:2], max_tokens=30, ignore_eos=True, stop=[stop], num_draft_tokens=k,
-                   drafter="oracle")
-        assert text_of(spec[0]) == text_of(base[0]) == full[:full.index(stop)]
+        spec = run(
+            engine, PROMPTS[1:2], max_tokens=30, ignore_eos=True, stop=[stop], num_draft_tokens=k, drafter="oracle"
+        )
+        assert text_of(spec[0]) == text_of(base[0]) == full[: full.index(stop)]
         assert tokens_of(spec[0]) == tokens_of(base[0]) and spec[0][-1].finish_reason == "stop"
 
 
 def test_near_the_context_limit(spec_engine):
     engine = spec_engine["right"]
-    prompt_ids = [3 + (i * 7) % 200 for i in range(90)]          # max_seq_len is 96: room for 6 tokens
+    prompt_ids = [3 + (i * 7) % 200 for i in range(90)]  # max_seq_len is 96: room for 6 tokens
     outs = {}
     for k in (0, 3, 8):
-        req = engine.make_request(SamplingParams(max_tokens=50, ignore_eos=True, num_draft_tokens=k,
-                                                 drafter="draft_model"), prompt_ids=prompt_ids)
+        req = engine.make_request(
+            SamplingParams(max_tokens=50, ignore_eos=True, num_draft_tokens=k, drafter="draft_model"),
+            prompt_ids=prompt_ids,
+        )
         outs[k] = run_to_end(engine, [req])[req.request_id]
     assert tokens_of(outs[3]) == tokens_of(outs[0]) == tokens_of(outs[8])
     assert len(tokens_of(outs[0])) == 6 and outs[8][-1].finish_reason == "length"
@@ -139,18 +146,23 @@ SAMPLE_PARAMS = dict(temperature=0.9, top_p=0.95)
 
 @pytest.fixture(scope="module")
 def tiny_vocab_engine(tmp_path_factory):
-    return target_and_draft(tmp_path_factory.mktemp("vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2,
-                            vocab_size=VOCAB, init=0.08)
+    return target_and_draft(
+        tmp_path_factory.mktemp("vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2, vocab_size=VOCAB, init=0.08
+    )
 
 
 def sample_outputs(engine, prompt, n, max_tokens, **params):
-    reqs = [engine.make_request(SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **SAMPLE_PARAMS,
-                                               **params), prompt_ids=prompt) for i in range(n)]
+    reqs = [
+        engine.make_request(
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **SAMPLE_PARAMS, **params), prompt_ids=prompt
+        )
+        for i in range(n)
+    ]
     outs = run_to_end(engine, reqs)
     return [tuple(tokens_of(outs[r.request_id])) for r in reqs], [outs[r.request_id][-1].spec for r in reqs]
 
 
-PROMPT = [3, 1, 3, 0, 3, 2, 3, 3, 3]   # every (3, x) occurs: n-gram lookup always has a match
+PROMPT = [3, 1, 3, 0, 3, 2, 3, 3, 3]  # every (3, x) occurs: n-gram lookup always has a match
 N_SAMPLES = 3000
 
 
@@ -170,8 +182,9 @@ def plain(tiny_vocab_engine, expected):
 
 @pytest.mark.parametrize("rule", ["coupled", "rejection"])
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
-def test_speculative_sampling_matches_target_distribution(tiny_vocab_engine, expected, plain, drafter, rule,
-                                                          monkeypatch):
+def test_speculative_sampling_matches_target_distribution(
+    tiny_vocab_engine, expected, plain, drafter, rule, monkeypatch
+):
     engine = tiny_vocab_engine
     monkeypatch.setattr(engine.logits, "coupled", rule == "coupled")
     spec, stats = sample_outputs(engine, PROMPT, N_SAMPLES, 3, num_draft_tokens=3, drafter=drafter)
@@ -200,7 +213,7 @@ def test_chi2_catches_noise_shared_between_positions(tiny_vocab_engine, expected
     engine = tiny_vocab_engine
     row = noise.gumbel_row
     monkeypatch.setattr(noise, "gumbel_row", lambda seed, position, vocab: row(seed, 0, vocab))
-    monkeypatch.setattr(engine.logits, "noise", noise.NoiseRows(engine.logits.noise.vocab))    # none cached yet
+    monkeypatch.setattr(engine.logits, "noise", noise.NoiseRows(engine.logits.noise.vocab))  # none cached yet
     samples, _ = sample_outputs(engine, PROMPT, N_SAMPLES, 3)
     stat, df = chi2_stat(samples, expected)
     assert stat > chi2_critical(df), (stat, df)
@@ -220,8 +233,15 @@ def test_accepted_drafts_after_a_token_that_ends_the_output_do_not_count(spec_en
     refs = with_oracle(engine, PROMPTS[:1], 30, ignore_eos=True)
     stop = tokens_of(refs[0])[stop_at]
     assert stop not in tokens_of(refs[0])[:stop_at]
-    out = run(engine, PROMPTS[:1], max_tokens=30, num_draft_tokens=8, drafter="oracle", stop_token_ids=[[stop]],
-              ignore_eos=True)[0]
+    out = run(
+        engine,
+        PROMPTS[:1],
+        max_tokens=30,
+        num_draft_tokens=8,
+        drafter="oracle",
+        stop_token_ids=[[stop]],
+        ignore_eos=True,
+    )[0]
     n, spec = len(tokens_of(out)), out[-1].spec
     assert n == stop_at + 1 and out[-1].finish_reason == "stop"
     # the first token comes from the prompt's logits; then 8 drafts a step: at 9 the stop is the step's bonus token

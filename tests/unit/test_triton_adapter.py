@@ -1,4 +1,5 @@
 """model.py driven in-process with a fake triton_python_backend_utils: the adapter's rules, without a server."""
+
 import gc
 import json
 import sys
@@ -19,7 +20,7 @@ def model(tiny_ckpt):
     params = config_parameters()
     params["checkpoint"] = {"string_value": str(tiny_ckpt)}
     params["max_slots"] = {"string_value": "2"}
-    params["ngram_min"] = {"string_value": "1"}     # random tiny models rarely repeat 2-grams
+    params["ngram_min"] = {"string_value": "1"}  # random tiny models rarely repeat 2-grams
     m = module.TritonPythonModel()
     m.initialize(initialize_args(params))
     yield m
@@ -33,10 +34,19 @@ ASK = {"return_finish_reason": True, "return_num_input_tokens": True, "return_nu
 
 def request(text="Hello there", **inputs):
     tensors = {"text_input": np.array([text.encode()], dtype=np.object_)}
-    kinds = {"stream": np.bool_, "max_tokens": np.int32, "temperature": np.float32, "top_p": np.float32,
-             "top_k": np.int32, "seed": np.uint64, "num_draft_tokens": np.int32, "ignore_eos": np.bool_,
-             "exclude_input_in_output": np.bool_, "apply_chat_template": np.bool_,
-             **{name: np.bool_ for name in contract.INPUT if name.startswith("return_")}}
+    kinds = {
+        "stream": np.bool_,
+        "max_tokens": np.int32,
+        "temperature": np.float32,
+        "top_p": np.float32,
+        "top_k": np.int32,
+        "seed": np.uint64,
+        "num_draft_tokens": np.int32,
+        "ignore_eos": np.bool_,
+        "exclude_input_in_output": np.bool_,
+        "apply_chat_template": np.bool_,
+        **{name: np.bool_ for name in contract.INPUT if name.startswith("return_")},
+    }
     params = inputs.pop("parameters", None)
     for k, v in {**ASK, **inputs}.items():
         if v is None:
@@ -95,22 +105,33 @@ def test_sampling_parameters_json_and_request_parameters(model):
     assert c.output_tensors["num_output_tokens"][0] == 4
 
 
-@pytest.mark.parametrize("inputs, code, needle", [
-    (dict(max_tokens=0), pb.TritonError.INVALID_ARG, "max_tokens"),
-    (dict(max_tokens=3, sampling_parameters='{"max_tokens": 5}'), pb.TritonError.INVALID_ARG, "different values"),
-    (dict(text=""), pb.TritonError.INVALID_ARG, "text_input"),
-    (dict(sampling_parameters="{not json"), pb.TritonError.INVALID_ARG, "sampling_parameters"),
-    (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
-    (dict(num_draft_tokens=99), pb.TritonError.INVALID_ARG, "num_draft_tokens"),
-    (dict(num_draft_tokens=2, drafter="nope"), pb.TritonError.INVALID_ARG, "drafter"),
-    (dict(guided_decoding_guide_type="regex", guided_decoding_guide="a(b"), pb.TritonError.INVALID_ARG, "regex"),
-    (dict(guided_decoding_guide_type="json_schema", guided_decoding_guide='{"type": "nonsense"}'),
-     pb.TritonError.INVALID_ARG, "nonsense"),
-    (dict(guided_decoding_guide_type="xml", guided_decoding_guide="<a/>"), pb.TritonError.INVALID_ARG, "xml"),
-    (dict(guided_decoding_guide_type="json_schema",
-          guided_decoding_guide='{"type": "array", "items": {}, "uniqueItems": true}'),
-     pb.TritonError.INVALID_ARG, "uniqueItems"),
-])
+@pytest.mark.parametrize(
+    "inputs, code, needle",
+    [
+        (dict(max_tokens=0), pb.TritonError.INVALID_ARG, "max_tokens"),
+        (dict(max_tokens=3, sampling_parameters='{"max_tokens": 5}'), pb.TritonError.INVALID_ARG, "different values"),
+        (dict(text=""), pb.TritonError.INVALID_ARG, "text_input"),
+        (dict(sampling_parameters="{not json"), pb.TritonError.INVALID_ARG, "sampling_parameters"),
+        (dict(sampling_parameters='{"bogus": 1}'), pb.TritonError.INVALID_ARG, "bogus"),
+        (dict(num_draft_tokens=99), pb.TritonError.INVALID_ARG, "num_draft_tokens"),
+        (dict(num_draft_tokens=2, drafter="nope"), pb.TritonError.INVALID_ARG, "drafter"),
+        (dict(guided_decoding_guide_type="regex", guided_decoding_guide="a(b"), pb.TritonError.INVALID_ARG, "regex"),
+        (
+            dict(guided_decoding_guide_type="json_schema", guided_decoding_guide='{"type": "nonsense"}'),
+            pb.TritonError.INVALID_ARG,
+            "nonsense",
+        ),
+        (dict(guided_decoding_guide_type="xml", guided_decoding_guide="<a/>"), pb.TritonError.INVALID_ARG, "xml"),
+        (
+            dict(
+                guided_decoding_guide_type="json_schema",
+                guided_decoding_guide='{"type": "array", "items": {}, "uniqueItems": true}',
+            ),
+            pb.TritonError.INVALID_ARG,
+            "uniqueItems",
+        ),
+    ],
+)
 def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, inputs, code, needle):
     [[alone]] = finish(model, request(max_tokens=8))
     bad, good = request(**inputs), request(max_tokens=8)
@@ -120,9 +141,8 @@ def test_bad_request_gets_one_error_and_good_neighbour_is_untouched(model, input
 
 
 def test_a_full_compile_queue_refuses_with_unavailable(model, monkeypatch):
-    monkeypatch.setattr(model.engine.grammar.pool, "queue_limit", 0)      # every new guide finds it full
-    [resps] = finish(model, request(max_tokens=8, guided_decoding_guide_type="regex",
-                                    guided_decoding_guide="[xyz]{2}"))
+    monkeypatch.setattr(model.engine.grammar.pool, "queue_limit", 0)  # every new guide finds it full
+    [resps] = finish(model, request(max_tokens=8, guided_decoding_guide_type="regex", guided_decoding_guide="[xyz]{2}"))
     assert resps[0].error.code() == pb.TritonError.UNAVAILABLE and "grammar_compile_queue" in resps[0].error.message()
 
 
@@ -174,8 +194,9 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     reused_before = metric("specgram_prompt_tokens_reused_total")[0].value()
     prompt_before = metric("specgram_prompt_tokens_total")[0].value()
     guide = dict(guided_decoding_guide_type="regex", guided_decoding_guide="(abc ){10}")
-    [spec] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, num_draft_tokens=4,
-                                   drafter="grammar", **guide))
+    [spec] = finish(
+        model, request("abcabc abcabc abc", stream=True, max_tokens=24, num_draft_tokens=4, drafter="grammar", **guide)
+    )
     [plain] = finish(model, request("abcabc abcabc abc", stream=True, max_tokens=24, num_draft_tokens=0, **guide))
     assert joined(spec, "output_ids") == joined(plain, "output_ids")
     last = spec[-1].output_tensors
@@ -185,10 +206,10 @@ def test_speculative_request_reports_statistics_and_metrics(model):
     assert metric("specgram_draft_tokens_total")[0].value() - drafted_before == drafted
     assert metric("specgram_generated_tokens_total")[0].value() - generated_before == 48
     assert len(metric("specgram_time_to_first_token_seconds")[0].observations) == ttft_before + 2
-    latency = metric("specgram_e2e_request_latency_seconds")[0].observations[len(latency_before):]
-    tpot = metric("specgram_time_per_output_token_seconds")[0].observations[len(tpot_before):]
+    latency = metric("specgram_e2e_request_latency_seconds")[0].observations[len(latency_before) :]
+    tpot = metric("specgram_time_per_output_token_seconds")[0].observations[len(tpot_before) :]
     assert len(latency) == len(tpot) == 2 and all(0 < t < x for t, x in zip(tpot, latency, strict=True))
-    queue = metric("specgram_request_queue_time_seconds")[0].observations[len(queue_before):]
+    queue = metric("specgram_request_queue_time_seconds")[0].observations[len(queue_before) :]
     assert len(queue) == 2 and all(0 <= q < x for q, x in zip(queue, latency, strict=True))
     assert len(metric("specgram_accepted_drafts_per_step")[0].observations) > steps_before
     assert last["spec_acceptance_length"][0] > 1.0
@@ -205,12 +226,13 @@ def test_speculative_request_reports_statistics_and_metrics(model):
         assert reused == 0
     detail = json.loads(last["spec_detail"][0])
     assert detail["sources"] == {"forced": {"drafted": drafted, "accepted": accepted}}
-    assert metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value() - forced_before \
-        == accepted
-    steps = sum(detail["k_hist"])           # decode steps of both requests: every step observed once
+    assert (
+        metric("specgram_accepted_draft_tokens_by_source_total", source="forced")[0].value() - forced_before == accepted
+    )
+    steps = sum(detail["k_hist"])  # decode steps of both requests: every step observed once
     plain_steps = sum(json.loads(plain[-1].output_tensors["spec_detail"][0])["k_hist"])
     assert len(metric("specgram_draft_tokens_per_step")[0].observations) - k_steps_before == steps + plain_steps
-    assert spec[0].output_tensors["spec_detail"][0] == b"" or len(spec) == 1     # set on the final one only
+    assert spec[0].output_tensors["spec_detail"][0] == b"" or len(spec) == 1  # set on the final one only
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the load error on a machine without CUDA")
@@ -222,7 +244,7 @@ def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
         params["checkpoint"] = {"string_value": str(tiny_ckpt)}
         with pytest.raises(pb.TritonModelException, match=r"'cuda:1' was asked for, but CUDA is not available"):
             module.TritonPythonModel().initialize(initialize_args(params, "GPU", "1"))
-        params["device"] = {"string_value": "cpu"}     # KIND_GPU + device cpu: the settings disagree
+        params["device"] = {"string_value": "cpu"}  # KIND_GPU + device cpu: the settings disagree
         args = initialize_args(params, "GPU", "1")
         with pytest.raises(pb.TritonModelException, match="KIND_GPU places this instance on GPU 1"):
             module.TritonPythonModel().initialize(args)
@@ -283,7 +305,7 @@ def started(m, **inputs):
     raise AssertionError("the stream never started")
 
 
-WAIT_STEPS = 12000      # x 10 ms: 2 minutes, far above what a busy machine needs
+WAIT_STEPS = 12000  # x 10 ms: 2 minutes, far above what a busy machine needs
 
 
 def wait_for(condition, what):
@@ -304,8 +326,12 @@ def test_finalize_ends_every_stream_and_releases_the_metrics(own_model):
         assert r.sender.done.is_set(), "every request has its final response once finalize returns"
         last = r.sender.responses[-1][0]
         assert last.error.code() == code and "shutting down" in last.error.message()
-    mine = [x for ms in pb.MetricFamily.registry.values() for x in ms
-            if x.labels.get("model") == "test_finalize_ends_every_stream_and_releases_the_metrics"]
+    mine = [
+        x
+        for ms in pb.MetricFamily.registry.values()
+        for x in ms
+        if x.labels.get("model") == "test_finalize_ends_every_stream_and_releases_the_metrics"
+    ]
     assert len(mine) > 10
     gc.collect()
     assert all(x._family_ref() is None for x in mine), "a metric family outlived finalize()"
@@ -323,15 +349,20 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     [[refused]] = finish(m, request(max_tokens=4))
     assert refused.error.code() == pb.TritonError.UNAVAILABLE
     assert "max_waiting_requests = 1" in refused.error.message()
-    errors = lambda kind: sum(x.value() for x in metric("specgram_request_errors_total", model=name)  # noqa: E731
-                              if x.labels["kind"] == kind)
+
+    def errors(kind):
+        return sum(x.value() for x in metric("specgram_request_errors_total", model=name) if x.labels["kind"] == kind)
+
     assert (errors("unavailable"), errors("internal"), errors("invalid")) == (1, 0, 0)
-    wait_for(lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
-             "the gauges show one running and one waiting request")
+    wait_for(
+        lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
+        "the gauges show one running and one waiting request",
+    )
     assert gauge("specgram_engine_up") == 1
 
     def broken_step():
         raise RuntimeError("slot bookkeeping broke")
+
     m.loop.engine.step = broken_step
     for r in (running, waiting):
         assert r.sender.done.wait(60)
@@ -347,18 +378,20 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
 
 # ---- one request's failure stays with it -----------------------------------------------------------------------
 
+
 def test_a_failing_cancellation_poll_leaves_every_stream_served(model, monkeypatch):
     """is_cancelled() raising (a broken connection to the server process) must not stop the sender thread."""
-    monkeypatch.setitem(type(model).initialize.__globals__, "_CANCEL_CHECK_S", 0.0)    # poll every round
+    monkeypatch.setitem(type(model).initialize.__globals__, "_CANCEL_CHECK_S", 0.0)  # poll every round
     bad, good = request(stream=True, max_tokens=40, ignore_eos=True), request(max_tokens=8)
 
     def broken():
         raise RuntimeError("stub connection lost")
+
     bad.sender.is_cancelled = broken
     bad_resps, good_resps = finish(model, bad, good, timeout=20)
     assert bad_resps[-1].error is None and len(joined(bad_resps, "output_ids")) == 40
     assert good_resps[-1].error is None
-    [[after]] = finish(model, request(max_tokens=4), timeout=20)       # and the thread still runs
+    [[after]] = finish(model, request(max_tokens=4), timeout=20)  # and the thread still runs
     assert after.error is None
 
 
@@ -368,6 +401,7 @@ def test_a_failure_while_building_a_response_still_ends_the_stream(model, monkey
     def record(st, out):
         calls.append(out.finished)
         raise ValueError("metrics backend gone")
+
     monkeypatch.setattr(model.metrics, "record", record)
     [[only]] = finish(model, request(max_tokens=4), timeout=20)
     assert only.error is None and calls[-1], "metrics failures must not cost the response"
@@ -385,6 +419,7 @@ def test_a_chat_template_error_fails_that_request_alone(model, monkeypatch):
         if any(m["role"] == "tool" for m in messages):
             raise jinja2.TemplateError("Conversation roles must alternate user/assistant")
         return type(tokenizer).apply_chat_template(tokenizer, messages, **kw)
+
     monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)
     bad = request("", messages=json.dumps([{"role": "tool", "content": "x"}]))
     good = request("", messages=json.dumps([{"role": "user", "content": "hi"}]), max_tokens=4)
@@ -401,6 +436,7 @@ def test_any_error_while_reading_a_request_fails_it_alone(model, monkeypatch):
         if kw.get("text") == "boom":
             raise RuntimeError("unexpected")
         return make(params, **kw)
+
     monkeypatch.setattr(model.engine, "make_request", flaky)
     bad_resps, good_resps = finish(model, request("boom"), request(max_tokens=4), timeout=20)
     assert bad_resps[0].error.code() == pb.TritonError.INTERNAL and "unexpected" in bad_resps[0].error.message()
@@ -416,14 +452,14 @@ def test_requests_are_tokenized_with_a_tokenizer_of_their_own(model):
 def test_vllm_backends_outputs_only_when_asked(model):
     """vllm_backend's clients (Triton's OpenAI frontend) ask for each additional output, and add num_output_tokens
     up over a stream; logprobs come per response in its JSON, and a non-streaming response carries them all."""
-    switches = {f"return_{n}": True for n in ("finish_reason", "num_input_tokens", "num_output_tokens", "logprobs",
-                                              "cumulative_logprob")}
+    switches = {
+        f"return_{n}": True
+        for n in ("finish_reason", "num_input_tokens", "num_output_tokens", "logprobs", "cumulative_logprob")
+    }
     lp = json.dumps({"logprobs": 1})
-    asked = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, sampling_parameters=lp,
-                    **switches)
+    asked = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, sampling_parameters=lp, **switches)
     whole = request(max_tokens=24, ignore_eos=True, num_draft_tokens=4, sampling_parameters=lp, **switches)
-    plain = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4,
-                    **{name: None for name in ASK})
+    plain = request(stream=True, max_tokens=24, ignore_eos=True, num_draft_tokens=4, **{name: None for name in ASK})
     asked_resps, [whole_resp], plain_resps = finish(model, asked, whole, plain)
     per = [int(r.output_tensors["num_output_tokens"][0]) for r in asked_resps]
     assert per == [len(r.output_tensors["output_ids"]) for r in asked_resps] and sum(per) == 24

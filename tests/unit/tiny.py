@@ -4,15 +4,18 @@ Byte-level with no merges: every UTF-8 byte is one token, so multi-byte characte
 detokenizer must handle). Weights use a large init so logits are peaked: greedy choices are then stable
 across batch shapes instead of resting on near-ties.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-SPECIALS = ["<unk>", "<s>", "</s>"]          # ids 0, 1, 2
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
 
 
 def build_tokenizer():
@@ -31,14 +34,26 @@ def build_tokenizer():
     return fast
 
 
-def build_model(model_type: str = "llama", seed: int = 0, num_layers: int = 2, hidden: int = 64,
-                init: float = 0.3, **overrides):
+def build_model(
+    model_type: str = "llama", seed: int = 0, num_layers: int = 2, hidden: int = 64, init: float = 0.3, **overrides
+):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     vocab = len(SPECIALS) + 256
-    kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    kwargs = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=init,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     kwargs.update(overrides)
     cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)

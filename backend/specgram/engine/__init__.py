@@ -2,6 +2,7 @@
 
 engine        Engine: the step (admit -> plan -> forward -> first tokens / mask, accept -> commit)
 step          StepPlan and StepResult, what the phases of a step hand each other
+verify        the verify phase: masks, accepts and settles the verify rows
 intake        a request's validation and tokenization (any thread)
 logits        the grammar mask and the min_tokens EOS ban wherever a token is chosen
 scheduler     waiting and running requests, KV slots, the per-step prefill budget

@@ -4,6 +4,7 @@ Decoding one token at a time breaks multi-byte characters split across tokens an
 that some tokenizers attach by context. So decode a short window [prefix_offset, end) and emit only what
 it adds over [prefix_offset, read_offset); hold back while the text ends in U+FFFD (an incomplete char).
 """
+
 from __future__ import annotations
 
 _CONTEXT = 5  # prompt tokens of context for the first output tokens
@@ -22,16 +23,16 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completes (possibly empty)."""
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return full[len(prefix):]
+            return full[len(prefix) :]
         return ""
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the end of generation)."""
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):]
+        return full[len(prefix) :]

@@ -3,7 +3,7 @@
 One step path serves every mix of work:
     admit (scheduler.py) -> plan: this step's prompt chunks, and drafts for the decoding requests
     (speculation/planner.py) -> one target forward over every row (step.py) -> completed prompts take their
-    first token; verify rows are masked, accepted and committed (output.py).
+    first token; verify rows are masked and accepted (verify.py) and committed (output.py).
 A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
 carry a Guide (grammar/guide.py); grammar/masks.py holds the bitmask rows, keyed by (slot, position), and
 logits.py applies them with the min_tokens EOS ban wherever a token is chosen.
@@ -13,6 +13,7 @@ request whose work raised ends with its own error after that phase (_end_failed)
 others. A failure of a phase's shared work (the target forward) fails the requests of that phase and no others
 (_contained).
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,6 @@ from ..grammar.compiler import GrammarCompiler
 from ..grammar.masks import StepMasks
 from ..model.runner import ModelRunner
 from ..request import Request, RequestOutput, SamplingParams
-from ..sample import sampling
 from ..speculation.drafter import Drafter, GrammarOnlyDrafter
 from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner
@@ -40,6 +40,7 @@ from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .settings import Settings, resolve
 from .step import StepPlan, StepResult
+from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +50,46 @@ PREFILL_PACK_TOKENS_CPU = 64
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, settings: Settings, target: ModelRunner, tokenizer,
-                 drafters: dict[str, Drafter] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        settings: Settings,
+        target: ModelRunner,
+        tokenizer,
+        drafters: dict[str, Drafter] | None = None,
+    ):
         """settings: config resolved (settings.resolve); target and drafters: loaded as they say (loading.load)."""
         self.config, self.settings = config, settings
         self.target, self.tokenizer, self.device = target, tokenizer, target.device
         # verify forward before the matchers' seal (StepPlan.sealed): worth it where forwards run asynchronously
         self.overlap_grammar = self.device.type == "cuda"
         eos = loading.eos_ids(tokenizer, getattr(target.model, "generation_config", None), target.config)
-        all_drafters: dict[str, Drafter] = {"ngram": NgramDrafter(config.ngram_min, config.ngram_max),
-                                            "grammar": GrammarOnlyDrafter(), **(drafters or {})}
-        self.grammar = GrammarCompiler(tokenizer, target.vocab_size, sorted(eos),
-                                       cache_bytes=config.grammar_cache_mb << 20,
-                                       timeout_s=config.grammar_compile_timeout_s,
-                                       json_strict=bool(config.json_strict),
-                                       json_any_whitespace=bool(config.json_any_whitespace),
-                                       workers=config.grammar_compile_workers,
-                                       queue_limit=config.grammar_compile_queue,
-                                       unsupported_keywords=config.json_unsupported_keywords)
+        all_drafters: dict[str, Drafter] = {
+            "ngram": NgramDrafter(config.ngram_min, config.ngram_max),
+            "grammar": GrammarOnlyDrafter(),
+            **(drafters or {}),
+        }
+        self.grammar = GrammarCompiler(
+            tokenizer,
+            target.vocab_size,
+            sorted(eos),
+            cache_bytes=config.grammar_cache_mb << 20,
+            timeout_s=config.grammar_compile_timeout_s,
+            json_strict=bool(config.json_strict),
+            json_any_whitespace=bool(config.json_any_whitespace),
+            workers=config.grammar_compile_workers,
+            queue_limit=config.grammar_compile_queue,
+            unsupported_keywords=config.json_unsupported_keywords,
+        )
         self.intake = Intake(config, settings.drafter, tokenizer, self.grammar, all_drafters, target.vocab_size)
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
-        self.faults = Faults()          # the requests whose own work failed in the phase that is running
-        self.planner = DraftPlanner(all_drafters, masks, config.max_draft_len, config.max_seq_len,
-                                    config.forced_strings, self.faults)
+        self.faults = Faults()  # the requests whose own work failed in the phase that is running
+        self.planner = DraftPlanner(
+            all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults
+        )
         self.logits = LogitsProcessor(masks, eos, self.faults, coupled=config.speculative_sampling == "coupled")
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
+        self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults)
         self.prefix = PrefixCache(target.cache) if settings.prefix_cache else None
         # CPU: a prefill forward costs in proportion to its tokens, so a step ends at a prompt's end once it has
         # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
@@ -96,8 +112,14 @@ class Engine:
 
     # ---- requests in and out ----------------------------------------------------------------------------
 
-    def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
-                     chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
+    def make_request(
+        self,
+        params: SamplingParams,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        prompt_ids: list[int] | None = None,
+    ) -> Request:
         """Validate and tokenize (intake.py); raises InvalidRequest with a user-facing message. Thread-safe."""
         return self.intake.make_request(params, text, messages, chat, prompt_ids)
 
@@ -105,15 +127,20 @@ class Engine:
         self.planner.start(req)
         self.scheduler.add(req)
 
-    def abort(self, request_id: int, reason: str = FinishReason.CANCELLED, error: str | None = None,
-              error_kind: str | None = None) -> RequestOutput | None:
+    def abort(
+        self,
+        request_id: int,
+        reason: str = FinishReason.CANCELLED,
+        error: str | None = None,
+        error_kind: str | None = None,
+    ) -> RequestOutput | None:
         """Remove a request wherever it is; its slot is free for the next step; its final output carries the text
         not yet sent. None if it is not here."""
         req = self.scheduler.find(request_id)
         if req is None:
             return None
         if req.pending_grammar is not None:
-            req.pending_grammar.cancel()            # no request waiting: its compile stops
+            req.pending_grammar.cancel()  # no request waiting: its compile stops
         req.finish_reason = reason
         return self._finish(req, self.output.final(req, [], self.output.unsent(req), error, error_kind))
 
@@ -147,7 +174,7 @@ class Engine:
         outputs = self._admit()
         plan = StepPlan(self.scheduler.prefill_chunks())
         self._contained(decoding, outputs, self._draft, plan, decoding)
-        plan.drop_finished()            # requests that failed while drafting verify nothing
+        plan.drop_finished()  # requests that failed while drafting verify nothing
         if plan.empty:
             return outputs
         result = self._contained(plan.requests, outputs, self._forward, plan)
@@ -193,7 +220,7 @@ class Engine:
         the grammar: verifying a draft the grammar cuts would cost real work there. Where it does not (CUDA),
         the seal runs after the forward is queued: drafts it cuts were verified anyway, and causal attention
         keeps the logits before the cut exact (the KV written past it lies beyond cache_len)."""
-        rows = [VerifyRow(r) for r in decoding if not r.finished]          # aborted between admission and now
+        rows = [VerifyRow(r) for r in decoding if not r.finished]  # aborted between admission and now
         drafted_s = self.planner.draft(rows, self.logits.draft_pick)
         if not self.overlap_grammar:
             for v in rows:
@@ -217,55 +244,22 @@ class Engine:
         if not done:
             return []
         reqs = [plan.prompts[b] for b in done]
-        logits = result.first[done] if len(done) < len(plan.chunks) else result.first         # [D, V]
+        logits = result.first[done] if len(done) < len(plan.chunks) else result.first  # [D, V]
         self.planner.admitted(reqs, list(self.scheduler.running.values()))
-        rows = logits[:, None]                                                                   # [D, 1, V]
+        rows = logits[:, None]  # [D, 1, V]
         raw = self.logprobs.capture(rows, reqs, "raw")
-        first = [[t] for t in self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()]     # masks in place
+        first = [[t] for t in self.logits.pick(logits, reqs, [0] * len(reqs))[0].tolist()]  # masks in place
         captured = raw if raw is not None else self.logprobs.capture(rows, reqs, "processed")
         return self._commit_each(reqs, first, self.logprobs.entries(captured, reqs, first, self.faults))
 
     def _verified(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """Mask, accept and commit the verify rows (logits [B, 1 + max k, V], row b for plan.verify[b])."""
-        rows, reqs = plan.verify, plan.decoding
-        if not plan.sealed:
-            for v in rows:
-                v.proposal = self.planner.seal(v.req, v.proposal)
-        raw = self.logprobs.capture(result.verify, reqs, "raw")
-        cut_at = self.logits.mask_verify(reqs, [v.proposal for v in rows], result.verify)
-        for v, p in zip(rows, cut_at, strict=True):
-            v.proposal = p
-        captured = raw if raw is not None else self.logprobs.capture(result.verify, reqs, "processed")
-        if not plan.chunks:     # the step-cost model (auto draft length) learns from decode-only forwards
-            n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
-            self.planner.costs.record(n_rows, time.perf_counter() - result.started)
-        at = {id(v.req): b for b, v in enumerate(rows)}
-        picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]),
-                                          None)
-        live = [b for b, (v, pick) in enumerate(zip(rows, picks, strict=True))
-                if pick is not None and not self.faults.has(v.req)]
-        for b in live:
-            v = rows[b]
-            v.accepted, v.token = picks[b]
-            v.req.cache_len += 1 + v.accepted    # the fed last token and the accepted drafts now have valid KV
-        kept = [rows[b] for b in live]
-        self.planner.settle(kept)
-        reqs, tokens = [v.req for v in kept], [v.committed for v in kept]
-        before = [len(r.output_ids) for r in reqs]
-        outs = self._commit_each(reqs, tokens, self.logprobs.entries(
-            {j: captured[b] for j, b in enumerate(live) if b in captured}, reqs, tokens, self.faults))
+        """The verify rows masked, accepted and settled (verify.py), then committed."""
+        kept, logprobs = self.verifier.verify(plan, result)
+        before = [len(v.req.output_ids) for v in kept]
+        outs = self._commit_each([v.req for v in kept], [v.committed for v in kept], logprobs)
         for v, n in zip(kept, before, strict=True):
             v.record(len(v.req.output_ids) - n)
         return outs
-
-    def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int]]:
-        """sampling.accept over the given verify rows (indices into plan.verify) -> per row (accepted drafts,
-        the target's next token). Reads the logits only: safe to rerun for a row alone."""
-        verify = [plan.verify[b] for b in rows]
-        logits = result.verify if len(rows) == len(plan.verify) else result.verify[rows]
-        accepted, nxt = sampling.accept([v.req for v in verify], [v.proposal for v in verify], logits,
-                                        self.logits.noise, self.logits.coupled)
-        return list(zip(accepted, nxt, strict=True))
 
     # ---- endings ----------------------------------------------------------------------------------------
 
@@ -289,7 +283,7 @@ class Engine:
         """Final error responses for the requests of a failed phase that have not finished yet. kind INVALID: the
         request's own fault, its message for the client; else an internal error, its traceback logged."""
         failed = [r for r in reqs if not r.finished]
-        if failed and kind is None:     # the client sees the message; the server log keeps the traceback
+        if failed and kind is None:  # the client sees the message; the server log keeps the traceback
             log.error("requests %s failed: %r", [r.request_id for r in failed], e, exc_info=e)
         error = str(e) if kind == ErrorKind.INVALID else f"internal error during generation: {e!r}"
         outs = []

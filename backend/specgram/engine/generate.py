@@ -3,6 +3,7 @@
 Used by the tests and the in-process benchmarks. Times are time.perf_counter() seconds; a request's are
 measured from its submission, so under a concurrency limit a queued request's clock starts when it enters.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,11 +16,12 @@ from .engine import Engine
 @dataclass
 class Generation:
     """One request's outputs, in order; the last one is final."""
+
     request: Request
     outputs: list[RequestOutput] = field(default_factory=list)
     submitted: float = 0.0
-    first_token_s: float | None = None      # submission -> the first output carrying tokens
-    latency_s: float | None = None          # submission -> the final output
+    first_token_s: float | None = None  # submission -> the first output carrying tokens
+    latency_s: float | None = None  # submission -> the final output
 
     @property
     def token_ids(self) -> list[int]:
@@ -40,8 +42,8 @@ class Generation:
 
 @dataclass
 class Run:
-    generations: list[Generation]           # in the order the requests were given
-    step_s: list[float]                     # wall time of each engine.step()
+    generations: list[Generation]  # in the order the requests were given
+    step_s: list[float]  # wall time of each engine.step()
     wall_s: float
 
     @property
@@ -78,5 +80,5 @@ def generate(engine: Engine, requests: list[Request], concurrency: int | None = 
                 g.latency_s = now - g.submitted
                 live -= 1
         if engine.only_waiting_for_grammars():
-            time.sleep(0.001)                   # compiles run in their own threads: do not spin on them
+            time.sleep(0.001)  # compiles run in their own threads: do not spin on them
     return Run(gens, step_s, time.perf_counter() - t_start)

@@ -5,6 +5,7 @@ message the client can act on (Overloaded when too many guides wait to compile).
 of its own, used under a lock: a fast (Rust) tokenizer must not be used from two threads at once ("Already
 borrowed"), and the engine thread decodes with the engine's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,20 +19,30 @@ from .prompt import prompt_ids as build_prompt_ids
 
 
 class Intake:
-    def __init__(self, config: EngineConfig, drafter: str, tokenizer, grammar: GrammarCompiler, drafters: dict,
-                 vocab_size: int):
+    def __init__(
+        self, config: EngineConfig, drafter: str, tokenizer, grammar: GrammarCompiler, drafters: dict, vocab_size: int
+    ):
         """drafter: a request's drafter when it names none (settings.Settings.drafter)."""
         self.config, self.grammar, self.default_drafter = config, grammar, drafter
         self.tokenizer = copy.deepcopy(tokenizer)
         self._tokenizing = threading.Lock()
-        self.drafters, self.vocab_size = drafters, vocab_size     # drafters: name -> Drafter (the engine's own dict)
+        self.drafters, self.vocab_size = drafters, vocab_size  # drafters: name -> Drafter (the engine's own dict)
 
-    def make_request(self, params: SamplingParams, text: str | None = None, messages: list[dict] | None = None,
-                     chat: bool = False, prompt_ids: list[int] | None = None) -> Request:
+    def make_request(
+        self,
+        params: SamplingParams,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        prompt_ids: list[int] | None = None,
+    ) -> Request:
         config = self.config
         if params.num_draft_tokens is None:
-            params.num_draft_tokens = config.default_num_draft_tokens_guided if params.guide_type is not None \
+            params.num_draft_tokens = (
+                config.default_num_draft_tokens_guided
+                if params.guide_type is not None
                 else config.default_num_draft_tokens
+            )
         params.validate(config.default_max_tokens, config.max_draft_len, config.max_stop_chars)
         kind = None
         if params.guide_type is not None:
@@ -39,8 +50,9 @@ class Intake:
         if params.drafter is None:
             params.drafter = self.default_drafter
         if params.drafter not in self.drafters:
-            raise InvalidRequest(f"unknown or unconfigured drafter {params.drafter!r}; "
-                                 f"available: {sorted(self.drafters)}")
+            raise InvalidRequest(
+                f"unknown or unconfigured drafter {params.drafter!r}; available: {sorted(self.drafters)}"
+            )
         if prompt_ids is None:
             with self._tokenizing:
                 prompt_ids = build_prompt_ids(self.tokenizer, text, messages, chat)
@@ -51,8 +63,10 @@ class Intake:
             raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})")
         limit = config.max_seq_len - 1
         if len(ids) > limit:
-            raise InvalidRequest(f"the prompt has {len(ids)} tokens; this model accepts at most {limit} "
-                                 f"(max_seq_len {config.max_seq_len} minus one token to generate)")
+            raise InvalidRequest(
+                f"the prompt has {len(ids)} tokens; this model accepts at most {limit} "
+                f"(max_seq_len {config.max_seq_len} minus one token to generate)"
+            )
         params.check_token_ids(self.vocab_size)
         req = Request(prompt_ids=list(ids), params=params)
         if params.bad_words:

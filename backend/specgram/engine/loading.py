@@ -5,6 +5,7 @@ weights rather than copying the model); the target's own native copy reads and w
 (nothing to read at admission, no second cache); any other draft has a KV cache of its own. Where the native
 forward does not run it, an int8 draft is torch's dynamic-quantized copy (model/quantize.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,7 @@ from .settings import Settings
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:
@@ -29,9 +31,11 @@ def load_tokenizer(path: str):
 def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
     """Draft tokens are target tokens: the two vocabularies must be identical."""
     if target_tok.get_vocab() != draft_tok.get_vocab():
-        raise ModelLoadError(f"the draft model at {draft_path!r} does not share the target's tokenizer "
-                             f"(vocabularies differ: {len(draft_tok)} vs {len(target_tok)} tokens); "
-                             "a draft must use exactly the target's tokenizer")
+        raise ModelLoadError(
+            f"the draft model at {draft_path!r} does not share the target's tokenizer "
+            f"(vocabularies differ: {len(draft_tok)} vs {len(target_tok)} tokens); "
+            "a draft must use exactly the target's tokenizer"
+        )
 
 
 def eos_ids(tokenizer, *configs) -> set[int]:
@@ -51,7 +55,7 @@ def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
 
     try:
         gen = GenerationConfig.from_pretrained(path)
-    except OSError:                                  # no generation_config.json
+    except OSError:  # no generation_config.json
         gen = None
     return eos_ids(tokenizer, gen, AutoConfig.from_pretrained(path))
 
@@ -69,10 +73,11 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
             check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
             base = load_model(config.draft_checkpoint, settings.device, d.dtype)
         else:
-            base = model                             # an int8 copy shares the loaded model (int8.py packs its own)
+            base = model  # an int8 copy shares the loaded model (int8.py packs its own)
         if d.int8 == "torch":
             base = quantize_dynamic_int8(base)
-        draft = ModelRunner(base, config.max_slots, config.max_seq_len, d.forward,
-                            cache=target.cache if d.shares_cache else None)
+        draft = ModelRunner(
+            base, config.max_slots, config.max_seq_len, d.forward, cache=target.cache if d.shares_cache else None
+        )
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     return target, tokenizer, drafters

@@ -13,6 +13,7 @@ Two modes (config `logprobs_mode`, vLLM's names without the suffix):
   grammar forbids are -inf and never listed among the top-n.
 The rank of a token is 1 + the number of tokens of its row with a strictly higher logprob.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,8 @@ def log_probs(logits: torch.Tensor, temperature: torch.Tensor | None = None) -> 
 def chosen_and_top(lp: torch.Tensor, chosen: torch.Tensor, n: int):
     """lp: [N, V] log-probs; chosen: [N] long -> (chosen logprob [N], chosen rank [N] (1-based), top-n logprobs
     [N, n], top-n ids [N, n]) on the host."""
-    at = lp.gather(1, chosen[:, None])                                      # [N, 1]
-    rank = (lp > at).sum(-1) + 1                                            # [N]
+    at = lp.gather(1, chosen[:, None])  # [N, 1]
+    rank = (lp > at).sum(-1) + 1  # [N]
     top_lp, top_ids = lp.topk(n, dim=-1) if n else (lp[:, :0], chosen[:, None][:, :0])
     return at.squeeze(1).cpu(), rank.cpu(), top_lp.cpu(), top_ids.cpu()
 
@@ -48,7 +49,7 @@ class LogprobTaker:
         assert mode in MODES, mode
         self.mode = mode
         self.tokenizer = tokenizer
-        self._pieces: dict[int, str] = {}        # token id -> its text alone (at most the vocabulary)
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (at most the vocabulary)
 
     def capture(self, logits: torch.Tensor, reqs: list[Request], stage: str) -> dict[int, torch.Tensor] | None:
         """logits: [B, T, V], row b for reqs[b]; stage: "raw" (before any processing) or "processed" (after
@@ -68,8 +69,9 @@ class LogprobTaker:
         lp = log_probs(rows, temperature).view(len(want), T, V)
         return {b: lp[j] for j, b in enumerate(want)}
 
-    def entries(self, captured: dict[int, torch.Tensor], reqs: list[Request], tokens: list[list[int]],
-                faults: Faults) -> list[list[list[TokenLogprob]] | None]:
+    def entries(
+        self, captured: dict[int, torch.Tensor], reqs: list[Request], tokens: list[list[int]], faults: Faults
+    ) -> list[list[list[TokenLogprob]] | None]:
         """tokens[b]: the tokens reqs[b] commits, chosen from its rows 0 .. len - 1 -> per request, per token
         [the chosen token, then the top-n others] (None for requests without logprobs), each under its request's
         guard (faults.py)."""
@@ -80,15 +82,21 @@ class LogprobTaker:
 
     def _entry(self, lp: torch.Tensor, n: int, toks: list[int]) -> list[list[TokenLogprob]]:
         """lp: [T, V] one request's log-probs; toks: its committed tokens -> per token [chosen, top-n others]."""
-        at, rank, top_lp, top_ids = chosen_and_top(lp[:len(toks)], long_tensor(toks, lp.device), n)
-        return [self._token(t, float(at[i]), int(rank[i]), top_lp[i].tolist(), top_ids[i].tolist())
-                for i, t in enumerate(toks)]
+        at, rank, top_lp, top_ids = chosen_and_top(lp[: len(toks)], long_tensor(toks, lp.device), n)
+        return [
+            self._token(t, float(at[i]), int(rank[i]), top_lp[i].tolist(), top_ids[i].tolist())
+            for i, t in enumerate(toks)
+        ]
 
-    def _token(self, token: int, logprob: float, rank: int, top_lp: list[float],
-               top_ids: list[int]) -> list[TokenLogprob]:
+    def _token(
+        self, token: int, logprob: float, rank: int, top_lp: list[float], top_ids: list[int]
+    ) -> list[TokenLogprob]:
         row = [TokenLogprob(token, logprob, rank, self.piece(token))]
-        row += [TokenLogprob(t, v, j + 1, self.piece(t)) for j, (t, v) in enumerate(zip(top_ids, top_lp, strict=True))
-                if t != token and math.isfinite(v)]
+        row += [
+            TokenLogprob(t, v, j + 1, self.piece(t))
+            for j, (t, v) in enumerate(zip(top_ids, top_lp, strict=True))
+            if t != token and math.isfinite(v)
+        ]
         return row
 
     def piece(self, token: int) -> str:

@@ -17,6 +17,7 @@ Drafts of a draft model see the committed history only (their own earlier drafts
 drafter's picks): a penalty that an earlier draft would trigger can make a draft be rejected, never change
 the output.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,7 +38,7 @@ def banned_by_words(words: list[list[int]], history: list[int]) -> list[int]:
     out = []
     for w in words:
         head = w[:-1]
-        if not head or (len(history) >= len(head) and history[len(history) - len(head):] == head):
+        if not head or (len(history) >= len(head) and history[len(history) - len(head) :] == head):
             out.append(w[-1])
     return out
 
@@ -72,7 +73,7 @@ def apply_row(row: torch.Tensor, req: Request, history: list[int]) -> None:
         frequency_presence(row, long_tensor(history, dev), p.frequency_penalty, p.presence_penalty)
 
 
-@torch.inference_mode()      # the forwards' logits are inference tensors: changed in place only in this mode
+@torch.inference_mode()  # the forwards' logits are inference tensors: changed in place only in this mode
 def apply(logits: torch.Tensor, rows: list[tuple[int, Request, list[int]]]) -> None:
     """logits: [N, V], changed in place; rows: (row index, its request, its history) for the rows of requests
     with a processor on (SamplingParams.penalized); the others are left as they are."""

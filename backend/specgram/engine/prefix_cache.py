@@ -17,6 +17,7 @@ Exactness: reused KV equals recomputed KV bitwise only where the forward compute
 of its batch and chunking (the native CPU kernels); elsewhere the reuse is off unless asked for ("on"),
 because greedy output could then depend on which prompts came before.
 """
+
 from __future__ import annotations
 
 from ..model.kv_cache import KVCache

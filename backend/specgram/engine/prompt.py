@@ -1,4 +1,5 @@
 """Turn a client's prompt (plain text, or chat messages through the model's chat template) into token ids."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,18 @@ def parse_messages(raw: str) -> list[dict]:
     """`messages` input: a JSON list of {"role": str, "content": str}."""
     try:
         messages = json.loads(raw)
-    except ValueError as e:             # json.JSONDecodeError, and an integer too long to convert
+    except ValueError as e:  # json.JSONDecodeError, and an integer too long to convert
         raise InvalidRequest(f"messages must be a JSON list of {{role, content}} objects: {e}") from None
     except RecursionError:
         raise InvalidRequest("messages is nested too deeply to parse") from None
-    if not isinstance(messages, list) or not messages or not all(
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
+            for m in messages
+        )
+    ):
         raise InvalidRequest('messages must be a non-empty JSON list of {"role": str, "content": str} objects')
     return messages
 

@@ -11,6 +11,7 @@ prompt's end once it holds `pack_tokens`: a prompt then gets its first token as 
 instead of when the whole budget's worth is (docs/performance.md, Prefill scheduling).
 Where a forward costs about the same for few or many tokens (a GPU), pack_tokens = the budget packs steps full.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,11 +27,12 @@ from .prefix_cache import PrefixCache
 
 
 class Scheduler:
-    def __init__(self, max_slots: int, max_prefill_tokens: int, prefix: PrefixCache | None = None,
-                 pack_tokens: int | None = None):
+    def __init__(
+        self, max_slots: int, max_prefill_tokens: int, prefix: PrefixCache | None = None, pack_tokens: int | None = None
+    ):
         self.max_prefill_tokens = max_prefill_tokens
         self.pack_tokens = max_prefill_tokens if pack_tokens is None else min(pack_tokens, max_prefill_tokens)
-        self.prefix = prefix            # picks the free slot already holding the longest prompt prefix
+        self.prefix = prefix  # picks the free slot already holding the longest prompt prefix
         self.free_slots: list[int] = list(range(max_slots))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -76,7 +78,7 @@ class Scheduler:
                 req.slot = self.free_slots.pop()
             req.admitted = time.monotonic()
             req.seed = req.params.seed if req.params.seed is not None else random.getrandbits(63)
-            req.generator = torch.Generator().manual_seed(req.seed)     # rejection sampling's uniforms
+            req.generator = torch.Generator().manual_seed(req.seed)  # rejection sampling's uniforms
             self.running[req.request_id] = req
             batch.append(req)
         return batch, failed
@@ -86,7 +88,7 @@ class Scheduler:
         max_prefill_tokens in all; a chunk ends a prompt or uses the rest of the budget. The step ends early at
         a prompt's end once it holds pack_tokens."""
         budget, chunks = self.max_prefill_tokens, []
-        for req in self.running.values():               # insertion order = admission order
+        for req in self.running.values():  # insertion order = admission order
             if budget == 0 or self.max_prefill_tokens - budget >= self.pack_tokens:
                 break
             if req.prefilling and not req.finished:

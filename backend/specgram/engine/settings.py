@@ -15,6 +15,7 @@ weights are loaded.
   drafter auto               draft_model where a draft model is loaded, else ngram
   prefix_cache auto          on where reused KV is bitwise what a prefill writes (the native forward)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,20 +32,20 @@ from ..model.runner import checkpoint_config
 
 @dataclass(frozen=True)
 class DraftChoice:
-    source: str               # "target" (a copy of the target's model) | "checkpoint" (draft_checkpoint's)
-    dtype: torch.dtype        # the dtype its model is loaded in
-    int8: str                 # "none" | "native" (int8 weights on the native forward) | "torch" (dynamic quantization)
+    source: str  # "target" (a copy of the target's model) | "checkpoint" (draft_checkpoint's)
+    dtype: torch.dtype  # the dtype its model is loaded in
+    int8: str  # "none" | "native" (int8 weights on the native forward) | "torch" (dynamic quantization)
     forward: ForwardChoice
-    shares_cache: bool        # reads and writes the target's KV cache (the target's native int8 copy)
+    shares_cache: bool  # reads and writes the target's KV cache (the target's native int8 copy)
 
 
 @dataclass(frozen=True)
 class Settings:
     device: torch.device
-    dtype: torch.dtype        # the target's weights as loaded
+    dtype: torch.dtype  # the target's weights as loaded
     target: ForwardChoice
     draft: DraftChoice | None  # None: no draft model
-    drafter: str              # a request's drafter when it names none: "draft_model" | "ngram" | "grammar"
+    drafter: str  # a request's drafter when it names none: "draft_model" | "ngram" | "grammar"
     prefix_cache: bool
 
 
@@ -52,14 +53,18 @@ def device_of(config: EngineConfig) -> torch.device:
     """config.device on this machine; ModelLoadError where it names a GPU that is not here."""
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(config.device)                    # config.py checked the words
+    dev = torch.device(config.device)  # config.py checked the words
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {config.device!r} was asked for, but CUDA is not available here "
-                                 "(no GPU, or a CPU-only torch build): use device cpu or auto")
+            raise ModelLoadError(
+                f"device {config.device!r} was asked for, but CUDA is not available here "
+                "(no GPU, or a CPU-only torch build): use device cpu or auto"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {config.device!r} was asked for, but only {torch.cuda.device_count()} "
-                                 "CUDA device(s) are visible")
+            raise ModelLoadError(
+                f"device {config.device!r} was asked for, but only {torch.cuda.device_count()} "
+                "CUDA device(s) are visible"
+            )
     return dev
 
 
@@ -76,9 +81,16 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     device = device_of(config)
     dtype = dtype_of(config.dtype, device)
     target_cfg = target_cfg if target_cfg is not None else _hf_config(config.checkpoint)
-    static = config.max_draft_len + 1 if config.cuda_graphs else 0   # widest graphed forward: a verify
-    target = choose(target_cfg, device, dtype, config.linear, "int8" if config.weights == "int8" else "auto",
-                    config.kv_cache_dtype, static)
+    static = config.max_draft_len + 1 if config.cuda_graphs else 0  # widest graphed forward: a verify
+    target = choose(
+        target_cfg,
+        device,
+        dtype,
+        config.linear,
+        "int8" if config.weights == "int8" else "auto",
+        config.kv_cache_dtype,
+        static,
+    )
     if config.weights == "int8":
         target = dataclasses.replace(target, weights=int8_form(target.lib))
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
@@ -86,16 +98,22 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     if drafter == "auto":
         drafter = "draft_model" if draft is not None else "ngram"
     elif drafter == "draft_model" and draft is None:
-        why = ("draft_quantization auto found no draft model to load here (the native CPU forward does not run a "
-               "float target)" if config.draft_quantization == "auto" else "none is configured")
-        raise ModelLoadError(f"drafter 'draft_model' needs a draft model, and {why}: set draft_checkpoint or "
-                             "draft_quantization int8")
+        why = (
+            "draft_quantization auto found no draft model to load here (the native CPU forward does not run a "
+            "float target)"
+            if config.draft_quantization == "auto"
+            else "none is configured"
+        )
+        raise ModelLoadError(
+            f"drafter 'draft_model' needs a draft model, and {why}: set draft_checkpoint or draft_quantization int8"
+        )
     reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.kind == "native")
     return Settings(device, dtype, target, draft, drafter, reuse)
 
 
-def _draft(config: EngineConfig, device, dtype, target_cfg, target: ForwardChoice, draft_cfg,
-           static: int) -> DraftChoice | None:
+def _draft(
+    config: EngineConfig, device, dtype, target_cfg, target: ForwardChoice, draft_cfg, static: int
+) -> DraftChoice | None:
     quantization = config.draft_quantization
     if quantization == "auto":
         native_float = target.kind == "native" and target.weights == "auto"
@@ -113,7 +131,7 @@ def _draft(config: EngineConfig, device, dtype, target_cfg, target: ForwardChoic
     forward = choose(cfg, device, base, config.linear, static_width=static)
     if quantization == "none":
         return DraftChoice(source, base, "none", forward, False)
-    if forward.kind != "native":              # PyTorch's dynamic-quantized copy, which the torch forward runs
+    if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
         return DraftChoice(source, base, "torch", dataclasses.replace(forward, kind="torch", lib=None), False)
     # the target's own native copy attends to the target's K and V of every committed token (closer drafts than
     # its own int8 ones: docs/performance.md, "The copy shares the target's KV cache"); a copy of another
@@ -126,7 +144,7 @@ def _draft(config: EngineConfig, device, dtype, target_cfg, target: ForwardChoic
 def _hf_config(path: str):
     from transformers import AutoConfig
 
-    checkpoint_config(Path(path))                          # a folder with a config.json of a supported family
+    checkpoint_config(Path(path))  # a folder with a config.json of a supported family
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # transformers raises many types; the message is what the user needs

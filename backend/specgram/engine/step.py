@@ -4,6 +4,7 @@ Every running request contributes one row of tokens to the step's target forward
 last committed token followed by the drafts it verifies. Rows are laid out prompt chunks first, then verify
 rows; a row writes its tokens' KV into its slot from its start position.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +17,8 @@ from ..speculation.rows import VerifyRow
 
 @dataclass
 class StepPlan:
-    chunks: list[tuple[Request, int]]               # prompt chunks: (request, its next n prompt tokens)
-    verify: list[VerifyRow] = field(default_factory=list)     # the decoding requests' rows, drafts and outcomes
+    chunks: list[tuple[Request, int]]  # prompt chunks: (request, its next n prompt tokens)
+    verify: list[VerifyRow] = field(default_factory=list)  # the decoding requests' rows, drafts and outcomes
     # whether the grammar has checked the drafts and filled their mask rows: before the forward where it blocks
     # (CPU); after it where forwards run asynchronously (CUDA), so the matchers work while the device computes
     sealed: bool = True
@@ -46,7 +47,7 @@ class StepPlan:
     def rows(self) -> tuple[list[list[int]], list[int], list[int]]:
         """-> (token rows, slots, start positions): each chunk's next prompt tokens at the end of its cache, then
         each verify row [last committed token, d_0 .. d_{k-1}] at the end of its request's cache."""
-        rows = [r.prompt_ids[r.cache_len:r.cache_len + n] for r, n in self.chunks]
+        rows = [r.prompt_ids[r.cache_len : r.cache_len + n] for r, n in self.chunks]
         rows += [v.tokens for v in self.verify]
         reqs = self.requests
         return rows, [r.slot for r in reqs], [r.cache_len for r in reqs]
@@ -54,6 +55,6 @@ class StepPlan:
 
 @dataclass
 class StepResult:
-    first: torch.Tensor | None      # [P, V] logits at each prompt chunk's last token (None: no chunks)
-    verify: torch.Tensor | None     # [B, 1 + max k, V] logits at every verify row token, unmasked (None: no rows)
-    started: float                  # time.perf_counter() when the forward began (the step-cost model)
+    first: torch.Tensor | None  # [P, V] logits at each prompt chunk's last token (None: no chunks)
+    verify: torch.Tensor | None  # [B, 1 + max k, V] logits at every verify row token, unmasked (None: no rows)
+    started: float  # time.perf_counter() when the forward began (the step-cost model)

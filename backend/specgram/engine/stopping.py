@@ -1,4 +1,5 @@
 """Stop strings over streamed text: find them across step boundaries, and never stream a partial one."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Guide kinds and one xgrammar compile (run alike in the engine process and in the compile workers)."""
+
 from __future__ import annotations
 
 import json
@@ -10,25 +11,31 @@ from ..wire import WireEnum
 
 class GuideType(WireEnum):
     """The guide kinds the engine compiles (the values of `guided_decoding_guide_type`, aliases aside)."""
-    JSON = "json"                       # any JSON value; the guide may be empty
+
+    JSON = "json"  # any JSON value; the guide may be empty
     JSON_SCHEMA = "json_schema"
     REGEX = "regex"
-    EBNF = "ebnf"                       # xgrammar EBNF / GBNF
-    STRUCTURAL_TAG = "structural_tag"   # xgrammar's structural tag (JSON)
-    CHOICE = "choice"                   # one of a JSON list of strings, exactly (vLLM's guided choice)
+    EBNF = "ebnf"  # xgrammar EBNF / GBNF
+    STRUCTURAL_TAG = "structural_tag"  # xgrammar's structural tag (JSON)
+    CHOICE = "choice"  # one of a JSON list of strings, exactly (vLLM's guided choice)
 
 
 # what a client may send -> the kind (aliases as other servers spell them)
-GUIDE_TYPES = {**{t.value: t for t in GuideType}, "json_object": GuideType.JSON, "grammar": GuideType.EBNF,
-               "gbnf": GuideType.EBNF}
-UNSUPPORTED_KEYWORDS = ("error", "ignore")   # what json_unsupported_keywords may say
+GUIDE_TYPES = {
+    **{t.value: t for t in GuideType},
+    "json_object": GuideType.JSON,
+    "grammar": GuideType.EBNF,
+    "gbnf": GuideType.EBNF,
+}
+UNSUPPORTED_KEYWORDS = ("error", "ignore")  # what json_unsupported_keywords may say
 
 
 def normalize_guide_type(guide_type: str) -> GuideType:
     kind = GUIDE_TYPES.get(guide_type.lower())
     if kind is None:
-        raise InvalidRequest(f"unknown guided_decoding_guide_type {guide_type!r}; "
-                             f"use one of {sorted(t.value for t in GuideType)}")
+        raise InvalidRequest(
+            f"unknown guided_decoding_guide_type {guide_type!r}; use one of {sorted(t.value for t in GuideType)}"
+        )
     return kind
 
 
@@ -36,10 +43,10 @@ def choices_of(guide: str) -> list[str]:
     """A choice guide (a JSON list of non-empty strings) -> the strings; raises InvalidRequest."""
     try:
         choices = json.loads(guide)
-    except (ValueError, RecursionError):      # ValueError: JSONDecodeError, or an integer too long to convert
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to convert
         choices = None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
-        raise InvalidRequest("a choice guide must be a JSON list of non-empty strings, e.g. [\"yes\", \"no\"]")
+        raise InvalidRequest('a choice guide must be a JSON list of non-empty strings, e.g. ["yes", "no"]')
     return choices
 
 

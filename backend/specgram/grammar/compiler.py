@@ -15,6 +15,7 @@ that its first guided request does not wait for them).
 
 A request then gets a Guide (guide.py) over the compiled grammar.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,26 @@ from .schema_keywords import describe, unenforced_keyword
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], cache_bytes: int,
-                 timeout_s: float = 30.0, max_guide_bytes: int = 256 * 1024, json_strict: bool = True,
-                 json_any_whitespace: bool = True, workers: int = 2, queue_limit: int = 64,
-                 unsupported_keywords: str = "error", trial_s: float = TRIAL_S):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        cache_bytes: int,
+        timeout_s: float = 30.0,
+        max_guide_bytes: int = 256 * 1024,
+        json_strict: bool = True,
+        json_any_whitespace: bool = True,
+        workers: int = 2,
+        queue_limit: int = 64,
+        unsupported_keywords: str = "error",
+        trial_s: float = TRIAL_S,
+    ):
         import xgrammar as xgr
 
         if unsupported_keywords not in UNSUPPORTED_KEYWORDS:
             raise ValueError(f"unsupported_keywords must be one of {UNSUPPORTED_KEYWORDS}")
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=stop_token_ids)
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
         self.max_guide_bytes = max_guide_bytes
         # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default;
@@ -54,7 +65,7 @@ class GrammarCompiler:
         self._inflight: dict[tuple, _Compile] = {}
         self.timeout_s, self.trial_s = timeout_s, trial_s
         self._pool_args = (workers, self.info.serialize_json(), self.options, timeout_s, queue_limit, trial_s)
-        self._pools: list[CompilePool] = []     # the pool, once started (a list: the finalizer holds it)
+        self._pools: list[CompilePool] = []  # the pool, once started (a list: the finalizer holds it)
         self._pool_lock = threading.Lock()
         # the engine process's own compiles, of guides a worker compiled in time: those that took longer than a
         # trial in their own threads, so that they never hold up the short ones
@@ -88,16 +99,18 @@ class GrammarCompiler:
                 if kind == GuideType.JSON_SCHEMA and self.unsupported_keywords == "error":
                     self._check_keywords(parsed, dict(options).get("json_strict", self.options["json_strict"]))
             except (TypeError, AttributeError, KeyError):
-                pass        # a keyword of the wrong type: the compile refuses the schema, with xgrammar's reason
-            except ValueError as e:         # json.JSONDecodeError, and an integer too long to convert
+                pass  # a keyword of the wrong type: the compile refuses the schema, with xgrammar's reason
+            except ValueError as e:  # json.JSONDecodeError, and an integer too long to convert
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is not valid JSON: {e}") from None
             except RecursionError:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is nested too deeply") from None
         elif kind == GuideType.CHOICE:
             choices_of(guide)
         elif kind == GuideType.JSON and guide.strip():
-            raise InvalidRequest(f"guided_decoding_guide must be empty for guide type {guide_type!r} (any JSON "
-                                 "value); send a schema with guided_decoding_guide_type json_schema")
+            raise InvalidRequest(
+                f"guided_decoding_guide must be empty for guide type {guide_type!r} (any JSON "
+                "value); send a schema with guided_decoding_guide_type json_schema"
+            )
         elif kind != GuideType.JSON and not guide:
             raise InvalidRequest(f"guided_decoding_guide is empty (required for {kind})")
         return kind
@@ -105,8 +118,10 @@ class GrammarCompiler:
     def _check_keywords(self, schema, strict: bool) -> None:
         found = unenforced_keyword(schema, strict)
         if found:
-            raise InvalidRequest(f"guided_decoding_guide: {describe(found)}; remove it, or ask the operator for "
-                                 "json_unsupported_keywords=ignore (best effort: the keyword is then not enforced)")
+            raise InvalidRequest(
+                f"guided_decoding_guide: {describe(found)}; remove it, or ask the operator for "
+                "json_unsupported_keywords=ignore (best effort: the keyword is then not enforced)"
+            )
 
     def compile(self, kind: GuideType, guide: str, options: tuple = ()):
         """Blocking compile in this process; raises InvalidRequest. For guides already known to compile in time
@@ -121,7 +136,7 @@ class GrammarCompiler:
             return PendingGrammar(_done(self.builtin_json))
         options = tuple(sorted(options)) if kind == GuideType.JSON_SCHEMA else ()
         key = (kind, guide, options)
-        pool = self.pool                    # started here on first use, outside self._lock
+        pool = self.pool  # started here on first use, outside self._lock
         with self._lock:
             compiled = self.cache.get(key)
             if compiled is not None:
@@ -131,7 +146,7 @@ class GrammarCompiler:
             if started:
                 c = self._inflight[key] = _Compile(key, pool.submit(kind, guide, options))
             c.waiters += 1
-        if started:     # outside the lock: a callback on a future already done runs here, and takes the lock
+        if started:  # outside the lock: a callback on a future already done runs here, and takes the lock
             c.job.future.add_done_callback(lambda _: self._verdict(c))
         return PendingGrammar(c.future, lambda stop_running: self._release(c, stop_running))
 
@@ -145,27 +160,27 @@ class GrammarCompiler:
             self._forget(c)
             c.future.set_exception(error)
             return
-        slow = job.long or job.future.result() > self.trial_s     # the worker's own compile seconds
+        slow = job.long or job.future.result() > self.trial_s  # the worker's own compile seconds
         deadline = threading.Timer(self.timeout_s, self._expire, (c,))
         deadline.daemon = True
         deadline.start()
         (self._long if slow else self._short).submit(self._compile_here, c, deadline)
 
     def _compile_here(self, c: "_Compile", deadline: threading.Timer) -> None:
-        if c.future.done():                 # expired while it waited for the lane: nobody waits for it now
+        if c.future.done():  # expired while it waited for the lane: nobody waits for it now
             return
         with self._lock:
             cached = self.cache.get(c.key)  # an earlier, expired compile of the same guide may have finished
         try:
             compiled = cached if cached is not None else self.compile(*c.key)
-        except InvalidRequest as e:         # a worker compiled it: only a bug gets here
+        except InvalidRequest as e:  # a worker compiled it: only a bug gets here
             deadline.cancel()
             self._forget(c)
             _settle(c.future, error=e)
             return
         deadline.cancel()
         with self._lock:
-            self.cache.put(c.key, compiled)   # even when its requests stopped waiting: the next one finds it
+            self.cache.put(c.key, compiled)  # even when its requests stopped waiting: the next one finds it
         self._forget(c)
         _settle(c.future, result=compiled)
 
@@ -173,9 +188,13 @@ class GrammarCompiler:
         """The engine-process compile of c (queue time included) outlived the budget: its requests fail now; the
         compile itself cannot be stopped and still fills the cache when it ends."""
         self._forget(c)
-        _settle(c.future, error=InvalidRequest(
-            f"compiling the guide took longer than the configured grammar_compile_timeout_s ({self.timeout_s:g} s) "
-            "in the server process; retry, or simplify the schema or grammar"))
+        _settle(
+            c.future,
+            error=InvalidRequest(
+                f"compiling the guide took longer than the configured grammar_compile_timeout_s ({self.timeout_s:g} s) "
+                "in the server process; retry, or simplify the schema or grammar"
+            ),
+        )
 
     def _release(self, c: "_Compile", stop_running: bool = True) -> None:
         """A request stopped waiting for c (cancelled); the last one out drops the compile from the queue, or
@@ -229,7 +248,7 @@ class _Compile:
 
     def __init__(self, key: tuple, job: Job):
         self.key, self.job = key, job
-        self.future: Future = Future()      # -> the compiled grammar (engine process), or InvalidRequest
+        self.future: Future = Future()  # -> the compiled grammar (engine process), or InvalidRequest
         self.waiters = 0
 
 
@@ -267,7 +286,7 @@ class PendingGrammar:
 
     def result(self):
         if self.future.done():
-            return self.future.result()     # re-raises InvalidRequest
+            return self.future.result()  # re-raises InvalidRequest
         return None
 
     def cancel(self, stop_running: bool = True) -> None:

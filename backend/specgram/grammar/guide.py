@@ -4,6 +4,7 @@ The step moves a Guide only in two ways:
   tentative  accept drafted tokens while filling bitmask rows, then roll back exactly that many;
   commit     accept the verified tokens, each of which must succeed (the masks guarantee it).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,8 @@ class Guide:
     def __init__(self, compiled):
         import xgrammar as xgr
 
-        self.matcher = xgr.GrammarMatcher(compiled)    # rollback depth is unlimited in xgrammar >= 0.2
-        self.tentative = 0          # tokens accepted since the last commit, to be rolled back
+        self.matcher = xgr.GrammarMatcher(compiled)  # rollback depth is unlimited in xgrammar >= 0.2
+        self.tentative = 0  # tokens accepted since the last commit, to be rolled back
 
     def fill(self, bitmask: torch.Tensor, index: int) -> None:
         """Write the mask for the next position (after the tentative tokens) into bitmask[index]."""
@@ -54,7 +55,7 @@ class Guide:
         n = 0
         for t in tokens:
             if self.matcher.is_terminated() or not self.matcher.accept_token(t):
-                break                   # (nothing follows the stop token: do not even ask the matcher)
+                break  # (nothing follows the stop token: do not even ask the matcher)
             n += 1
         if n:
             self.matcher.rollback(n)

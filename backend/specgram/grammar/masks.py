@@ -5,6 +5,7 @@ position 0 follows the last committed token, position i follows draft token i-1,
 last draft) is the bonus row. Draft logits at position i and target logits at verify row i get the same row,
 so drafts are always legal and draft/target probabilities live on the same support.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,9 +22,10 @@ class StepMasks:
         # int32 [slots * (k_max + 1), W] on CPU: xgrammar fills host memory
         self.buf = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32)
         # the rows one apply() needs, at their logits rows (a verify has <= max_slots * (k_max + 1) rows)
-        self.stage = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32,
-                                pin_memory=device.type == "cuda")
-        self._copy_done = None      # CUDA event: the last copy out of `stage` has run
+        self.stage = torch.full(
+            (max_slots * self.stride, self.width), -1, dtype=torch.int32, pin_memory=device.type == "cuda"
+        )
+        self._copy_done = None  # CUDA event: the last copy out of `stage` has run
         self.device = device
 
     def row(self, slot: int, i: int) -> int:
@@ -47,7 +49,7 @@ class StepMasks:
             t = single_allowed_token(row)
             run = [t] if t >= 0 else guide.matcher.find_jump_forward_tokens() if strings else []
             before = len(out)
-            for tok in run[:k - len(out)]:
+            for tok in run[: k - len(out)]:
                 if not token_allowed(row, tok) or not guide.try_tentative(tok):
                     break
                 out.append(tok)
@@ -62,13 +64,17 @@ class StepMasks:
         """After drafting: tentatively accept the drafts not yet accepted (n-gram proposals), stopping at
         the first illegal one; fill the bonus row; roll the matcher back. -> how many drafts stay legal."""
         n = guide.tentative
-        while n < len(tokens) and not guide.terminated and token_allowed(self.fill(slot, guide), tokens[n]) \
-                and guide.try_tentative(tokens[n]):
+        while (
+            n < len(tokens)
+            and not guide.terminated
+            and token_allowed(self.fill(slot, guide), tokens[n])
+            and guide.try_tentative(tokens[n])
+        ):
             n += 1
-        if guide.terminated:                    # the drafts end with the stop token: nothing may follow it,
-            self.buf[self.row(slot, n)] = -1       # and the bonus token is never committed; leave it unmasked
+        if guide.terminated:  # the drafts end with the stop token: nothing may follow it,
+            self.buf[self.row(slot, n)] = -1  # and the bonus token is never committed; leave it unmasked
         else:
-            self.fill(slot, guide)              # the row after the last draft (bonus position)
+            self.fill(slot, guide)  # the row after the last draft (bonus position)
         guide.rollback()
         return n
 
@@ -77,11 +83,11 @@ class StepMasks:
         row, the logits rows to mask). Rows not listed are left stale: the kernel reads only the listed ones.
         The mask is a view of a staging buffer reused by the next call (pinned on CUDA)."""
         idx = [e[0] for e in entries]
-        if self._copy_done is not None:         # the previous async copy out of the staging buffer must be done
-            self._copy_done.synchronize()       # (already true in practice: every step syncs on its results)
+        if self._copy_done is not None:  # the previous async copy out of the staging buffer must be done
+            self._copy_done.synchronize()  # (already true in practice: every step syncs on its results)
             self._copy_done = None
         self.stage[idx] = self.buf[[self.row(slot, i) for _, slot, i in entries]]
-        return self.stage[:max(idx) + 1], idx
+        return self.stage[: max(idx) + 1], idx
 
     def apply(self, logits: torch.Tensor, entries: list[tuple[int, int, int]]) -> None:
         """logits: [N, V] (float32, on self.device), masked in place at the given rows by xgrammar's kernel

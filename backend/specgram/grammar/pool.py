@@ -21,29 +21,37 @@ worker starts in a fraction of a second), never from the engine process, whose t
 would copy in a broken state. A dispatcher thread owns the workers; submit() and cancel() may be called from
 any thread.
 """
+
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from multiprocessing.connection import wait
 
 from ..errors import InvalidRequest, ModelLoadError, Overloaded
+from .wakeup import WakePipe
 from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
 
-TRIAL_S = 1.0       # most real schemas compile within this (docs/operating.md); longer ones are "long"
-_TICK_S = 0.5       # the dispatcher's longest sleep when no deadline is nearer
+TRIAL_S = 1.0  # most real schemas compile within this (docs/operating.md); longer ones are "long"
+_TICK_S = 0.5  # the dispatcher's longest sleep when no deadline is nearer
 
 
 class CompilePool:
-    def __init__(self, workers: int, tokenizer_info_json: str, options: dict, timeout_s: float,
-                 queue_limit: int, trial_s: float = TRIAL_S, start_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        workers: int,
+        tokenizer_info_json: str,
+        options: dict,
+        timeout_s: float,
+        queue_limit: int,
+        trial_s: float = TRIAL_S,
+        start_timeout_s: float = 120.0,
+    ):
         if workers < 2:
             raise ValueError("a compile pool needs at least 2 workers (one is kept for new guides)")
         self.size, self.timeout_s, self.queue_limit, self.trial_s = workers, timeout_s, queue_limit, trial_s
@@ -59,12 +67,9 @@ class CompilePool:
         self._cancelled: list[Job] = []
         self._workers: list[Worker] = []
         self._closed = False
-        self._broken: str | None = None     # why workers cannot be started any more
-        self._failed_starts = 0             # workers in a row that exited before they were ready
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        # not before: other threads may wake it; not at exit either, while the dispatcher may still read it
-        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w).atexit = False
+        self._broken: str | None = None  # why workers cannot be started any more
+        self._failed_starts = 0  # workers in a row that exited before they were ready
+        self._waker = WakePipe()  # other threads wake the dispatcher from its wait()
         for _ in range(workers):
             self._start_worker()
         self._await_ready(start_timeout_s)
@@ -83,8 +88,10 @@ class CompilePool:
             if not w.ready:
                 for other in self._workers:
                     other.kill()
-                raise ModelLoadError(f"a grammar compile worker did not start within {timeout_s:g} s (exit code "
-                                     f"{w.process.exitcode}); see the server log for its error")
+                raise ModelLoadError(
+                    f"a grammar compile worker did not start within {timeout_s:g} s (exit code "
+                    f"{w.process.exitcode}); see the server log for its error"
+                )
 
     # ---- any thread --------------------------------------------------------------------------------------
 
@@ -94,11 +101,12 @@ class CompilePool:
             if self._closed or self._broken:
                 why = self._broken or "the grammar compiler is shut down"
                 raise Overloaded(f"guided decoding is unavailable: {why}")
-            if len(self._new) + len(self._long) >= self.queue_limit:     # = waiting(), under the same lock
-                raise Overloaded(f"too many guides are waiting to compile (grammar_compile_queue "
-                                 f"{self.queue_limit}); retry later")
+            if len(self._new) + len(self._long) >= self.queue_limit:  # = waiting(), under the same lock
+                raise Overloaded(
+                    f"too many guides are waiting to compile (grammar_compile_queue {self.queue_limit}); retry later"
+                )
             self._new.append(job)
-        self._wake()
+        self._waker.wake()
         return job
 
     def cancel(self, job: Job, stop_running: bool = True) -> None:
@@ -115,7 +123,7 @@ class CompilePool:
                 return
             job.cancelled = True
             self._cancelled.append(job)
-        self._wake()
+        self._waker.wake()
 
     def waiting(self) -> int:
         """Jobs waiting for a worker (what queue_limit bounds)."""
@@ -133,14 +141,8 @@ class CompilePool:
             if self._closed:
                 return
             self._closed = True
-        self._wake()
+        self._waker.wake()
         self._thread.join(5)
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:                     # the pool is closed: its pipe is gone
-            pass
 
     # ---- the dispatcher thread ---------------------------------------------------------------------------
 
@@ -165,13 +167,13 @@ class CompilePool:
         now = time.monotonic()
         deadline = min((self._deadline(w, now) for w in self._workers if w.job is not None), default=now + _TICK_S)
         timeout = min(max(deadline - now, 0.0), _TICK_S)
-        sources = {self._wake_r: None}
+        sources = {self._waker.r: None}
         for w in self._workers:
             sources[w.conn] = sources[w.process.sentinel] = w
         for source in wait(list(sources), timeout):
-            if source == self._wake_r:
-                self._drain_wake()
-            elif sources[source] in self._workers:          # not already replaced this round
+            if source == self._waker.r:
+                self._waker.drain()
+            elif sources[source] in self._workers:  # not already replaced this round
                 self._hear(sources[source])
 
     def _deadline(self, w: Worker, now: float) -> float:
@@ -179,20 +181,14 @@ class CompilePool:
         trial_end = w.started + self.trial_s
         return trial_end if not w.job.long and now < trial_end else w.started + self.timeout_s
 
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
     def _hear(self, w: Worker) -> None:
         """A worker replied, or exited."""
         try:
             what, value = w.conn.recv()
         except (EOFError, OSError):
-            self._replace(w, f"the grammar compiler process exited while compiling this guide "
-                             f"(exit code {w.process.exitcode})")
+            self._replace(
+                w, f"the grammar compiler process exited while compiling this guide (exit code {w.process.exitcode})"
+            )
             return
         if what == "ready":
             w.ready, self._failed_starts = True, 0
@@ -215,8 +211,11 @@ class CompilePool:
             if job in cancelled:
                 self._replace(w, None)
             elif now - w.started > self.timeout_s:
-                self._replace(w, f"compiling the guide took longer than the configured grammar_compile_timeout_s "
-                                 f"({self.timeout_s:g} s); simplify the schema or grammar")
+                self._replace(
+                    w,
+                    f"compiling the guide took longer than the configured grammar_compile_timeout_s "
+                    f"({self.timeout_s:g} s); simplify the schema or grammar",
+                )
             elif not job.long and now - w.started > self.trial_s and self._long_running() < self.size - 1:
                 job.long = True
 
@@ -225,9 +224,9 @@ class CompilePool:
         while idle and (job := self._pop(self._new)):
             self._start_job(idle.pop(), job, now)
         with self._lock:
-            waiting = len(self._new) - sum(not w.ready for w in self._workers)   # starting workers will serve some
-        for w in self._overdue_trials(now)[:max(waiting, 0)]:
-            self._requeue(w)                # a new guide needs its worker
+            waiting = len(self._new) - sum(not w.ready for w in self._workers)  # starting workers will serve some
+        for w in self._overdue_trials(now)[: max(waiting, 0)]:
+            self._requeue(w)  # a new guide needs its worker
         while idle and self._long_running() < self.size - 1 and (job := self._pop(self._long)):
             self._start_job(idle.pop(), job, now)
 
@@ -239,7 +238,7 @@ class CompilePool:
         w.job, w.started = job, now
         try:
             w.conn.send((job.kind, job.guide, job.options))
-        except OSError:                     # the worker died just now: the job goes back to the head of its queue
+        except OSError:  # the worker died just now: the job goes back to the head of its queue
             w.job = None
             with self._lock:
                 (self._long if job.long else self._new).appendleft(job)
@@ -271,7 +270,7 @@ class CompilePool:
             log.error("a grammar compile worker exited before it was ready (exit code %s)", w.process.exitcode)
         if self._failed_starts < 3:
             self._start_worker()
-        else:                               # a broken environment: restarting would only spin
+        else:  # a broken environment: restarting would only spin
             with self._lock:
                 self._broken = "grammar compile workers keep failing to start (see the server log)"
                 self._closed = True
@@ -291,10 +290,6 @@ class CompilePool:
             self._long.clear()
         for job in queued:
             if not job.future.done():
-                job.future.set_exception(InvalidRequest(f"guided decoding is unavailable: "
-                                                        f"{self._broken or 'the server is shutting down'}"))
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
+                job.future.set_exception(
+                    InvalidRequest(f"guided decoding is unavailable: {self._broken or 'the server is shutting down'}")
+                )

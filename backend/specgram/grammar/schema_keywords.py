@@ -25,33 +25,97 @@ Not reported (enforced, or annotations by the JSON Schema specification): format
 description, default, examples; oneOf whose branches xgrammar cannot prove disjoint is enforced as anyOf (at
 least one branch holds); const/enum fix the value, so keywords beside them are not reported.
 """
+
 from __future__ import annotations
 
 # formats xgrammar turns into a regex (others are left unchecked, as JSON Schema allows for an annotation)
-FORMATS = frozenset({"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
-                     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"})
+FORMATS = frozenset(
+    {
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 # JSON Schema's validation keywords (2020-12, plus draft-7's dependencies and additionalItems); anything else is
 # an annotation or unknown, which JSON Schema itself ignores
-VALIDATION = frozenset({
-    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas",
-    "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
-    "items", "prefixItems", "additionalItems", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "maxItems", "minItems", "uniqueItems", "properties", "patternProperties", "additionalProperties",
-    "unevaluatedProperties", "propertyNames", "required", "maxProperties", "minProperties", "dependentRequired",
-    "dependencies"})
-NEVER = ("not", "if", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
-         "dependencies")
+VALIDATION = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "$ref",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "required",
+        "maxProperties",
+        "minProperties",
+        "dependentRequired",
+        "dependencies",
+    }
+)
+NEVER = ("not", "if", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas", "dependencies")
 # the first of these present is the whole schema for xgrammar
 HEADS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
 OBJECT_HINTS = ("properties", "additionalProperties", "unevaluatedProperties")
 ARRAY_HINTS = ("items", "prefixItems", "unevaluatedItems")
 # where subschemas sit: one schema, a list of schemas, a map of name -> schema
-ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedItems", "unevaluatedProperties",
-       "contains", "propertyNames", "not", "if", "then", "else")
+ONE = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
 LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 
-Finding = tuple[str, str, str]      # (keyword, JSON pointer of the schema holding it, why it is not enforced)
+Finding = tuple[str, str, str]  # (keyword, JSON pointer of the schema holding it, why it is not enforced)
 
 
 def unenforced_keyword(schema, strict: bool) -> Finding | None:
@@ -72,7 +136,7 @@ def _walk(s, ptr: str, strict: bool) -> Finding | None:
         return found
     for key in ONE:
         if isinstance(s.get(key), dict):
-            sub = {"type": "string", **s[key]} if key == "propertyNames" else s[key]   # names are strings
+            sub = {"type": "string", **s[key]} if key == "propertyNames" else s[key]  # names are strings
             found = found or _walk(sub, f"{ptr}/{key}", strict)
     for key in LISTS:
         if isinstance(s.get(key), list):
@@ -99,7 +163,7 @@ def _here(s: dict, ptr: str, strict: bool) -> Finding | None:
         return _beside_head(s, ptr, head)
     t = s.get("type")
     if t is not None and not (isinstance(t, str) or isinstance(t, list) and all(isinstance(x, str) for x in t)):
-        return None         # a malformed type: the compile refuses the schema, with xgrammar's reason
+        return None  # a malformed type: the compile refuses the schema, with xgrammar's reason
     types = _types(s)
     if not types and not any(k in s for k in OBJECT_HINTS + ARRAY_HINTS):
         dropped = next((k for k in s if k in VALIDATION), None)
@@ -111,7 +175,7 @@ def _beside_head(s: dict, ptr: str, head: str) -> Finding | None:
     if head == "allOf" and isinstance(s["allOf"], list) and len(s["allOf"]) > 1:
         return "allOf", ptr, "with more than one schema is not enforced by the grammar engine"
     if head in ("const", "enum"):
-        return None                     # the value is one of those given
+        return None  # the value is one of those given
     for key in s:
         if key == head or key not in VALIDATION:
             continue
@@ -122,8 +186,9 @@ def _beside_head(s: dict, ptr: str, head: str) -> Finding | None:
 
 
 def _pins_type(branch) -> bool:
-    return isinstance(branch, dict) and (bool(_types(branch)) or any(k in branch for k in HEADS)
-                                         or any(k in branch for k in OBJECT_HINTS + ARRAY_HINTS))
+    return isinstance(branch, dict) and (
+        bool(_types(branch)) or any(k in branch for k in HEADS) or any(k in branch for k in OBJECT_HINTS + ARRAY_HINTS)
+    )
 
 
 def _numbers(s: dict, ptr: str, types: list) -> Finding | None:
@@ -154,8 +219,7 @@ def _strings(s: dict, ptr: str, types: list) -> Finding | None:
 
 def _objects(s: dict, ptr: str, strict: bool) -> Finding | None:
     if "patternProperties" in s and "properties" in s and not strict:
-        return ("patternProperties", ptr, "beside 'properties' is enforced only with the server's json_strict "
-                "setting")
+        return ("patternProperties", ptr, "beside 'properties' is enforced only with the server's json_strict setting")
     return None
 
 

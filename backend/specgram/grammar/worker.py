@@ -8,6 +8,7 @@ when that is a script: a program that uses the engine without an `if __name__ ==
 again in every worker and start workers of its own. A worker needs nothing from it, so the main module is
 hidden from multiprocessing while a worker starts.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,11 +27,12 @@ from ..errors import InvalidRequest
 @dataclass(eq=False)
 class Job:
     """One guide to compile. future: -> seconds the compile took in its worker, or InvalidRequest."""
+
     kind: str
     guide: str
-    options: tuple = ()             # (name, value) pairs over the compiler's options (one request's JSON layout)
+    options: tuple = ()  # (name, value) pairs over the compiler's options (one request's JSON layout)
     future: Future = field(default_factory=Future)
-    long: bool = False              # holds (or waits for) a long lane
+    long: bool = False  # holds (or waits for) a long lane
     cancelled: bool = False
 
 
@@ -38,9 +40,9 @@ class Job:
 class Worker:
     process: mp.process.BaseProcess
     conn: mp.connection.Connection
-    ready: bool = False             # initialised (tokenizer loaded)
+    ready: bool = False  # initialised (tokenizer loaded)
     job: Job | None = None
-    started: float = 0.0            # when its job started
+    started: float = 0.0  # when its job started
 
     @classmethod
     def start(cls, ctx, args: tuple) -> "Worker":
@@ -72,7 +74,7 @@ def _worker_main(conn, tokenizer_info_json: str, options: dict) -> None:
     while True:
         try:
             kind, guide, overrides = conn.recv()
-        except (EOFError, OSError):         # the engine process closed the pool or is gone
+        except (EOFError, OSError):  # the engine process closed the pool or is gone
             return
         t0 = time.monotonic()
         try:

@@ -3,6 +3,7 @@
 runner       ModelRunner (target and draft alike): ragged rows -> logits, writing the KV cache
 native       the native CPU forward (our C kernels, kernels/) with its fused projections
 choice       which forward runs a model (native or PyTorch), its weights and KV dtype: ForwardChoice
+packed       a model as the native forward reads it: packed weights, norms, the kernels' structs
 linear       the native forward's matmuls (fused projections, packed weights)
 kv_cache     slot x position cache, write indices
 cuda_graphs  the shape-static CUDA-graph path for small forwards

@@ -8,6 +8,7 @@ it runs: a CPU whose kernels build (x86-64 with AVX-512, or AVX2 + FMA, and gcc)
 whose architecture it covers (`native_gap`), plain float nn.Linear projections (not a dynamic-quantized copy),
 and no static width (the CUDA-graph path is PyTorch's).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,17 +20,17 @@ from ..errors import ModelLoadError
 from . import kernels
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
-SUPPORTED_ACTS = ("silu",)                          # the native MLP's activation (kernels/norm.c)
-NATIVE_DTYPES = (torch.float32, torch.bfloat16)    # weights the native products read as they are
+SUPPORTED_ACTS = ("silu",)  # the native MLP's activation (kernels/norm.c)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # weights the native products read as they are
 
 
 @dataclass(frozen=True)
 class ForwardChoice:
-    kind: str                 # "native" | "torch"
-    lib: object = None        # the kernel library (kernels.load()) when native
-    weights: str = "auto"     # RUNNER_WEIGHTS: "auto" (the model's dtype) or an int8 form (int8.py; native only)
-    kv_dtype: str = "auto"    # KV_DTYPES: "auto" (the activations' dtype) or "bfloat16" (native only)
-    static_width: int = 0     # > 0: the static / CUDA-graph path for forwards of up to this many tokens a row
+    kind: str  # "native" | "torch"
+    lib: object = None  # the kernel library (kernels.load()) when native
+    weights: str = "auto"  # RUNNER_WEIGHTS: "auto" (the model's dtype) or an int8 form (int8.py; native only)
+    kv_dtype: str = "auto"  # KV_DTYPES: "auto" (the activations' dtype) or "bfloat16" (native only)
+    static_width: int = 0  # > 0: the static / CUDA-graph path for forwards of up to this many tokens a row
 
 
 def native_gap(cfg, dtype: torch.dtype) -> str | None:
@@ -37,7 +38,7 @@ def native_gap(cfg, dtype: torch.dtype) -> str | None:
     if getattr(cfg, "hidden_act", None) not in SUPPORTED_ACTS:
         return f"activation {getattr(cfg, 'hidden_act', None)!r}"
     if getattr(cfg, "attention_bias", False) and getattr(cfg, "model_type", "") == "llama":
-        return "o_proj bias"                        # llama's attention_bias puts a bias on o_proj too (qwen2's not)
+        return "o_proj bias"  # llama's attention_bias puts a bias on o_proj too (qwen2's not)
     if dtype not in NATIVE_DTYPES:
         return f"dtype {dtype} (float32 or bfloat16 weights are read)"
     return None
@@ -50,8 +51,16 @@ def int8_form(lib) -> str:
     return DYNAMIC if lib is not None and kernels.has_vnni(lib) else "int8"
 
 
-def choose(cfg, device: torch.device, dtype: torch.dtype, linear: str = "auto", weights: str = "auto",
-           kv_dtype: str = "auto", static_width: int = 0, plain: bool = True) -> ForwardChoice:
+def choose(
+    cfg,
+    device: torch.device,
+    dtype: torch.dtype,
+    linear: str = "auto",
+    weights: str = "auto",
+    kv_dtype: str = "auto",
+    static_width: int = 0,
+    plain: bool = True,
+) -> ForwardChoice:
     """The forward for a model of HF config `cfg` on `device` in `dtype` under these settings (plain: its
     projections are float nn.Linear modules). ModelLoadError, naming the setting, where one cannot hold."""
     if linear not in LINEAR_KINDS:
@@ -66,12 +75,16 @@ def choose(cfg, device: torch.device, dtype: torch.dtype, linear: str = "auto", 
             raise ModelLoadError(f"the native CPU forward does not run here: {why} (use linear auto or torch)")
         for name, value in (("weights", weights), ("kv_cache_dtype", kv_dtype)):
             if value != "auto":
-                raise ModelLoadError(f"{name} {value} runs on the native CPU forward only (device cpu, linear auto or "
-                                     f"native, cuda_graphs off, a float32 or bfloat16 checkpoint it covers), which "
-                                     f"does not run here: {why}")
+                raise ModelLoadError(
+                    f"{name} {value} runs on the native CPU forward only (device cpu, linear auto or "
+                    f"native, cuda_graphs off, a float32 or bfloat16 checkpoint it covers), which "
+                    f"does not run here: {why}"
+                )
     if weights in ACTIVATIONS and not kernels.has_vnni(lib):
-        raise ModelLoadError(f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
-                             f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off")
+        raise ModelLoadError(
+            f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
+            f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off"
+        )
     return ForwardChoice(kind, lib, weights, kv_dtype, static_width)
 
 
@@ -94,8 +107,9 @@ def _native(cfg, device, dtype, linear, static_width, plain) -> tuple[str, objec
     return "native", lib, ""
 
 
-def choose_for(model: torch.nn.Module, linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto",
-               static_width: int = 0) -> ForwardChoice:
+def choose_for(
+    model: torch.nn.Module, linear: str = "auto", weights: str = "auto", kv_dtype: str = "auto", static_width: int = 0
+) -> ForwardChoice:
     """choose() for a loaded transformers model (its config, device, dtype and projection modules)."""
     param = next(model.parameters())
     plain = all(type(m) is torch.nn.Linear for m in projections(model))
@@ -104,6 +118,16 @@ def choose_for(model: torch.nn.Module, linear: str = "auto", weights: str = "aut
 
 def projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     """transformers' weight matmuls of one forward, in order (the lm_head last)."""
-    return [m for layer in model.model.layers for m in (
-        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head]
+    return [
+        m
+        for layer in model.model.layers
+        for m in (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+        )
+    ] + [model.lm_head]

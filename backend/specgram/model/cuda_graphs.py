@@ -16,6 +16,7 @@ graph key would fix it); each graph keeps its own fp32 output (bucket x T x V).
 On CPU nothing is captured: the same padded static path runs eagerly. That is how the CPU tests cover the
 bucketing, padding and static forward that the graphs replay on GPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,9 +58,9 @@ class _Graph:
         args = (self.tokens, self.slots, self.starts)
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):                 # warm-up (lazy inits, autotuning) off the capture
+        with torch.cuda.stream(side):  # warm-up (lazy inits, autotuning) off the capture
             for _ in range(2):
-                runner.forward_static(*args)          # writes only the scratch slot
+                runner.forward_static(*args)  # writes only the scratch slot
         torch.cuda.current_stream(dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
@@ -79,7 +80,7 @@ class GraphedForward:
         self.runner = runner
         self.max_batch = max_batch
         self.max_width = max_width
-        self.graphs: dict[tuple[int, int], _Graph | None] = {}     # None: capture failed, runs eagerly
+        self.graphs: dict[tuple[int, int], _Graph | None] = {}  # None: capture failed, runs eagerly
         self.pool = torch.cuda.graph_pool_handle() if runner.device.type == "cuda" else None
 
     def handles(self, batch: int, width: int) -> bool:
@@ -95,13 +96,12 @@ class GraphedForward:
             try:
                 self.graphs[key] = _Graph(self.runner, bucket, T, self.pool)
             except Exception as e:  # noqa: BLE001 - an op that cannot be captured: this shape runs eagerly
-                log.warning("CUDA graph capture failed for batch bucket %d, width %d (runs eagerly): %r",
-                            bucket, T, e)
+                log.warning("CUDA graph capture failed for batch bucket %d, width %d (runs eagerly): %r", bucket, T, e)
                 self.graphs[key] = None
         graph = self.graphs.get(key)
         if graph is not None:
             out = graph.replay(tokens, slots_t, starts_t)
-        else:                                   # CPU, or a shape whose capture failed: the same path, eagerly
+        else:  # CPU, or a shape whose capture failed: the same path, eagerly
             dev = self.runner.device
             out = self.runner.forward_static(h2d(tokens, dev), h2d(slots_t, dev), h2d(starts_t, dev))
         out = out[:B]

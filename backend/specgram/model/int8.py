@@ -24,6 +24,7 @@ as int8 weights alone; int8 ones lose more, for activations whose largest channe
 settings: the engine's `weights` int8 and its int8 draft copy are int8-dynamic where the CPU has VNNI, else int8
 (engine/settings.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,16 +32,16 @@ import torch
 from ..config import WEIGHTS
 
 QMAX = 127
-DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"   # int8 weights, activations per row to int16 / int8 (runners)
+DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"  # int8 weights, activations per row to int16 / int8 (runners)
 RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8)
-ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}   # what NativeLinear's activations are under each
+ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}  # what NativeLinear's activations are under each
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] (any float dtype) -> (q int8 [N, K], scale float32 [N]) with weight ~ q * scale[:, None]."""
     w = weight.detach().to("cpu", torch.float32)
-    scale = w.abs().amax(dim=1) / QMAX                                            # [N]
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))                  # zero rows: q = 0 / 1 = 0
+    scale = w.abs().amax(dim=1) / QMAX  # [N]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # zero rows: q = 0 / 1 = 0
     q = torch.round(w / safe[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
     return q, scale.contiguous()
 

@@ -7,6 +7,7 @@ A row's valid length lives with its request (Request.cache_len), not here: entri
 length are never read (the attention mask hides them), so rolling back rejected draft tokens is free —
 the next write simply overwrites them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,23 +18,33 @@ import torch
 @dataclass
 class WriteIndex:
     """Where the new tokens of a batch go, computed once per forward and reused by every layer."""
-    batch_idx: torch.Tensor   # [N] row in the batch of each valid new token
-    step_idx: torch.Tensor    # [N] its position within the row's new tokens
-    slot_idx: torch.Tensor    # [N] its cache slot
-    pos_idx: torch.Tensor     # [N] its absolute position
+
+    batch_idx: torch.Tensor  # [N] row in the batch of each valid new token
+    step_idx: torch.Tensor  # [N] its position within the row's new tokens
+    slot_idx: torch.Tensor  # [N] its cache slot
+    pos_idx: torch.Tensor  # [N] its absolute position
 
 
 def make_write_index(slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor, width: int) -> WriteIndex:
     """slots, starts, num_new: [B]; width: T, the padded number of new tokens per row."""
     steps = torch.arange(width, device=slots.device)
-    valid = steps[None, :] < num_new[:, None]                      # [B, T]
+    valid = steps[None, :] < num_new[:, None]  # [B, T]
     b, t = valid.nonzero(as_tuple=True)
     return WriteIndex(b, t, slots[b], starts[b] + t)
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, k_positions_last: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        k_positions_last: bool = False,
+    ):
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         k_shape = (num_layers, num_slots, num_kv_heads, head_dim, max_seq_len) if k_positions_last else shape
         self.k = torch.zeros(k_shape, dtype=dtype, device=device)
@@ -60,5 +71,7 @@ class KVCache:
 
     def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> k, v: [B, H_kv, length, D] for the given slots (a copy of only the first `length` positions)."""
-        return (self.k[layer, :, :, :length].index_select(0, slots),
-                self.v[layer, :, :, :length].index_select(0, slots))
+        return (
+            self.k[layer, :, :, :length].index_select(0, slots),
+            self.v[layer, :, :, :length].index_select(0, slots),
+        )

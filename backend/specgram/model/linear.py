@@ -13,6 +13,7 @@ layout and tiling for all three, and the same accumulation order. With the activ
 int8 per row, on VNNI: kernels/gemm_i8a8.c) the int8 weights are packed in steps of 4 k (pack_k4) and the
 input is quantized inside the call.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,8 @@ from . import kernels
 from .int8 import column_sums, quantize_rows
 from .kernels import abi
 
-BLOCK = 32   # outputs per packed block (NB in gemm.c)
-DIGITS = {"int16": 2, "int8": 1}   # quantized activations: base-256 digits per activation (gemm_i8a8.c)
+BLOCK = 32  # outputs per packed block (NB in gemm.c)
+DIGITS = {"int16": 2, "int8": 1}  # quantized activations: base-256 digits per activation (gemm_i8a8.c)
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -53,8 +54,14 @@ class NativeLinear(torch.nn.Module):
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
     the call to that many bits (int16: as two int8 digits)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype, lib,
-                 activations: str = "float32"):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        weight_dtype: torch.dtype,
+        lib,
+        activations: str = "float32",
+    ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight_dtype, self.activations = weight_dtype, activations
@@ -100,7 +107,8 @@ class NativeLinear(torch.nn.Module):
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         return self.into(x2, torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)).view(
-            *lead, self.out_features)
+            *lead, self.out_features
+        )
 
     def into(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [M, N] = the product of x [M, K] -> y; both float32 and contiguous, not checked (forward() makes them
@@ -113,27 +121,48 @@ class NativeLinear(torch.nn.Module):
             self._fn(x.data_ptr(), m, *self._args, y.data_ptr(), self.out_features, torch.get_num_threads())
         return y
 
-    __call__ = forward      # no hooks are ever registered on these modules
+    __call__ = forward  # no hooks are ever registered on these modules
 
     def descriptor(self) -> abi.Linear:
         """This product as forward.c's specgram_linear: its kind and the addresses of its buffers (valid while the
         module keeps them)."""
         b = self._buffers
         addr = lambda k: b[k].data_ptr() if b[k] is not None else None  # noqa: E731
-        kind = (abi.LIN_I8A8 if self.activations in DIGITS else abi.LIN_I8 if self.weight_dtype == torch.int8
-                else abi.LIN_BF16 if self.weight_dtype == torch.bfloat16 else abi.LIN_F32)
-        return abi.Linear(kind, DIGITS.get(self.activations, 0), self.in_features, self.out_features, addr("packed"),
-                          addr("scale"), addr("colsum"), addr("bias"))
+        kind = (
+            abi.LIN_I8A8
+            if self.activations in DIGITS
+            else abi.LIN_I8
+            if self.weight_dtype == torch.int8
+            else abi.LIN_BF16
+            if self.weight_dtype == torch.bfloat16
+            else abi.LIN_F32
+        )
+        return abi.Linear(
+            kind,
+            DIGITS.get(self.activations, 0),
+            self.in_features,
+            self.out_features,
+            addr("packed"),
+            addr("scale"),
+            addr("colsum"),
+            addr("bias"),
+        )
 
 
-def make_linear(weights: list[torch.Tensor], biases: list[torch.Tensor | None], lib,
-                weight_dtype: torch.dtype, activations: str = "float32") -> NativeLinear:
+def make_linear(
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    lib,
+    weight_dtype: torch.dtype,
+    activations: str = "float32",
+) -> NativeLinear:
     """One module computing the concatenation of several projections of the same input (fused when > 1), with
     its weights packed as weight_dtype (float32, bfloat16 or int8) and its input as `activations` (NativeLinear)."""
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     if all(b is None for b in biases):
         bias = None
     else:
-        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0])
-                          for w, b in zip(weights, biases, strict=True)])
+        bias = torch.cat(
+            [b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
+        )
     return NativeLinear(weight, bias, weight_dtype, lib, activations)

@@ -26,6 +26,7 @@ heads of size D, intermediate size I; per layer the cache holds K as [S slots, H
 is read: lossy against float32, but the same for a token alone or batched, so the invariance holds; the int8
 draft copy's own cache, where attention over many streams reads as many bytes as its int8 weights).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,12 +34,11 @@ from itertools import accumulate
 
 import torch
 
-from .int8 import ACTIVATIONS
 from .kernels import abi
-from .linear import make_linear
+from .packed import PackedDecoder
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache the kernels read: exact, or half the bytes
-PER_CALL_ROPE = ("dynamic", "longrope")         # rope types whose tables change with the sequence length
+PER_CALL_ROPE = ("dynamic", "longrope")  # rope types whose tables change with the sequence length
 
 
 def _int64s(values: list[int]) -> ctypes.Array:
@@ -51,88 +51,45 @@ def _address(v) -> int:
     return v.data_ptr() if isinstance(v, torch.Tensor) else ctypes.addressof(v)
 
 
-class _Layer:
-    __slots__ = ("qkv", "o", "gate_up", "down", "w_in", "eps_in", "w_post", "eps_post")
+class NativeForward(PackedDecoder):
+    """A model's forward on the kernels: its packed weights and structs (PackedDecoder) and the calls into
+    forward.c, with the rotary tables by cache length."""
 
-
-def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
-    return norm.weight.detach().float().contiguous(), float(norm.variance_epsilon)
-
-
-class NativeForward:
     def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
-        """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
-        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
-        "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
-        kernels.has_vnni)."""
-        cfg = model.config
+        super().__init__(model, lib, weights)
         inner = model.model
-        wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
-        act = ACTIVATIONS.get(weights, "float32")
-        linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
-        self.lib, self.weights = lib, weights
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
-        self._embed_weight = inner.embed_tokens.weight.detach().contiguous()     # read by forward.c
         rope_type = str(getattr(self.rotary, "rope_type", "default"))
         self._rope_per_call = any(t in rope_type for t in PER_CALL_ROPE)
-        self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # by cache length
-        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
-        self.scaling = float(inner.layers[0].self_attn.scaling)
-        self.layers = []
-        for layer in inner.layers:
-            a, mlp, L = layer.self_attn, layer.mlp, _Layer()
-            qkv = [a.q_proj, a.k_proj, a.v_proj]
-            L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
-            L.o = linear([a.o_proj.weight], [None])
-            gu = [mlp.gate_proj, mlp.up_proj]
-            L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
-            L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
-            L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
-            L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
-            self.layers.append(L)
-        self.w_final, self.eps_final = _norm_weight(inner.norm)
-        self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
-        self._layer_structs, self._decoder = self._describe()
-        self._head = self.lm_head.descriptor()
-
-    def _describe(self) -> tuple[ctypes.Array, abi.Decoder]:
-        """The decoder as forward.c reads it: per layer its four products and its norms (the post-attention one,
-        then the next layer's input norm, the final norm after the last), addresses into this object's tensors."""
-        n = len(self.layers)
-        structs = (abi.Layer * n)()
-        for i, L in enumerate(self.layers):
-            w_next, eps_next = ((self.layers[i + 1].w_in, self.layers[i + 1].eps_in) if i + 1 < n
-                                else (self.w_final, self.eps_final))
-            structs[i] = abi.Layer(L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor(),
-                                   L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
-        first = self.layers[0]
-        emb = self._embed_weight
-        decoder = abi.Decoder(n, self.E, self.H, self.Hkv, self.D, self.inter, first.w_in.data_ptr(), first.eps_in,
-                              self.scaling, structs, emb.data_ptr(), emb.shape[0], int(emb.dtype == torch.bfloat16))
-        return structs, decoder
-
-    def linear_layers(self) -> list[torch.nn.Module]:
-        return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
+        self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by cache length
 
     @torch.inference_mode()
-    def __call__(self, cache, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
-                 last_only: bool, window: int | None) -> torch.Tensor:
+    def __call__(
+        self,
+        cache,
+        tokens: torch.Tensor,
+        slots: torch.Tensor,
+        starts: torch.Tensor,
+        num_new: torch.Tensor,
+        last_only: bool,
+        window: int | None,
+    ) -> torch.Tensor:
         """The runner's forward() on padded tensors: tokens [B, T] long (right-padded), slots/starts/num_new [B]
         long, all on the CPU. Padding is dropped first: the layers see only the N real tokens."""
         B, T = tokens.shape
-        valid = torch.arange(T)[None, :] < num_new[:, None]                                    # [B, T]
-        positions = (starts[:, None] + torch.arange(T)[None, :])[valid]                         # [N]
-        tok_slots = slots[:, None].expand(B, T)[valid]                                          # [N]
+        valid = torch.arange(T)[None, :] < num_new[:, None]  # [B, T]
+        positions = (starts[:, None] + torch.arange(T)[None, :])[valid]  # [N]
+        tok_slots = slots[:, None].expand(B, T)[valid]  # [N]
         head_rows = (num_new.cumsum(0) - 1).contiguous() if last_only else None
-        logits = self._run(cache, tokens[valid].contiguous(), tok_slots.contiguous(), positions.contiguous(), window,
-                           head_rows)
+        logits = self._run(
+            cache, tokens[valid].contiguous(), tok_slots.contiguous(), positions.contiguous(), window, head_rows
+        )
         return logits if last_only else self._per_token(logits, num_new.tolist())
 
     @torch.inference_mode()
-    def forward_rows(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool,
-                     window: int | None) -> torch.Tensor:
+    def forward_rows(
+        self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool, window: int | None
+    ) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
         rows[b] to slot slots[b] from position starts[b]."""
         lengths = [len(r) for r in rows]
@@ -141,8 +98,9 @@ class NativeForward:
         return logits if last_only else self._per_token(logits, lengths)
 
     @torch.inference_mode()
-    def forward_split(self, cache, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int,
-                      window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_split(
+        self, cache, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
         rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
         what a forward of that row alone gives (the kernels never mix rows)."""
@@ -169,10 +127,10 @@ class NativeForward:
         B, T = len(lengths), max(lengths)
         if all(n == T for n in lengths):
             return logits.view(B, T, -1)
-        out = torch.empty(B, T, logits.shape[-1])      # each row's slice copied, only the padding zeroed: an
-        start = 0                                      # 8-row verify's [B, T, V] is ~8 MB to fill otherwise
+        out = torch.empty(B, T, logits.shape[-1])  # each row's slice copied, only the padding zeroed: an
+        start = 0  # 8-row verify's [B, T, V] is ~8 MB to fill otherwise
         for b, n in enumerate(lengths):
-            out[b, :n] = logits[start:start + n]
+            out[b, :n] = logits[start : start + n]
             out[b, n:] = 0
             start += n
         return out
@@ -181,18 +139,26 @@ class NativeForward:
         """ValueError unless `cache` fits this model and the kernels: float32 or bfloat16, K positions last, this
         model's layers, KV heads and head size, contiguous."""
         L, S, Hkv, P, D = cache.v.shape
-        if (cache.v.dtype not in CACHE_DTYPES or cache.k.dtype != cache.v.dtype or not cache.k_positions_last
-                or cache.k.shape != (L, S, Hkv, D, P) or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
-                or not (cache.k.is_contiguous() and cache.v.is_contiguous())):
-            raise ValueError(f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "
-                             f"not fit the native forward ({len(self.layers)} layers, {self.Hkv} KV heads of "
-                             f"{self.D}, float32 or bfloat16, K positions last)")
+        if (
+            cache.v.dtype not in CACHE_DTYPES
+            or cache.k.dtype != cache.v.dtype
+            or not cache.k_positions_last
+            or cache.k.shape != (L, S, Hkv, D, P)
+            or (L, Hkv, D) != (len(self.layers), self.Hkv, self.D)
+            or not (cache.k.is_contiguous() and cache.v.is_contiguous())
+        ):
+            raise ValueError(
+                f"KV cache K {tuple(cache.k.shape)} / V {tuple(cache.v.shape)} {cache.v.dtype} does "
+                f"not fit the native forward ({len(self.layers)} layers, {self.Hkv} KV heads of "
+                f"{self.D}, float32 or bfloat16, K positions last)"
+            )
 
     def _bad_batch(self, code: int, cache, tokens, slots, positions) -> ValueError:
         """The error for forward.c's return code, naming the first offending value (this runs only then)."""
         S, P = cache.v.shape[1], cache.v.shape[3]
-        tokens, slots, positions = (list(v.tolist() if isinstance(v, torch.Tensor) else v)
-                                    for v in (tokens, slots, positions))
+        tokens, slots, positions = (
+            list(v.tolist() if isinstance(v, torch.Tensor) else v) for v in (tokens, slots, positions)
+        )
         if code == abi.BAD_TOKEN:
             bad = next(t for t in tokens if not 0 <= t < self._embed_weight.shape[0])
             return ValueError(f"token id {bad} out of range: the vocabulary has {self._embed_weight.shape[0]} ids")
@@ -220,8 +186,9 @@ class NativeForward:
             tables = self._rope_tables[P] = (cos[0].float().contiguous(), sin[0].float().contiguous())
         return *tables, True
 
-    def layers_forward(self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                       window: int | None) -> torch.Tensor:
+    def layers_forward(
+        self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, window: int | None
+    ) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
         return self._run(cache, tokens, slots, positions, window, head_rows=False)
 
@@ -233,10 +200,12 @@ class NativeForward:
         self.check_cache(cache)
         N = len(tokens)
         for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions), ("head_rows", head_rows)):
-            if isinstance(t, torch.Tensor) and (t.dtype != torch.long or t.dim() != 1 or not t.is_contiguous()
-                                                or (name != "head_rows" and len(t) != N)):
-                raise ValueError(f"{name}: expected a contiguous int64 tensor of shape ({N},), got "
-                                 f"{t.dtype} {tuple(t.shape)}")
+            if isinstance(t, torch.Tensor) and (
+                t.dtype != torch.long or t.dim() != 1 or not t.is_contiguous() or (name != "head_rows" and len(t) != N)
+            ):
+                raise ValueError(
+                    f"{name}: expected a contiguous int64 tensor of shape ({N},), got {t.dtype} {tuple(t.shape)}"
+                )
         S, P = cache.v.shape[1], cache.v.shape[3]
         cos, sin, by_position = self._rotary(positions, P)
         x = torch.empty(N, self.E) if head_rows is False else None
@@ -246,10 +215,27 @@ class NativeForward:
             rows_ptr = None if head_rows is None else _address(head_rows)
             head, logits = ctypes.byref(self._head), torch.empty(R, self.lm_head.out_features)
         code = self.lib.specgram_decoder_forward(
-            ctypes.byref(self._decoder), _address(tokens), None if x is None else x.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), int(by_position), cache.k.data_ptr(), cache.v.data_ptr(),
-            int(cache.v.dtype == torch.bfloat16), S, P, _address(slots), _address(positions), N, window or 0, head,
-            rows_ptr, R, None if logits is None else logits.data_ptr(), torch.get_num_threads())
+            ctypes.byref(self._decoder),
+            _address(tokens),
+            None if x is None else x.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            int(by_position),
+            cache.k.data_ptr(),
+            cache.v.data_ptr(),
+            int(cache.v.dtype == torch.bfloat16),
+            S,
+            P,
+            _address(slots),
+            _address(positions),
+            N,
+            window or 0,
+            head,
+            rows_ptr,
+            R,
+            None if logits is None else logits.data_ptr(),
+            torch.get_num_threads(),
+        )
         if code:
             raise self._bad_batch(code, cache, tokens, slots, positions)
         return x if logits is None else logits

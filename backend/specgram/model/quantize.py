@@ -8,6 +8,7 @@ The embedding stays fp32 (so ModelRunner still sees float32 parameters and keeps
 the tied lm_head becomes an int8 copy of its own (the embedding keeps the fp32 original).
 The result is for drafting only: its greedy agreement with the fp32 model is far below 100%.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,6 +28,6 @@ def quantize_dynamic_int8(model: torch.nn.Module) -> torch.nn.Module:
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("int8 dynamic quantization runs on CPU only")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)   # torch.ao.quantization is deprecated in favour of torchao
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao.quantization is deprecated in favour of torchao
         warnings.simplefilter("ignore", UserWarning)
         return quantize_dynamic(copy.deepcopy(model).float().eval(), {torch.nn.Linear: per_channel_dynamic_qconfig})

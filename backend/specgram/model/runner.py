@@ -15,6 +15,7 @@ run the model with int8 weights (`weights` "int8": int8.py), for a target served
 with int8 weights and activations quantized per row to int16 / int8 ("int8-dynamic" / "int8-dynamic8", on VNNI:
 int8-dynamic is the int8 draft copy where the CPU has it).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,20 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 def checkpoint_config(path: Path) -> dict:
     """The config.json of a checkpoint folder of a supported family; ModelLoadError with the reason."""
     if not path.is_dir():
-        raise ModelLoadError(f"checkpoint folder {str(path)!r} does not exist (run scripts/setup.sh for the default "
-                             "model, or set the 'checkpoint' parameter to a local HF checkpoint folder)")
+        raise ModelLoadError(
+            f"checkpoint folder {str(path)!r} does not exist (run scripts/setup.sh for the default "
+            "model, or set the 'checkpoint' parameter to a local HF checkpoint folder)"
+        )
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise ModelLoadError(f"{str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
     cfg = json.loads(cfg_file.read_text())
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(f"model_type {model_type!r} in {cfg_file} is not supported; this engine runs "
-                             f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise ModelLoadError(
+            f"model_type {model_type!r} in {cfg_file} is not supported; this engine runs "
+            f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     return cfg
 
 
@@ -51,9 +56,9 @@ def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | 
     """-> bool [B, 1, T, L]: query t of row b (absolute position starts[b] + t) sees keys j <= its position
     (and, with a sliding window, j > position - window). Padded queries see garbage keys; their outputs are
     never used, and key 0 is always visible so no row is all -inf."""
-    q_pos = starts[:, None] + torch.arange(width, device=starts.device)[None, :]       # [B, T]
-    k_pos = torch.arange(length, device=starts.device)                                 # [L]
-    mask = k_pos[None, None, :] <= q_pos[:, :, None]                                   # [B, T, L]
+    q_pos = starts[:, None] + torch.arange(width, device=starts.device)[None, :]  # [B, T]
+    k_pos = torch.arange(length, device=starts.device)  # [L]
+    mask = k_pos[None, None, :] <= q_pos[:, :, None]  # [B, T, L]
     if window is not None:
         mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
         mask[:, :, 0] |= ~mask.any(-1)
@@ -75,8 +80,14 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> to
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int, forward: ForwardChoice | None = None,
-                 cache: KVCache | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_slots: int,
+        max_seq_len: int,
+        forward: ForwardChoice | None = None,
+        cache: KVCache | None = None,
+    ):
         """forward: which forward runs the model, with its weights, KV dtype and static width (choice.py; None =
         choose_for(model), every setting auto). The native CPU forward keeps activations and the KV cache in
         float32 (bfloat16 with kv_dtype so) and the matmul weights in the model's dtype or an int8 form (int8.py);
@@ -99,11 +110,12 @@ class ModelRunner:
         self.native = None
         if kind == "native":
             from .native import NativeForward
+
             self.native = NativeForward(model, forward.lib, weights)
-            self.dtype = torch.float32                       # activations (and the KV cache unless kv_dtype says)
+            self.dtype = torch.float32  # activations (and the KV cache unless kv_dtype says)
         kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
         self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype
-        self.fuse_steps = self.native is not None      # forward_step: prompt chunks and verify rows in one pass
+        self.fuse_steps = self.native is not None  # forward_step: prompt chunks and verify rows in one pass
         self.vocab_size = cfg.vocab_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -113,14 +125,21 @@ class ModelRunner:
             window = None
         self.window = window if window and window < max_seq_len else None
         self.max_seq_len = max_seq_len
-        self.scratch_slot = max_slots                       # used only by the static path
+        self.scratch_slot = max_slots  # used only by the static path
         extra_slots, headroom = (1, static_width) if static_width else (0, 0)
-        shape = (cfg.num_hidden_layers, max_slots + extra_slots, self.num_kv_heads, max_seq_len + headroom,
-                 self.head_dim)
+        shape = (
+            cfg.num_hidden_layers,
+            max_slots + extra_slots,
+            self.num_kv_heads,
+            max_seq_len + headroom,
+            self.head_dim,
+        )
         if cache is not None:
             if self.native is None or not cache.k_positions_last or tuple(cache.v.shape) != shape:
-                raise ModelLoadError(f"a shared KV cache needs the native forward and a cache of V shape {shape} "
-                                     f"with positions last; got V {tuple(cache.v.shape)} on the {kind} forward")
+                raise ModelLoadError(
+                    f"a shared KV cache needs the native forward and a cache of V shape {shape} "
+                    f"with positions last; got V {tuple(cache.v.shape)} on the {kind} forward"
+                )
             self.cache = cache
             self.shares_cache = True
             self.kv_dtype = "bfloat16" if cache.v.dtype == torch.bfloat16 else "auto"
@@ -130,6 +149,7 @@ class ModelRunner:
         self.graphed = None
         if static_width:
             from .cuda_graphs import GraphedForward
+
             self.graphed = GraphedForward(self, max_slots, static_width)
 
     def linear_layers(self) -> list[torch.nn.Module]:
@@ -151,14 +171,22 @@ class ModelRunner:
         tokens = right_pad(rows)
         num_new = [len(row) for row in rows]
         s, st, n = (torch.tensor(v, dtype=torch.long) for v in (slots, starts, num_new))
-        widx = make_write_index(s, st, n, width)                     # on the host: no nonzero() on the device
+        widx = make_write_index(s, st, n, width)  # on the host: no nonzero() on the device
         dev = self.device
         widx = WriteIndex(*(h2d(t, dev) for t in (widx.batch_idx, widx.step_idx, widx.slot_idx, widx.pos_idx)))
-        return self.forward(h2d(tokens, dev), h2d(s, dev), h2d(st, dev), h2d(n, dev), last_only,
-                            length=max(a + b for a, b in zip(starts, num_new, strict=True)), widx=widx)
+        return self.forward(
+            h2d(tokens, dev),
+            h2d(s, dev),
+            h2d(st, dev),
+            h2d(n, dev),
+            last_only,
+            length=max(a + b for a, b in zip(starts, num_new, strict=True)),
+            widx=widx,
+        )
 
-    def forward_step(self, rows: list[list[int]], slots: list[int], starts: list[int],
-                     n_last: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def forward_step(
+        self, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One engine step's forward: rows[:n_last] are prompt chunks -> logits [n_last, V] at each one's last
         token; the other rows are verify rows -> logits [B - n_last, T, V] at every token (T the longest); None
         for a side without rows. With fuse_steps (the native forward, whose rows never mix: each row's logits
@@ -176,8 +204,16 @@ class ModelRunner:
         return first, rest
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, num_new: torch.Tensor,
-                last_only: bool, length: int | None = None, widx: WriteIndex | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        slots: torch.Tensor,
+        starts: torch.Tensor,
+        num_new: torch.Tensor,
+        last_only: bool,
+        length: int | None = None,
+        widx: WriteIndex | None = None,
+    ) -> torch.Tensor:
         """tokens: [B, T] (right-padded), slots/starts/num_new: [B] on self.device.
         Writes the new tokens' KV into the cache and returns logits (float32):
         [B, V] at each row's last new token if last_only, else [B, T, V].
@@ -188,22 +224,21 @@ class ModelRunner:
         B, T = tokens.shape
         if length is None:
             length = int((starts + num_new).max())
-        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]     # [B, T]
-        positions = positions.clamp_max(self.max_seq_len - 1)                            # padding stays in range
+        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]  # [B, T]
+        positions = positions.clamp_max(self.max_seq_len - 1)  # padding stays in range
         if widx is None:
             widx = make_write_index(slots, starts, num_new, T)
         mask = attention_mask(starts, T, length, self.window)
 
         inner = self.model.model
-        h = inner.embed_tokens(tokens)                                                   # [B, T, hidden]
+        h = inner.embed_tokens(tokens)  # [B, T, hidden]
         cos, sin = inner.rotary_emb(h, position_ids=positions)
         for i, layer in enumerate(inner.layers):
-            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask,
-                                    length)
+            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask, length)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = inner.norm(h)
         if last_only:
-            h = h[torch.arange(B, device=self.device), num_new - 1]                     # [B, hidden]
+            h = h[torch.arange(B, device=self.device), num_new - 1]  # [B, hidden]
         return self.model.lm_head(h).float()
 
     @torch.inference_mode()
@@ -215,10 +250,10 @@ class ModelRunner:
         attention spans the whole cache row, masked by position.
         Rows must satisfy starts + T <= cache positions (the headroom guarantees it for T <= static_width)."""
         B, T = tokens.shape
-        L = self.cache.k.shape[3]                                                        # cache positions
-        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]     # [B, T]
-        steps = torch.arange(T, device=self.device).repeat(B)                           # [B*T]
-        rows = torch.arange(B, device=self.device).repeat_interleave(T)                 # [B*T]
+        L = self.cache.k.shape[3]  # cache positions
+        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]  # [B, T]
+        steps = torch.arange(T, device=self.device).repeat(B)  # [B*T]
+        rows = torch.arange(B, device=self.device).repeat_interleave(T)  # [B*T]
         widx = WriteIndex(rows, steps, slots[rows], positions.reshape(-1))
         mask = attention_mask(starts, T, L, self.window)
         inner = self.model.model
@@ -233,12 +268,13 @@ class ModelRunner:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)      # [B, H, T, D]
-        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)   # [B, Hkv, T, D]
+        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = attn.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         self.cache.write(layer_idx, k, v, widx)
-        k_all, v_all = self.cache.read(layer_idx, slots, length)                           # [B, Hkv, L, D]
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=attn.scaling,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        k_all, v_all = self.cache.read(layer_idx, slots, length)  # [B, Hkv, L, D]
+        out = F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads
+        )
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))

@@ -5,6 +5,7 @@ only after everything queued before it on the stream: in the middle of a step th
 pinned memory the copy is queued like a kernel and the host goes on. Torch's caching host allocator keeps
 the pinned block alive until the copy has run. On CPU these are no-ops.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,5 +28,5 @@ def right_pad(rows: list[list[int]], n_rows: int | None = None) -> torch.Tensor:
     rows are all 0)."""
     tokens = torch.zeros(n_rows or len(rows), max(map(len, rows)), dtype=torch.long)
     for b, row in enumerate(rows):
-        tokens[b, :len(row)] = torch.tensor(row)
+        tokens[b, : len(row)] = torch.tensor(row)
     return tokens

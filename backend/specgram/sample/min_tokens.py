@@ -13,6 +13,7 @@ A grammar wins: a row whose only allowed tokens are EOS (the grammar is complete
 stop token) keeps them, and the request ends there (finish_reason `stop`) with fewer than min_tokens tokens.
 min_tokens never forces output the grammar forbids.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,13 +41,13 @@ def suppress_eos(logits: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor) ->
     whose token may not end the output. Those rows get -inf at every id of eos, except a row where nothing but
     those ids is allowed (every other logit already -inf, e.g. by a grammar mask): that row is left as it is.
     No host sync: everything stays on the logits' device."""
-    allowed = logits > float("-inf")                                          # [N, V]
-    others = allowed.sum(-1) > allowed[:, eos].sum(-1)                        # [N] a non-ending token is allowed
-    ban = (rows & others)[:, None]                                            # [N, 1]
-    logits[:, eos] = torch.where(ban, float("-inf"), logits[:, eos])          # [N, E]
+    allowed = logits > float("-inf")  # [N, V]
+    others = allowed.sum(-1) > allowed[:, eos].sum(-1)  # [N] a non-ending token is allowed
+    ban = (rows & others)[:, None]  # [N, 1]
+    logits[:, eos] = torch.where(ban, float("-inf"), logits[:, eos])  # [N, E]
 
 
-@torch.inference_mode()      # the forwards' logits are inference tensors: changed in place only in this mode
+@torch.inference_mode()  # the forwards' logits are inference tensors: changed in place only in this mode
 def apply(logits: torch.Tensor, rows: list[tuple[Request, int]], eos_ids: set[int]) -> None:
     """logits: [N, V]; rows[n] = (the request of row n, the row's offset past its committed output). Rows below
     their request's min_tokens get its banned_ids() at -inf. Nothing to do (and no tensor work) when no row is
@@ -55,13 +56,14 @@ def apply(logits: torch.Tensor, rows: list[tuple[Request, int]], eos_ids: set[in
     if not any(banned):
         return
     vocab, dev = logits.shape[-1], logits.device
-    plain = [b and not r.params.ignore_eos and not r.params.stop_token_ids for b, (r, _) in zip(banned, rows,
-                                                                                                  strict=True)]
+    plain = [
+        b and not r.params.ignore_eos and not r.params.stop_token_ids for b, (r, _) in zip(banned, rows, strict=True)
+    ]
     for n, (r, _) in enumerate(rows):
         if banned[n] and not plain[n]:
             ids = banned_ids(r, eos_ids, vocab)
             if ids:
-                suppress_eos(logits[n:n + 1], long_tensor(ids, dev), torch.ones(1, dtype=torch.bool, device=dev))
+                suppress_eos(logits[n : n + 1], long_tensor(ids, dev), torch.ones(1, dtype=torch.bool, device=dev))
     eos = sorted(e for e in eos_ids if e < vocab)
     if eos and any(plain):
         suppress_eos(logits, long_tensor(eos, dev), h2d(torch.tensor(plain), dev))

@@ -14,6 +14,7 @@ top 52 bits as u = (k + 1/2) / 2^52 in (0, 1) exactly, then -log(-log u) in floa
 Computed on the CPU, so the same on every device and thread count, and kept per (seed, t) while it may be
 needed again (NoiseRows): a draft model's row is its verify row's.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -21,13 +22,13 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-_SHIFT = np.uint64(12)                  # 64-bit words -> their top 52 bits
-_SCALE = 2.0 ** -52
+_SHIFT = np.uint64(12)  # 64-bit words -> their top 52 bits
+_SCALE = 2.0**-52
 
 
 def gumbel_of_words(raw: np.ndarray) -> np.ndarray:
     """uint64 words -> float64 standard Gumbel values, finite for every word."""
-    u = ((raw >> _SHIFT).astype(np.float64) + 0.5) * _SCALE          # (k + 1/2) / 2^52: exact, in (0, 1)
+    u = ((raw >> _SHIFT).astype(np.float64) + 0.5) * _SCALE  # (k + 1/2) / 2^52: exact, in (0, 1)
     return -np.log(-np.log(u))
 
 

@@ -11,6 +11,7 @@ output is the same for every draft length, drafter and batch. Rejection sampling
 "rejection") accepts draft d with probability min(1, p(d)/q(d)), drawing from the request's generator: higher
 acceptance for a draft model, but the committed tokens then depend on what was drafted.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from ..model.transfer import h2d, long_tensor
 from ..request import Request
 from . import noise
 
-if TYPE_CHECKING:       # a verify row's drafts (tokens, probs): the speculation package's, one layer up
+if TYPE_CHECKING:  # a verify row's drafts (tokens, probs): the speculation package's, one layer up
     from ..speculation.drafter import Proposal
 
 
@@ -30,8 +31,9 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                  top_p: torch.Tensor) -> torch.Tensor:
+def probabilities(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """logits: [N, V] float32; temperature (> 0), top_p: [N] float; top_k: [N] long (0 = off).
     -> probs [N, V]: softmax(logits / T) restricted to the top-k tokens and the top-p nucleus, renormalised.
     -inf logits (masked tokens) stay at probability 0."""
@@ -40,11 +42,11 @@ def probabilities(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     vocab = logits.shape[-1]
     rank = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, vocab)
-    drop = rank >= k[:, None]                                                   # [N, V] beyond top-k
+    drop = rank >= k[:, None]  # [N, V] beyond top-k
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs                    # mass of strictly better tokens
-    drop = mass_before >= top_p[:, None]                                        # the best token is always kept
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly better tokens
+    drop = mass_before >= top_p[:, None]  # the best token is always kept
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
     return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
@@ -69,8 +71,14 @@ def greedy_accept(target_ids: torch.Tensor, drafts: torch.Tensor, k: torch.Tenso
     return _prefix_len(ok)
 
 
-def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, k: torch.Tensor,
-                       u_accept: torch.Tensor, u_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def speculative_accept(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: torch.Tensor,
+    k: torch.Tensor,
+    u_accept: torch.Tensor,
+    u_final: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), batched.
 
     p: [B, K+1, V] target probabilities at each verified position (after temperature/top-k/top-p and mask);
@@ -82,13 +90,13 @@ def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, k
     -> (accepted [B], next_token [B])."""
     B, K = drafts.shape
     ar = torch.arange(B, device=p.device)
-    p_d = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)                      # [B, K]
-    q_d = q.gather(-1, drafts[..., None]).squeeze(-1)                             # [B, K]
+    p_d = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
+    q_d = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
     ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
     ok = (u_accept < ratio.clamp_max(1.0)) & (torch.arange(K, device=p.device)[None, :] < k[:, None])
-    accepted = _prefix_len(ok)                                                    # [B]
-    p_at = p[ar, accepted]                                                        # [B, V]
-    q_pad = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)                # [B, K+1, V]
+    accepted = _prefix_len(ok)  # [B]
+    p_at = p[ar, accepted]  # [B, V]
+    q_pad = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)  # [B, K+1, V]
     q_at = q_pad[ar, accepted]
     residual = residual_distribution(p_at, q_at)
     cdf = residual.cumsum(-1)
@@ -114,15 +122,20 @@ def one_hot_rows(tokens: list[int], vocab: int, device) -> torch.Tensor:
 
 # ---- per-request glue ------------------------------------------------------------------------------------
 
+
 def _params(reqs: list[Request], device, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> temperature, top_k, top_p: [len(reqs) * repeat], each request's value repeated `repeat` times."""
     rep = lambda vals, dt: h2d(torch.tensor([v for v in vals for _ in range(repeat)], dtype=dt), device)  # noqa: E731
-    return (rep([r.params.temperature for r in reqs], torch.float32), rep([r.params.top_k for r in reqs], torch.long),
-            rep([r.params.top_p for r in reqs], torch.float32))
+    return (
+        rep([r.params.temperature for r in reqs], torch.float32),
+        rep([r.params.top_k for r in reqs], torch.long),
+        rep([r.params.top_p for r in reqs], torch.float32),
+    )
 
 
-def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int],
-                 rows: noise.NoiseRows) -> torch.Tensor:
+def coupled_pick(
+    logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: noise.NoiseRows
+) -> torch.Tensor:
     """logits: [N, V] (masked), row n for reqs[n]'s token at output position positions[n] -> [N] the sampled
     tokens, each a function of (seed, position, processed distribution) alone (noise.py)."""
     temperature, top_k, top_p = _params(reqs, logits.device)
@@ -133,8 +146,9 @@ def coupled_pick(logits: torch.Tensor, reqs: list[Request], positions: list[int]
     return noise.gumbel_argmax(logits / temperature[:, None], support, g)
 
 
-def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: noise.NoiseRows,
-         want_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pick(
+    logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: noise.NoiseRows, want_probs: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits: [B, V], row b for reqs[b]'s token at output position positions[b] -> ([B] next tokens on CPU,
     greedy or sampled per request; with want_probs and any sampled request, [B, V] the distributions they were
     sampled from (one-hot rows for greedy ones), which rejection sampling needs as q; else None)."""
@@ -143,7 +157,7 @@ def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: 
     if not sampled:
         return ids.cpu(), None
     chosen = [reqs[b] for b in sampled]
-    at = long_tensor(sampled, logits.device)        # a python-list index would be a blocking copy on CUDA
+    at = long_tensor(sampled, logits.device)  # a python-list index would be a blocking copy on CUDA
     ids[at] = coupled_pick(logits[at], chosen, [positions[b] for b in sampled], rows)
     if not want_probs:
         return ids.cpu(), None
@@ -152,8 +166,9 @@ def pick(logits: torch.Tensor, reqs: list[Request], positions: list[int], rows: 
     return ids.cpu(), probs
 
 
-def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor, rows: noise.NoiseRows,
-           coupled: bool = True) -> tuple[list[int], list[int]]:
+def accept(
+    reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor, rows: noise.NoiseRows, coupled: bool = True
+) -> tuple[list[int], list[int]]:
     """logits: [B, K+1, V] from the verify forward (masked where guided); row (b, i) is reqs[b]'s output position
     len(output_ids) + i. -> (accepted drafts per request, the target's next token per request). Greedy rows, and
     sampled rows when coupled: the longest prefix of drafts equal to the target's own choice, then its choice.
@@ -161,26 +176,31 @@ def accept(reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor,
     B, T, V = logits.shape
     dev = logits.device
     k = long_tensor([len(p.tokens) for p in proposals], dev)
-    drafts = torch.zeros(B, T - 1, dtype=torch.long)                  # built on the host, one non-blocking copy
+    drafts = torch.zeros(B, T - 1, dtype=torch.long)  # built on the host, one non-blocking copy
     for b, p in enumerate(proposals):
         if p.tokens:
-            drafts[b, :len(p.tokens)] = torch.tensor(p.tokens)
+            drafts[b, : len(p.tokens)] = torch.tensor(p.tokens)
     drafts = h2d(drafts, dev)
-    choice = logits.argmax(-1)                                        # [B, T] greedy choice at every position
+    choice = logits.argmax(-1)  # [B, T] greedy choice at every position
     s_rows = [b for b, r in enumerate(reqs) if not r.params.greedy]
     if s_rows and coupled:
-        cells = [(b, i) for b in s_rows for i in range(1 + len(proposals[b].tokens))]    # padding rows skipped
+        cells = [(b, i) for b in s_rows for i in range(1 + len(proposals[b].tokens))]  # padding rows skipped
         flat = long_tensor([b * T + i for b, i in cells], dev)
-        picked = coupled_pick(logits.view(B * T, V)[flat], [reqs[b] for b, _ in cells],
-                              [len(reqs[b].output_ids) + i for b, i in cells], rows)
+        picked = coupled_pick(
+            logits.view(B * T, V)[flat],
+            [reqs[b] for b, _ in cells],
+            [len(reqs[b].output_ids) + i for b, i in cells],
+            rows,
+        )
         choice.view(-1)[flat] = picked
     accepted = greedy_accept(choice, drafts, k)
     nxt = choice.gather(1, accepted[:, None]).squeeze(1)
     if s_rows and not coupled:
         s = long_tensor(s_rows, dev)
-        accepted[s], nxt[s] = _speculative_sample([reqs[b] for b in s_rows], [proposals[b] for b in s_rows],
-                                                  logits[s], drafts[s], k[s])
-    return accepted.tolist(), nxt.tolist()          # the verify step waits for the device here
+        accepted[s], nxt[s] = _speculative_sample(
+            [reqs[b] for b in s_rows], [proposals[b] for b in s_rows], logits[s], drafts[s], k[s]
+        )
+    return accepted.tolist(), nxt.tolist()  # the verify step waits for the device here
 
 
 def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,6 +214,6 @@ def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tenso
         n = len(prop.tokens)
         if n:
             q[i, :n] = prop.probs.to(dev) if prop.probs is not None else one_hot_rows(prop.tokens, V, dev)
-            u_accept[i, :n] = draw_uniforms([r.generator] * n)      # exactly k + 1 draws per step
+            u_accept[i, :n] = draw_uniforms([r.generator] * n)  # exactly k + 1 draws per step
     u_final = draw_uniforms([r.generator for r in reqs])
     return speculative_accept(p, q, drafts, k, h2d(u_accept, dev), h2d(u_final, dev))

@@ -5,6 +5,7 @@ scheduler's waiting queue). Over the bound a new request is refused at once, bef
 a fast refusal lets a client or a load balancer go elsewhere, where a long queue would only add latency.
 Neither class locks: EngineLoop calls Admission under its own lock, and Deadlines on the engine thread only.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,11 +16,11 @@ from ..request import Request
 
 class Admission:
     def __init__(self, max_requests: int | None, max_prompt_tokens: int | None):
-        self.max_requests = max_requests            # None = no bound
+        self.max_requests = max_requests  # None = no bound
         self.max_prompt_tokens = max_prompt_tokens  # None = no bound
-        self.closed: str | None = None              # once set, why every new request is refused
+        self.closed: str | None = None  # once set, why every new request is refused
         self._waiting: dict[int, Request] = {}
-        self.prompt_tokens = 0                      # prompt tokens of the waiting requests
+        self.prompt_tokens = 0  # prompt tokens of the waiting requests
 
     @property
     def waiting(self) -> int:
@@ -30,13 +31,20 @@ class Admission:
         if self.closed is not None:
             return self.closed
         if self.max_requests is not None and len(self._waiting) >= self.max_requests:
-            return (f"the server is at capacity: {len(self._waiting)} requests are already waiting for a slot "
-                    f"(max_waiting_requests = {self.max_requests}); retry later")
+            return (
+                f"the server is at capacity: {len(self._waiting)} requests are already waiting for a slot "
+                f"(max_waiting_requests = {self.max_requests}); retry later"
+            )
         tokens = len(req.prompt_ids)
-        if self.max_prompt_tokens is not None and self._waiting and \
-                self.prompt_tokens + tokens > self.max_prompt_tokens:
-            return (f"the server is at capacity: the waiting requests hold {self.prompt_tokens} prompt tokens and "
-                    f"this one has {tokens} (max_waiting_prompt_tokens = {self.max_prompt_tokens}); retry later")
+        if (
+            self.max_prompt_tokens is not None
+            and self._waiting
+            and self.prompt_tokens + tokens > self.max_prompt_tokens
+        ):
+            return (
+                f"the server is at capacity: the waiting requests hold {self.prompt_tokens} prompt tokens and "
+                f"this one has {tokens} (max_waiting_prompt_tokens = {self.max_prompt_tokens}); retry later"
+            )
         return None
 
     def enter(self, req: Request) -> None:
@@ -57,8 +65,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class Limit:
-    at: float       # time.monotonic() deadline
-    what: str       # where it comes from, for messages: "max_queue_delay_ms = 500"
+    at: float  # time.monotonic() deadline
+    what: str  # where it comes from, for messages: "max_queue_delay_ms = 500"
 
 
 class Deadlines:
@@ -67,7 +75,7 @@ class Deadlines:
 
     def __init__(self):
         self._limits: dict[int, tuple[Limit | None, Limit | None]] = {}
-        self._next = math.inf       # no limit passes before this (a lower bound: it may be stale, never late)
+        self._next = math.inf  # no limit passes before this (a lower bound: it may be stale, never late)
 
     def add(self, request_id: int, queue: Limit | None, run: Limit | None) -> None:
         if queue is None and run is None:
@@ -86,7 +94,7 @@ class Deadlines:
         passed, self._next = [], math.inf
         for rid, (queue, run) in list(self._limits.items()):
             candidates = [lim for lim in ((queue, run) if waiting(rid) else (run,)) if lim is not None]
-            if not candidates:              # running, and only a queue limit: nothing left to check
+            if not candidates:  # running, and only a queue limit: nothing left to check
                 del self._limits[rid]
                 continue
             first = min(candidates, key=lambda lim: lim.at)

@@ -8,6 +8,7 @@ that model_repository/llm/config.pbtxt declares exactly these inputs and outputs
 
 Pure Python (no torch, no Triton): the client imports it too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,18 +32,19 @@ from .values import (
 
 # ---- the tables -------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Field:
     name: str
-    dtype: str                      # Triton config data type without "TYPE_" (STRING, BOOL, INT32, UINT64, FP32)
-    dims: tuple[int, ...]           # (1,) = one element; (-1,) = any number
-    doc: str                        # what it means, for the docs/api.md table
-    default: str = ""               # what an absent value means, for the docs/api.md table ("" = nothing to say)
+    dtype: str  # Triton config data type without "TYPE_" (STRING, BOOL, INT32, UINT64, FP32)
+    dims: tuple[int, ...]  # (1,) = one element; (-1,) = any number
+    doc: str  # what it means, for the docs/api.md table
+    default: str = ""  # what an absent value means, for the docs/api.md table ("" = nothing to say)
     optional: bool = True
     convert: Callable[[str, Any], Any] | None = None  # the check applied to a client's value (inputs only)
-    option: bool = True             # also accepted inside sampling_parameters and as a request parameter
-    param: str | None = None        # the SamplingParams attribute it sets (None: the parser uses it itself)
-    switch: str | None = None       # outputs: the BOOL input that asks for it (None: on every response)
+    option: bool = True  # also accepted inside sampling_parameters and as a request parameter
+    param: str | None = None  # the SamplingParams attribute it sets (None: the parser uses it itself)
+    switch: str | None = None  # outputs: the BOOL input that asks for it (None: on every response)
 
     @property
     def client_dtype(self) -> str:
@@ -54,6 +56,8 @@ class Field:
         return self.dims == (1,)
 
 
+# the tables, one field a row (not reflowed by the formatter)
+# fmt: off
 INPUTS: tuple[Field, ...] = (
     Field("text_input", "STRING", (1,), "the prompt (may be empty when `messages` is given)",
           optional=False, option=False),
@@ -168,6 +172,7 @@ OUTPUTS: tuple[Field, ...] = (
           "source (`forced` by the grammar, lookup in the `prompt` / `output` / `guide`, `draft_model`) and "
           "k_hist[k] = steps that verified k drafts; empty before", optional=False),
 )
+# fmt: on
 
 INPUT = {f.name: f for f in INPUTS}
 OUTPUT = {f.name: f for f in OUTPUTS}
@@ -177,6 +182,7 @@ OPTIONS = {f.name: f for f in (*INPUTS, *SAMPLING_KEYS) if f.option}
 
 def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
     """The markdown form of a table: one row per field."""
+
     def code(text: str) -> str:
         return f"`{text}`" if text else ""
 
@@ -196,9 +202,18 @@ def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
 
 def markdown() -> str:
     """docs/api.md's contract section body (between its contract markers)."""
-    return "\n".join([
-        "Inputs:", "", markdown_table(INPUTS), "",
-        "Keys of `sampling_parameters` only (not input tensors):", "", markdown_table(SAMPLING_KEYS), "",
-        "Outputs (the speculative statistics are the request's totals, meaningful on the final one):", "",
-        markdown_table(OUTPUTS, with_default=False),
-    ])
+    return "\n".join(
+        [
+            "Inputs:",
+            "",
+            markdown_table(INPUTS),
+            "",
+            "Keys of `sampling_parameters` only (not input tensors):",
+            "",
+            markdown_table(SAMPLING_KEYS),
+            "",
+            "Outputs (the speculative statistics are the request's totals, meaningful on the final one):",
+            "",
+            markdown_table(OUTPUTS, with_default=False),
+        ]
+    )

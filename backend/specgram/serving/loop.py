@@ -16,6 +16,7 @@ thread pool per thread that starts parallel work, and once the pools' threads ou
 spinning between parallel regions, so every parallel region pays a futex wake-up (docs/architecture.md,
 Threads).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,21 +34,23 @@ from .admission import Admission, Deadlines, Limit
 log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput], None]
 _SHUTTING_DOWN = "the server is shutting down; the request was not started"
-STEP_WAIT_S = 10       # on shutdown, how long past the grace period the engine thread may take to end (one step)
+STEP_WAIT_S = 10  # on shutdown, how long past the grace period the engine thread may take to end (one step)
 
 
 @dataclass(frozen=True)
 class Load:
     """What the engine holds, published by the engine thread after each step (read by the metrics)."""
-    waiting: int = 0        # requests without a KV slot yet
-    running: int = 0        # requests holding a KV slot
-    compiling: int = 0      # waiting requests whose grammar is still compiling
+
+    waiting: int = 0  # requests without a KV slot yet
+    running: int = 0  # requests holding a KV slot
+    compiling: int = 0  # waiting requests whose grammar is still compiling
 
 
 def _ended(request_id: int, error: str, kind: ErrorKind) -> RequestOutput:
     """A final error output made outside the engine (a refusal, or the engine is gone)."""
-    return RequestOutput(request_id, [], "", finished=True, finish_reason=FinishReason.ERROR, error=error,
-                         error_kind=kind)
+    return RequestOutput(
+        request_id, [], "", finished=True, finish_reason=FinishReason.ERROR, error=error, error_kind=kind
+    )
 
 
 class EngineLoop:
@@ -58,9 +61,9 @@ class EngineLoop:
         self._lock = threading.Lock()  # a request is counted and queued, or refused, atomically with closing
         self._admission: Admission | None = None
         self._deadlines = Deadlines()
-        self._cut_at: float | None = None     # shutting down: what still runs at this time is cut
+        self._cut_at: float | None = None  # shutting down: what still runs at this time is cut
         self._grace_s = 0.0
-        self.failure: str | None = None       # set when the engine thread stopped on an error
+        self.failure: str | None = None  # set when the engine thread stopped on an error
         self.load = Load()
         self._thread: threading.Thread | None = None
 
@@ -105,8 +108,8 @@ class EngineLoop:
                 self._admission.enter(req)
                 self._inbox.put(("add", req, (sink, time.monotonic(), timeout_s)))
         if refusal is not None:
-            if req.pending_grammar is not None:     # nothing waits for it: a queued compile leaves the queue (a
-                req.pending_grammar.cancel(stop_running=False)      # running one finishes, for the retry)
+            if req.pending_grammar is not None:  # nothing waits for it: a queued compile leaves the queue (a
+                req.pending_grammar.cancel(stop_running=False)  # running one finishes, for the retry)
             sink(_ended(req.request_id, refusal, ErrorKind.UNAVAILABLE))
         return refusal is None
 
@@ -125,7 +128,7 @@ class EngineLoop:
         # shutdown_grace_s + 20 s, inside tritonserver's default exit timeout (30 s) at the default grace
         self._thread.join(grace + STEP_WAIT_S)
         if self.engine is not None:
-            self.engine.close()         # the grammar compile workers
+            self.engine.close()  # the grammar compile workers
 
     # ---- engine thread ----------------------------------------------------------------------------------
 
@@ -134,24 +137,25 @@ class EngineLoop:
             self._serve()
         except BaseException as e:  # noqa: BLE001 - a bug outside the guarded forwards: the engine is not trusted
             log.exception("the engine thread stopped")
-            self._fail_all(f"the engine stopped after an internal error ({e!r}); this model instance must be "
-                           "restarted")
+            self._fail_all(f"the engine stopped after an internal error ({e!r}); this model instance must be restarted")
 
     def _serve(self) -> None:
         while True:
             if self.engine.only_waiting_for_grammars():
-                self._drain(block=True, timeout=0.005)     # let compiles finish without spinning
+                self._drain(block=True, timeout=0.005)  # let compiles finish without spinning
             else:
                 self._drain(block=not self.engine.has_work())
             if self._cut_at is not None and (not self.engine.has_work() or time.monotonic() >= self._cut_at):
                 break
             self._expire(time.monotonic())
             outputs = self.engine.step()
-            self._settle()                  # before the outputs: whoever sees one sees its request admitted
+            self._settle()  # before the outputs: whoever sees one sees its request admitted
             for out in outputs:
                 self._deliver(out)
-        message = f"the server is shutting down: the request was stopped after the {self._grace_s:g} s grace period " \
-                  "(shutdown_grace_s)"
+        message = (
+            f"the server is shutting down: the request was stopped after the {self._grace_s:g} s grace period "
+            "(shutdown_grace_s)"
+        )
         for rid in list(self._sinks):
             self._deliver(self.engine.abort(rid, FinishReason.CANCELLED, message))
 
@@ -177,8 +181,9 @@ class EngineLoop:
         config = self.engine.config
         queue_limit = run_limit = None
         if config.max_queue_delay_ms:
-            queue_limit = Limit(submitted + config.max_queue_delay_ms / 1000,
-                                f"max_queue_delay_ms = {config.max_queue_delay_ms}")
+            queue_limit = Limit(
+                submitted + config.max_queue_delay_ms / 1000, f"max_queue_delay_ms = {config.max_queue_delay_ms}"
+            )
         if config.request_timeout_s and (timeout_s is None or config.request_timeout_s <= timeout_s):
             run_limit = Limit(submitted + config.request_timeout_s, f"request_timeout_s = {config.request_timeout_s}")
         elif timeout_s is not None:
@@ -199,9 +204,14 @@ class EngineLoop:
             if self.engine.is_running(rid):
                 self._deliver(self.engine.abort(rid, FinishReason.TIMEOUT))
             else:
-                self._deliver(self.engine.abort(
-                    rid, FinishReason.ERROR, f"no KV slot became free within {limit.what}: the server is at "
-                    "capacity; retry later", ErrorKind.UNAVAILABLE))
+                self._deliver(
+                    self.engine.abort(
+                        rid,
+                        FinishReason.ERROR,
+                        f"no KV slot became free within {limit.what}: the server is at capacity; retry later",
+                        ErrorKind.UNAVAILABLE,
+                    )
+                )
 
     def _settle(self) -> None:
         """After a step: the requests that got a slot stop counting as waiting; the load is published."""
@@ -216,7 +226,7 @@ class EngineLoop:
         if out.finished:
             sink = self._sinks.pop(out.request_id, None)
             self._deadlines.discard(out.request_id)
-            with self._lock:                # before the sink: whoever sees the end sees the room it left
+            with self._lock:  # before the sink: whoever sees the end sees the room it left
                 self._admission.leave(out.request_id)
         else:
             sink = self._sinks.get(out.request_id)
@@ -237,7 +247,7 @@ class EngineLoop:
             self.failure = self._admission.closed = message
         open_sinks = dict(self._sinks)
         self._sinks.clear()
-        while True:                   # nothing enters the inbox any more: it was closed under the lock
+        while True:  # nothing enters the inbox any more: it was closed under the lock
             try:
                 kind, payload, extra = self._inbox.get_nowait()
             except queue.Empty:

@@ -2,6 +2,7 @@
 
 Triton's metric API comes in as an argument, so that this package never imports Triton.
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,7 +25,7 @@ class Metrics:
         forward: the target's forward implementation ("native" C kernels or "torch"), exported as a gauge so that
         a silent fall-back to the slower path shows on the metrics port."""
         F = metric_family
-        self._families = []   # a MetricFamily must outlive its Metrics: keep every family referenced
+        self._families = []  # a MetricFamily must outlive its Metrics: keep every family referenced
 
         def family(name, doc, kind):
             self._families.append(F(name=name, description=doc, kind=kind))
@@ -35,51 +36,71 @@ class Metrics:
         self.accepted = counter("specgram_accepted_draft_tokens_total", "Draft tokens the target accepted")
         self.generated = counter("specgram_generated_tokens_total", "Output tokens committed")
         self.prompt = counter("specgram_prompt_tokens_total", "Prompt tokens of finished requests")
-        self.reused = counter("specgram_prompt_tokens_reused_total",
-                              "Prompt tokens of finished requests whose KV was reused from the cache (prefix_cache)")
+        self.reused = counter(
+            "specgram_prompt_tokens_reused_total",
+            "Prompt tokens of finished requests whose KV was reused from the cache (prefix_cache)",
+        )
         finished = family("specgram_requests_total", "Finished requests by finish reason", F.COUNTER)
-        self.requests = {reason: finished.Metric(labels={**labels, "finish_reason": reason.value})
-                         for reason in FinishReason}
-        errors = family("specgram_request_errors_total", "Requests that ended with an error, by kind (invalid: the "
-                        "request's fault; unavailable: refused at capacity or shutting down; internal: a server "
-                        "failure)", F.COUNTER)
+        self.requests = {
+            reason: finished.Metric(labels={**labels, "finish_reason": reason.value}) for reason in FinishReason
+        }
+        errors = family(
+            "specgram_request_errors_total",
+            "Requests that ended with an error, by kind (invalid: the "
+            "request's fault; unavailable: refused at capacity or shutting down; internal: a server "
+            "failure)",
+            F.COUNTER,
+        )
         self.errors = {kind: errors.Metric(labels={**labels, "kind": kind.value}) for kind in ErrorKind}
-        def by_source(name, doc):       # source -> counter
+
+        def by_source(name, doc):  # source -> counter
             fam = family(name, doc, F.COUNTER)
             return {s: fam.Metric(labels={**labels, "source": s}) for s in DRAFT_SOURCES}
 
-        self.drafted_by = by_source("specgram_draft_tokens_by_source_total",
-                                    "Draft tokens proposed to the target, by source")
-        self.accepted_by = by_source("specgram_accepted_draft_tokens_by_source_total",
-                                     "Draft tokens the target accepted, by source")
-        self.draft_len = family("specgram_draft_tokens_per_step",
-                                "Draft tokens verified per decode step (0 included: the chosen k)", F.HISTOGRAM).Metric(
-            labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
-        self.accepted_len = family("specgram_accepted_drafts_per_step",
-                                   "Draft tokens accepted per speculative verify step", F.HISTOGRAM).Metric(
-            labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
-        self.ttft = family("specgram_time_to_first_token_seconds",
-                           "Time from request arrival to its first output token", F.HISTOGRAM).Metric(
-            labels=labels, buckets=_TTFT_BUCKETS)
-        self.latency = family("specgram_e2e_request_latency_seconds",
-                              "Time from request arrival to its final response (requests that produced output)",
-                              F.HISTOGRAM).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
-        self.tpot = family("specgram_time_per_output_token_seconds",
-                           "Per request: time from its first output token to its last, over the tokens after the "
-                           "first", F.HISTOGRAM).Metric(labels=labels, buckets=_TPOT_BUCKETS)
-        self.queue = family("specgram_request_queue_time_seconds",
-                            "Time from request arrival to its KV slot (requests that got one)", F.HISTOGRAM).Metric(
-            labels=labels, buckets=_LATENCY_BUCKETS)
+        self.drafted_by = by_source(
+            "specgram_draft_tokens_by_source_total", "Draft tokens proposed to the target, by source"
+        )
+        self.accepted_by = by_source(
+            "specgram_accepted_draft_tokens_by_source_total", "Draft tokens the target accepted, by source"
+        )
+        self.draft_len = family(
+            "specgram_draft_tokens_per_step",
+            "Draft tokens verified per decode step (0 included: the chosen k)",
+            F.HISTOGRAM,
+        ).Metric(labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
+        self.accepted_len = family(
+            "specgram_accepted_drafts_per_step", "Draft tokens accepted per speculative verify step", F.HISTOGRAM
+        ).Metric(labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
+        self.ttft = family(
+            "specgram_time_to_first_token_seconds", "Time from request arrival to its first output token", F.HISTOGRAM
+        ).Metric(labels=labels, buckets=_TTFT_BUCKETS)
+        self.latency = family(
+            "specgram_e2e_request_latency_seconds",
+            "Time from request arrival to its final response (requests that produced output)",
+            F.HISTOGRAM,
+        ).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
+        self.tpot = family(
+            "specgram_time_per_output_token_seconds",
+            "Per request: time from its first output token to its last, over the tokens after the first",
+            F.HISTOGRAM,
+        ).Metric(labels=labels, buckets=_TPOT_BUCKETS)
+        self.queue = family(
+            "specgram_request_queue_time_seconds",
+            "Time from request arrival to its KV slot (requests that got one)",
+            F.HISTOGRAM,
+        ).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
         gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
         self.gauges = (  # in the order of publish()'s values
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
             gauge("specgram_requests_running", "Requests holding a KV slot (KV slots in use)"),
             gauge("specgram_requests_compiling_grammar", "Waiting requests whose grammar is still compiling"),
-            gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"))
+            gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"),
+        )
         self.published: tuple | None = None
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
-        family("specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)",
-               F.GAUGE).Metric(labels={**labels, "kind": forward}).set(1)
+        family(
+            "specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)", F.GAUGE
+        ).Metric(labels={**labels, "kind": forward}).set(1)
 
     def publish(self, load: Load, alive: bool) -> None:
         """Set the gauges whose value changed."""
@@ -103,7 +124,7 @@ class Metrics:
                 st.first_token_at = time.monotonic()
                 self.ttft.observe(st.first_token_at - st.arrived)
         if out.finished:
-            if st.first_token_at is not None:          # it produced output (not refused, failed or cut first)
+            if st.first_token_at is not None:  # it produced output (not refused, failed or cut first)
                 now = time.monotonic()
                 self.latency.observe(now - st.arrived)
                 if out.num_output_tokens > 1:

@@ -11,6 +11,7 @@ Pure string logic (no Triton import): the Triton adapter passes args["model_inst
     CPU    cuda...               -> error
     MODEL / None  anything       -> unchanged (the `device` parameter decides; auto = cuda when available)
 """
+
 from __future__ import annotations
 
 from ..errors import ModelLoadError
@@ -23,12 +24,16 @@ def resolve_device(instance_kind: str | None, device_id: int | str | None, confi
         want = f"cuda:{int(device_id or 0)}"
         if configured in ("auto", "cuda", want):
             return want
-        raise ModelLoadError(f"instance_group KIND_GPU places this instance on GPU {int(device_id or 0)}, but the "
-                             f"device parameter says {configured!r}: set device to auto (or use KIND_MODEL to let "
-                             "the device parameter decide)")
+        raise ModelLoadError(
+            f"instance_group KIND_GPU places this instance on GPU {int(device_id or 0)}, but the "
+            f"device parameter says {configured!r}: set device to auto (or use KIND_MODEL to let "
+            "the device parameter decide)"
+        )
     if kind == "CPU":
         if configured in ("auto", "cpu"):
             return "cpu"
-        raise ModelLoadError(f"instance_group KIND_CPU runs this instance on CPU, but the device parameter says "
-                             f"{configured!r}: use KIND_GPU or KIND_MODEL for a GPU")
+        raise ModelLoadError(
+            f"instance_group KIND_CPU runs this instance on CPU, but the device parameter says "
+            f"{configured!r}: use KIND_GPU or KIND_MODEL for a GPU"
+        )
     return configured

@@ -10,6 +10,7 @@ schema's unless it allows them (the request's own json_strict true); false or ab
 vLLM's tuning keys that change nothing here are accepted: `backend` (the engine always uses xgrammar),
 `disable_fallback`, and `whitespace_pattern` at null.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,29 @@ from typing import Any
 from ..errors import InvalidRequest
 
 # constraint key -> guide type
-KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf", "json_object": "json",
-         "structural_tag": "structural_tag"}
+KINDS = {
+    "json": "json_schema",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "ebnf",
+    "json_object": "json",
+    "structural_tag": "structural_tag",
+}
 # vLLM's flags that change a JSON schema's grammar: flag -> the compile option it sets to that value when true
-FLAGS = {"disable_any_whitespace": ("json_any_whitespace", False),
-         "disable_additional_properties": ("json_strict", True)}
+FLAGS = {
+    "disable_any_whitespace": ("json_any_whitespace", False),
+    "disable_additional_properties": ("json_strict", True),
+}
 # keys that tune vLLM's own guided-decoding backends; accepted, they change nothing here
-TUNING = ("backend", "disable_fallback", "whitespace_pattern", "_backend", "_backend_was_auto", "backend_was_auto",
-          *FLAGS)
+TUNING = (
+    "backend",
+    "disable_fallback",
+    "whitespace_pattern",
+    "_backend",
+    "_backend_was_auto",
+    "backend_was_auto",
+    *FLAGS,
+)
 
 
 def _given(value: Any) -> bool:
@@ -39,7 +55,7 @@ def guide_of(name: str, spec: Any) -> tuple[str, str, tuple] | None:
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
-        except (ValueError, RecursionError):      # ValueError: JSONDecodeError, or an integer too long
+        except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long
             raise InvalidRequest(f"sampling_parameters.{name} must be a JSON object") from None
     if not isinstance(spec, dict):
         raise InvalidRequest(f"sampling_parameters.{name} must be an object with one of {sorted(KINDS)}")

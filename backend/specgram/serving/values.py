@@ -4,6 +4,7 @@ client's value is never echoed back at length.
 
 Pure Python (no torch, no Triton): the client imports it too, through contract.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def _number(v: Any) -> Any:
 
 
 INT32 = (-INT32_MAX - 1, INT32_MAX)
-SEED = (-2**63, UINT64_MAX)     # OpenAI's signed seeds and UINT64 tensors alike (SamplingParams' seed range)
+SEED = (-(2**63), UINT64_MAX)  # OpenAI's signed seeds and UINT64 tensors alike (SamplingParams' seed range)
 
 
 def _shown(v: Any) -> str:
@@ -59,7 +60,7 @@ def to_float(name: str, v: Any) -> float:
     v = _number(v)
     try:
         finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-    except OverflowError:           # an integer too large for a float
+    except OverflowError:  # an integer too large for a float
         finite = False
     if not finite:
         raise InvalidRequest(f"{name} must be a finite number, got {_shown(v)}")
@@ -111,7 +112,7 @@ def to_logit_bias(name: str, v: Any) -> dict[int, float]:
     if isinstance(v, str):
         try:
             v = json.loads(v)
-        except (ValueError, RecursionError):      # ValueError: JSONDecodeError, or an integer too long
+        except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long
             v = None
     if not isinstance(v, dict):
         raise InvalidRequest(f"{name} must be a JSON object of token id -> bias")

@@ -14,6 +14,7 @@ toward the engine-wide acceptance of the same source (a short answer never colle
 own; the workload's rate is the best prior), and the step cost from the engine's own timings. Output is exact
 whatever the cuts: they only choose which drafts the target verifies.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from .costs import StepCosts
 # weights 3..6 were within 2% of each other.
 DECAY = 0.8
 PRIOR_WEIGHT = 4.0
-POPULATION_FORGET = 0.999   # per observation: the engine-wide rate follows the workload over ~1000 steps
+POPULATION_FORGET = 0.999  # per observation: the engine-wide rate follows the workload over ~1000 steps
 # a draft-model request that drafted nothing this many steps in a row verifies one draft (its estimate's only
 # evidence; lookup and forced drafts are observed for free even when cut)
 PROBE_AFTER = 16
@@ -39,7 +40,7 @@ PROBE_AFTER = 16
 LOOKUP_EVERY = 4
 # the acceptance prior of each of wire.DRAFT_SOURCES (a test checks that every source has one)
 PRIORS = {"forced": 0.95, "prompt": 0.5, "output": 0.5, "guide": 0.4, "draft_model": 0.6}
-FOLLOW_PRIOR = 0.7          # a draft right after an accepted one
+FOLLOW_PRIOR = 0.7  # a draft right after an accepted one
 # allocate() keeps a step's drafts (beyond fixed-k requests' own) only when they raise its expected goodput by
 # more than this share: below it the gain is within the cost fit's error (a verify row's cost varies with the
 # rows' shapes, not only their number) and the per-draft work the fit does not time (lookup, masks, commit);
@@ -52,7 +53,7 @@ class Population:
     every request: each request's prior."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, list[float]] = {}      # key -> [successes, trials], discounted
+        self.counts: dict[str, list[float]] = {}  # key -> [successes, trials], discounted
 
     def observe(self, key: str, successes: int, trials: int) -> None:
         c = self.counts.setdefault(key, [0.0, 0.0])
@@ -67,6 +68,7 @@ class Population:
 @dataclass
 class Acceptance:
     """One source's acceptance estimate for one request."""
+
     prior: float
     successes: float = 0.0
     trials: float = 0.0
@@ -89,6 +91,7 @@ class Acceptance:
 class RequestAcceptance:
     """A request's estimates, by draft source, and how many steps in a row it drafted nothing; population:
     the engine's pooled estimates (the priors), None = fixed PRIORS."""
+
     population: Population | None = None
     sources: dict[str, Acceptance] = field(default_factory=dict)
     idle_steps: int = 0
@@ -108,8 +111,9 @@ class RequestAcceptance:
         accepted draft — kept apart because acceptance runs: a lookup that copies a span is right on and on."""
         key = f"{source}+" if follows else source
         if key not in self.sources:
-            self.sources[key] = Acceptance(PRIORS.get(source, 0.5) if not follows else FOLLOW_PRIOR, key=key,
-                                           population=self.population)
+            self.sources[key] = Acceptance(
+                PRIORS.get(source, 0.5) if not follows else FOLLOW_PRIOR, key=key, population=self.population
+            )
         return self.sources[key]
 
     def chances(self, sources: list[str]) -> list[float]:
@@ -132,7 +136,7 @@ class RequestAcceptance:
             c = counts.setdefault((sources[j], j > 0), [0, 0])
             c[0] += j < accepted or (j == verified and bool(next_matches))
             c[1] += 1
-        for (source, follows), (ok, n) in counts.items():      # one decayed observation per estimate per step
+        for (source, follows), (ok, n) in counts.items():  # one decayed observation per estimate per step
             self.get(source, follows).observe(ok, n)
 
 
@@ -153,8 +157,9 @@ def depth_seconds(depth_cost, drafts: list[int]) -> float:
     return sum(depth_cost(sum(1 for n in drafts if n >= level)) for level in range(1, max(drafts, default=0) + 1))
 
 
-def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool], cost,
-                extra: float) -> tuple[list[int], float, float]:
+def _cut_greedy(
+    chances: list[list[float]], limits: list[int], fixed: list[bool], cost, extra: float
+) -> tuple[list[int], float, float]:
     """-> (cuts, tokens, seconds): request i verifies its first cuts[i] drafts (all of a fixed one's, at most
     limits[i] of another's), maximising expected tokens / seconds of a step costing cost(rows) + extra.
     Drafts are taken by chance, likeliest first, while one raises the ratio: with a convex cost (StepCosts'
@@ -164,19 +169,26 @@ def _cut_greedy(chances: list[list[float]], limits: list[int], fixed: list[bool]
     tokens = len(chances) + sum(sum(c) for c, f in zip(chances, fixed, strict=True) if f)
     rows = len(chances) + sum(cuts)
     seconds = cost(rows) + extra
-    free = sorted(((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits, strict=True)) if not f
-                   for p in c[:n]), reverse=True)
+    free = sorted(
+        ((p, -i) for i, (c, f, n) in enumerate(zip(chances, fixed, limits, strict=True)) if not f for p in c[:n]),
+        reverse=True,
+    )
     for p, neg_i in free:
         more = cost(rows + 1) + extra
-        if (tokens + p) * seconds <= tokens * more:          # (tokens + p) / more <= tokens / seconds
+        if (tokens + p) * seconds <= tokens * more:  # (tokens + p) / more <= tokens / seconds
             break
         tokens, rows, seconds = tokens + p, rows + 1, more
         cuts[-neg_i] += 1
     return cuts, tokens, seconds
 
 
-def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCosts,
-             fixed: list[bool] | None = None, sunk: float = 0.0) -> list[int]:
+def allocate(
+    chances: list[list[float]],
+    draft_model: list[bool],
+    costs: StepCosts,
+    fixed: list[bool] | None = None,
+    sunk: float = 0.0,
+) -> list[int]:
     """chances[i]: request i's P_ij for its available drafts (nonincreasing in j); draft_model[i]: its drafts
     are still to be made by the draft model (each depth level costs one draft forward, shared by every request
     drafting at that depth); fixed[i]: all of request i's drafts are verified whatever this decides (a fixed
@@ -186,7 +198,7 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     best cuts with the model's drafts limited to D (_cut_greedy), then the best D. No drafts beyond the fixed
     ones when the kept ones raise the ratio by MIN_GAIN or less."""
     if not costs.known:
-        return [len(c) for c in chances]        # nothing measured yet: verify everything proposed once
+        return [len(c) for c in chances]  # nothing measured yet: verify everything proposed once
     cost, dc = costs.curve(), costs.depth_curve()
     n = len(chances)
     fixed = fixed or [False] * n
@@ -204,8 +216,9 @@ def allocate(chances: list[list[float]], draft_model: list[bool], costs: StepCos
     return best_cuts if best > (1 + MIN_GAIN) * base else base_cuts
 
 
-def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forced: list[int], costs: StepCosts,
-                paid: int = 0) -> list[int]:
+def plan_depths(
+    model: list[list[float]], lookup: list[list[float] | None], forced: list[int], costs: StepCosts, paid: int = 0
+) -> list[int]:
     """Before drafting, for the requests of a step: how deep the draft model drafts for each.
     model[i]: the chances of request i's forced prefix (forced[i] tokens, free) then of its draft-model drafts
     ([] where the model may not draft for it); lookup[i]: the chances of its n-gram lookup proposal (which
@@ -225,11 +238,11 @@ def plan_depths(model: list[list[float]], lookup: list[list[float] | None], forc
     cost, dc = costs.curve(), costs.depth_curve()
     deepest = max((len(m) - f for m, f in zip(model, forced, strict=True) if m), default=0)
     best, best_depths = 0.0, list(forced)
-    looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]     # the same at every depth
+    looked = [best_ratio(look, n, cost) if look else 0.0 for look in lookup]  # the same at every depth
     for depth in range(0, deepest + 1):
         options, by_model = [], []
         for m, look, f, lr in zip(model, lookup, forced, looked, strict=True):
-            own = m[:f + depth]
+            own = m[: f + depth]
             use = len(own) > f and (not look or best_ratio(own, n, cost) > lr)
             options.append(own if use else look or own)
             by_model.append(use)

@@ -2,6 +2,7 @@
 draft-model depth's seconds and a draft model's prompt read per token, all from the engine's own timings; and the
 questions the planner asks of them before it drafts (can one depth, or one probe, pay at this many streams? does
 reading a prompt with the draft model pay over the request's remaining tokens?)."""
+
 from __future__ import annotations
 
 
@@ -14,20 +15,20 @@ class StepCosts:
     curvature); a fit that bends down or falls (noise) is replaced by the flat-start parabola or the line."""
 
     FORGET = 0.97
-    SLOPE_PRIOR = 0.05      # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
-    SLOPE_WEIGHT = 4.0      # the priors count like this many observations one row apart
+    SLOPE_PRIOR = 0.05  # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
+    SLOPE_WEIGHT = 4.0  # the priors count like this many observations one row apart
 
     def __init__(self) -> None:
         # discounted sums of 1, N, N^2, N^3, N^4, y, N y, N^2 y over the observations (y: seconds)
         self.s0 = self.s1 = self.s2 = self.s3 = self.s4 = self.sy = self.sny = self.sn2y = 0.0
-        self.draft_depth_s = 0.0        # one draft-model forward (one depth level), EMA over every row count
-        self.depth_fit: StepCosts | None = None   # one depth level's seconds by the requests drafting in it
-        self.read_token_s = 0.0         # the draft model's prompt read at admission, per prompt token, EMA
+        self.draft_depth_s = 0.0  # one draft-model forward (one depth level), EMA over every row count
+        self.depth_fit: StepCosts | None = None  # one depth level's seconds by the requests drafting in it
+        self.read_token_s = 0.0  # the draft model's prompt read at admission, per prompt token, EMA
 
     def record(self, rows: int, seconds: float) -> None:
         f, n = self.FORGET, float(rows)
         self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + n, f * self.s2 + n * n
-        self.s3, self.s4 = f * self.s3 + n ** 3, f * self.s4 + n ** 4
+        self.s3, self.s4 = f * self.s3 + n**3, f * self.s4 + n**4
         self.sy, self.sny = f * self.sy + seconds, f * self.sny + n * seconds
         self.sn2y = f * self.sn2y + n * n * seconds
 
@@ -63,16 +64,16 @@ class StepCosts:
         0 with weight lam (2 mean N + 1)^2 (N^2 moves about 2 N + 1 a row)."""
         s0, lam = self.s0, self.SLOPE_WEIGHT
         m1, m2, my = self.s1 / s0, self.s2 / s0, self.sy / s0
-        b0 = self.SLOPE_PRIOR * my / (1 + self.SLOPE_PRIOR * m1)    # prior: a + b0 N with b0 = 5% of a
+        b0 = self.SLOPE_PRIOR * my / (1 + self.SLOPE_PRIOR * m1)  # prior: a + b0 N with b0 = 5% of a
         lam_c = lam * (2 * m1 + 1) ** 2
         suu, suv, svv = self.s2 - self.s1 * m1, self.s3 - self.s1 * m2, self.s4 - self.s2 * m2
         suy, svy = self.sny - self.s1 * my + lam * b0, self.sn2y - self.s2 * my
         det = (suu + lam) * (svv + lam_c) - suv * suv
         b = (suy * (svv + lam_c) - suv * svy) / det
         c = ((suu + lam) * svy - suv * suy) / det
-        if b < 0 < c:                     # falling at first: a parabola from a flat start instead
+        if b < 0 < c:  # falling at first: a parabola from a flat start instead
             b, c = 0.0, svy / (svv + lam_c)
-        if c <= 0:                        # bending down: the line
+        if c <= 0:  # bending down: the line
             b, c = suy / (suu + lam), 0.0
         b = max(b, 1e-9)
         return max(my - b * m1 - c * m2, 1e-9), b, c
@@ -110,7 +111,7 @@ def depth_can_pay(rows: int, costs: StepCosts, p: float) -> bool:
     return rows * (1 + p) / (cost(2 * rows) + costs.depth_curve()(rows)) > rows / cost(rows)
 
 
-JOIN_ROW_SHARE = 0.1   # one more row in a draft forward, as a share of a depth's cost (a streamed weight serves
+JOIN_ROW_SHARE = 0.1  # one more row in a draft forward, as a share of a depth's cost (a streamed weight serves
 #                        every row: a row adds its arithmetic only)
 
 

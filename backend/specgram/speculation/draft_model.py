@@ -15,6 +15,7 @@ the target's verify forward, which writes all of its tokens' K and V before any 
 those positions that it goes on to keep (positions past the committed ones are never read before they are
 written again).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,8 @@ class DraftModelDrafter(Drafter):
     def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
         self.vocab = target_vocab
-        self.shares_cache = runner.shares_cache    # its cache is the target's (the only runner it shares)
-        self.lens: dict[int, int] = {}             # request id -> committed tokens in the draft cache
+        self.shares_cache = runner.shares_cache  # its cache is the target's (the only runner it shares)
+        self.lens: dict[int, int] = {}  # request id -> committed tokens in the draft cache
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
@@ -50,7 +51,7 @@ class DraftModelDrafter(Drafter):
         whose rows are packed, never padded to the longest): not now (the planner passes it for auto requests
         admitted where no draft could pay, and then never drafts for them with the model)."""
         if self.shares_cache:
-            return                                 # the target's prefill wrote the prompt's K and V
+            return  # the target's prefill wrote the prompt's K and V
         if not now and self.runner.native is not None:
             for r in reqs:
                 self.lens[r.request_id] = 0
@@ -85,9 +86,9 @@ class DraftModelDrafter(Drafter):
             ended = set()
             for j, i in enumerate(active):
                 r = reqs[i]
-                fed_drafts = len(out[i].tokens)              # drafts whose KV the draft cache now holds
+                fed_drafts = len(out[i].tokens)  # drafts whose KV the draft cache now holds
                 self.fed[r.request_id] = (r.num_tokens, fed_drafts)
-                if int(ids[j]) < 0:                          # no token to draft here (pick's NO_TOKEN)
+                if int(ids[j]) < 0:  # no token to draft here (pick's NO_TOKEN)
                     ended.add(i)
                     continue
                 out[i].tokens.append(int(ids[j]))
@@ -98,9 +99,8 @@ class DraftModelDrafter(Drafter):
             starts = [reqs[i].num_tokens + len(out[i].tokens) - 1 for i in active]
         for i, picked in probs.items():
             n_prefix = len(prefixes[i])
-            if picked and len(picked) == len(out[i].tokens) - n_prefix:   # sampled requests need q
-                out[i].probs = torch.cat([one_hot_rows(prefixes[i], self.vocab, picked[0].device),
-                                          torch.stack(picked)])
+            if picked and len(picked) == len(out[i].tokens) - n_prefix:  # sampled requests need q
+                out[i].probs = torch.cat([one_hot_rows(prefixes[i], self.vocab, picked[0].device), torch.stack(picked)])
         return out
 
     def behind(self, req: Request) -> int:

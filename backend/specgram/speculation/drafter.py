@@ -1,4 +1,5 @@
 """The drafter interface."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,9 +19,24 @@ PickFn = Callable[[torch.Tensor, list[Request], list[int]], tuple[torch.Tensor, 
 @dataclass
 class Proposal:
     tokens: list[int]
-    probs: torch.Tensor | None = None   # [len(tokens), V] draft distribution (sampled requests); None = one-hot
-    sources: list[str] | None = None    # per token, where it came from (statistics, adaptive k); None = the
-                                        # engine tags the forced prefix "forced" and the rest by the drafter
+    probs: torch.Tensor | None = None  # [len(tokens), V] draft distribution (sampled requests); None = one-hot
+    sources: list[str] | None = None  # per token, where it came from (statistics, adaptive k); None = the
+    # engine tags the forced prefix "forced" and the rest by the drafter
+
+    def cut(self, n: int) -> Proposal:
+        """The first n drafts (the proposal itself when it is not longer)."""
+        if n >= len(self.tokens):
+            return self
+        probs, sources = self.probs, self.sources
+        return Proposal(self.tokens[:n], None if probs is None else probs[:n], None if sources is None else sources[:n])
+
+    def tagged(self, n_forced: int, drafter: str) -> Proposal:
+        """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then the
+        drafter's name."""
+        if self.sources is None:
+            n = len(self.tokens)
+            self.sources = ["forced"] * min(n_forced, n) + [drafter] * max(n - n_forced, 0)
+        return self
 
 
 class Drafter:

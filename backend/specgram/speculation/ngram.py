@@ -12,6 +12,7 @@ where an earlier or shorter match is right. Unguided requests take the latest oc
 Each proposal says where its tokens came from: "prompt", "output" (the request's own output so far) or
 "guide".
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -43,8 +44,9 @@ def match_ends(corpus: np.ndarray, ids: np.ndarray, searched: int, n_max: int) -
     return ends, m
 
 
-def candidates(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None = None,
-               limit: int = MAX_OCCURRENCES) -> Iterator[tuple[int, list[int], int, bool]]:
+def candidates(
+    ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None = None, limit: int = MAX_OCCURRENCES
+) -> Iterator[tuple[int, list[int], int, bool]]:
     """ids: [L] int64 -> (n, up to k tokens that followed an earlier occurrence of the last n ids, where they
     start in their corpus, whether that corpus is `extra` rather than ids), longest n first, then ids' own
     occurrences latest first (the latest `limit` per n), then extra's. Only non-empty continuations."""
@@ -60,11 +62,17 @@ def candidates(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarra
         for corpus, in_extra, ends, m in corpora:
             for e in ends[m >= n][:limit].tolist():
                 if e + 1 < len(corpus):
-                    yield n, corpus[e + 1:e + 1 + k].tolist(), e + 1, in_extra
+                    yield n, corpus[e + 1 : e + 1 + k].tolist(), e + 1, in_extra
 
 
-def lookup(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None = None,
-           legal: Callable[[list[int]], int] | None = None) -> tuple[list[int], int, bool]:
+def lookup(
+    ids: np.ndarray,
+    k: int,
+    n_min: int,
+    n_max: int,
+    extra: np.ndarray | None = None,
+    legal: Callable[[list[int]], int] | None = None,
+) -> tuple[list[int], int, bool]:
     """-> (draft, where it starts in its corpus, whether that corpus is extra). Without `legal`: the first
     candidate (longest n, latest, ids before extra). With legal(tokens) -> how many of them the grammar
     accepts: at the longest n with a legal candidate, the one with the longest legal prefix, cut to it (ties:
@@ -83,7 +91,7 @@ def lookup(ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | 
 
 
 class NgramDrafter(Drafter):
-    def __init__(self, n_min: int, n_max: int):       # EngineConfig.ngram_min / ngram_max
+    def __init__(self, n_min: int, n_max: int):  # EngineConfig.ngram_min / ngram_max
         self.n_min, self.n_max = n_min, n_max
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
@@ -95,8 +103,9 @@ class NgramDrafter(Drafter):
                 extra = np.asarray(r.guide_ids, dtype=np.int64) if r.guide_ids else None
                 # the guide's matcher already holds the prefix tentatively (forced tokens)
                 legal = r.guide.legal_prefix if r.guide is not None else None
-                found, start, in_guide = lookup(np.asarray(r.all_ids + prefix, dtype=np.int64), rest,
-                                                self.n_min, self.n_max, extra, legal)
+                found, start, in_guide = lookup(
+                    np.asarray(r.all_ids + prefix, dtype=np.int64), rest, self.n_min, self.n_max, extra, legal
+                )
                 source = "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
             out.append(Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found)))
         return out

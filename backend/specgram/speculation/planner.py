@@ -13,6 +13,7 @@ settle() records what was accepted: statistics, acceptance estimates, the drafte
 Each request's own work (its grammar, its drafter's proposals, its estimates) runs under the step's Faults
 (faults.py): a failure there ends that request alone, and the others draft on.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,30 +26,22 @@ from .drafter import Drafter, PickFn, Proposal
 from .rows import VerifyRow
 
 
-def cut(p: Proposal, n: int) -> Proposal:
-    """The first n drafts of a proposal (the proposal itself when it is not longer)."""
-    if n >= len(p.tokens):
-        return p
-    return Proposal(p.tokens[:n], None if p.probs is None else p.probs[:n],
-                    None if p.sources is None else p.sources[:n])
-
-
-def tagged(p: Proposal, n_forced: int, drafter: str) -> Proposal:
-    """p with its per-token sources: the drafter's own tags, else the forced prefix then the drafter's name."""
-    if p.sources is None:
-        p.sources = ["forced"] * min(n_forced, len(p.tokens)) + [drafter] * max(len(p.tokens) - n_forced, 0)
-    return p
-
-
 class DraftPlanner:
-    def __init__(self, drafters: dict[str, Drafter], masks: StepMasks, max_draft_len: int, max_seq_len: int,
-                 forced_strings: bool, faults: Faults | None = None):
+    def __init__(
+        self,
+        drafters: dict[str, Drafter],
+        masks: StepMasks,
+        max_draft_len: int,
+        max_seq_len: int,
+        forced_strings: bool,
+        faults: Faults | None = None,
+    ):
         self.drafters = drafters
         self.masks = masks
         self.faults = faults if faults is not None else Faults()
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
-        self.costs = costs.StepCosts()   # decode-step seconds by verify rows, for num_draft_tokens auto
-        self.population = adaptive.Population()     # engine-wide acceptance per draft source: each request's prior
+        self.costs = costs.StepCosts()  # decode-step seconds by verify rows, for num_draft_tokens auto
+        self.population = adaptive.Population()  # engine-wide acceptance per draft source: each request's prior
 
     def start(self, req: Request) -> None:
         req.acceptance = adaptive.RequestAcceptance(self.population)
@@ -70,11 +63,21 @@ class DraftPlanner:
                 continue
             p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
             streams, new = len(running), {r.request_id for r in reqs}
-            joined = sum(1 for r in running if r.request_id not in new and r.params.drafter == name
-                         and drafter.started(r))
+            joined = sum(
+                1 for r in running if r.request_id not in new and r.params.drafter == name and drafter.started(r)
+            )
             can = costs.depth_can_pay(streams, self.costs, p)
-            read = [r for r in users if not r.params.auto_draft or (can and costs.read_pays(
-                streams, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined))]
+            read = [
+                r
+                for r in users
+                if not r.params.auto_draft
+                or (
+                    can
+                    and costs.read_pays(
+                        streams, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined
+                    )
+                )
+            ]
             skip = [r for r in users if r not in read]
             if read:
                 start = time.perf_counter()
@@ -95,8 +98,12 @@ class DraftPlanner:
         k + 1 tokens a verify step may commit fit in max_tokens and in the context (k = 0 near the end costs
         nothing)."""
         k = self.max_draft_len if req.params.auto_draft else req.params.num_draft_tokens
-        k = min(k, self.max_draft_len, req.params.max_tokens - len(req.output_ids) - 1,
-                self.max_seq_len - req.num_tokens - 1)
+        k = min(
+            k,
+            self.max_draft_len,
+            req.params.max_tokens - len(req.output_ids) - 1,
+            self.max_seq_len - req.num_tokens - 1,
+        )
         return max(k, 0)
 
     def draft(self, rows: list[VerifyRow], pick: PickFn) -> float:
@@ -105,24 +112,32 @@ class DraftPlanner:
         the engine's token choice, for drafters that sample. -> the draft model's seconds (sunk for choose_cuts)."""
         reqs = [v.req for v in rows]
         ks = [self.draft_len(r) for r in reqs]
-        prefixes = [self.faults.guard(r, self.masks.forced_prefix, r.slot, r.guide, k, self.forced_strings,
-                                      default=[]) if r.guide and k else [] for r, k in zip(reqs, ks, strict=True)]
+        prefixes = [
+            self.faults.guard(r, self.masks.forced_prefix, r.slot, r.guide, k, self.forced_strings, default=[])
+            if r.guide and k
+            else []
+            for r, k in zip(reqs, ks, strict=True)
+        ]
         # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
         lookups = self._lookups(reqs, ks, prefixes, pick, rests)
-        drafted_s = 0.0               # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
+        drafted_s = 0.0  # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
         depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
         proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
         for name, drafter in self.drafters.items():
-            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name
-                   and not (name == "ngram" and rests[i])]
+            idx = [
+                i
+                for i, r in enumerate(reqs)
+                if depths[i] > len(prefixes[i]) and r.params.drafter == name and not (name == "ngram" and rests[i])
+            ]
             if idx:
                 # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
                 timed = name == "draft_model" and max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
-                props = self._propose(drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick,
-                                      [prefixes[i] for i in idx])
+                props = self._propose(
+                    drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick, [prefixes[i] for i in idx]
+                )
                 spent = time.perf_counter() - start
                 if name == "draft_model":
                     drafted_s += spent
@@ -130,7 +145,7 @@ class DraftPlanner:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
                     self.costs.record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
-                    proposals[i] = tagged(prop, len(prefixes[i]), name)
+                    proposals[i] = prop.tagged(len(prefixes[i]), name)
         for i, found in enumerate(lookups):
             if found is None:
                 continue
@@ -139,11 +154,12 @@ class DraftPlanner:
             else:
                 proposals[i], depths[i] = found, ks[i]
         for v, p, k in zip(rows, proposals, depths, strict=True):
-            v.available = cut(p, k) if not self.faults.has(v.req) else Proposal([], sources=[])
+            v.available = p.cut(k) if not self.faults.has(v.req) else Proposal([], sources=[])
         return drafted_s
 
-    def _propose(self, drafter: Drafter, reqs: list[Request], ks: list[int], pick: PickFn,
-                 prefixes: list[list[int]]) -> list[Proposal]:
+    def _propose(
+        self, drafter: Drafter, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]
+    ) -> list[Proposal]:
         """drafter.propose over the requests together; where that fails, for each alone (its grammar back at its
         forced prefix first), so that the failure ends the request that causes it and the others draft on."""
         at = {id(r): (k, pre) for r, k, pre in zip(reqs, ks, prefixes, strict=True)}
@@ -156,22 +172,32 @@ class DraftPlanner:
 
         return self.faults.each_or_alone(reqs, propose, Proposal([]))
 
-    def _lookups(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn,
-                 rests: list[bool]) -> list:
+    def _lookups(
+        self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn, rests: list[bool]
+    ) -> list:
         """Draft-model requests under auto k: their n-gram lookup drafts (a Proposal continuing the forced
         prefix; None where lookup finds nothing more or rests this step, and for every other request)."""
-        both = [i for i, r in enumerate(reqs) if r.params.drafter == "draft_model" and r.params.looks_up
-                and ks[i] > len(prefixes[i]) and not rests[i]]
+        both = [
+            i
+            for i, r in enumerate(reqs)
+            if r.params.drafter == "draft_model" and r.params.looks_up and ks[i] > len(prefixes[i]) and not rests[i]
+        ]
         out: list[Proposal | None] = [None] * len(reqs)
         if both:
-            found = self._propose(self.drafters["ngram"], [reqs[i] for i in both], [ks[i] for i in both], pick,
-                                  [prefixes[i] for i in both])
+            found = self._propose(
+                self.drafters["ngram"],
+                [reqs[i] for i in both],
+                [ks[i] for i in both],
+                pick,
+                [prefixes[i] for i in both],
+            )
             for i, p in zip(both, found, strict=True):
                 out[i] = p if len(p.tokens) > len(prefixes[i]) else None
         return out
 
-    def _draft_model_depths(self, reqs: list[Request], ks: list[int], prefixes: list[list[int]],
-                            lookups: list) -> list[int]:
+    def _draft_model_depths(
+        self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], lookups: list
+    ) -> list[int]:
         """Auto requests drafting with the draft model: their k is chosen before drafting (each depth costs a
         draft forward), from their acceptance estimates, against their lookup drafts (lookups[i]) where they
         have some (adaptive.plan_depths); a request whose prompt the model never read (admitted among many
@@ -183,20 +209,33 @@ class DraftPlanner:
         model = self.drafters["draft_model"]
         # a prompt the model never read: no drafts
         seen = [a and model.started(r) for r, a in zip(reqs, auto, strict=True)]
-        chances = [r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
-                   for r, k, pre, s in zip(reqs, ks, prefixes, seen, strict=True)]
-        looked = [r.acceptance.chances(found.sources) if found is not None else None
-                  for r, found in zip(reqs, lookups, strict=True)]
-        paid = max((k - len(pre) for r, k, pre, a in zip(reqs, ks, prefixes, auto, strict=True)
-                    if not a and r.params.speculates and r.params.drafter == "draft_model"), default=0)
+        chances = [
+            r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
+            for r, k, pre, s in zip(reqs, ks, prefixes, seen, strict=True)
+        ]
+        looked = [
+            r.acceptance.chances(found.sources) if found is not None else None
+            for r, found in zip(reqs, lookups, strict=True)
+        ]
+        paid = max(
+            (
+                k - len(pre)
+                for r, k, pre, a in zip(reqs, ks, prefixes, auto, strict=True)
+                if not a and r.params.speculates and r.params.drafter == "draft_model"
+            ),
+            default=0,
+        )
         planned = adaptive.plan_depths(chances, looked, [len(pre) for pre in prefixes], self.costs, paid)
         # a probe (one model draft for a request that has drafted nothing for a while: its estimate's evidence)
         # rides along where the model drafts this step anyway, else only where it could pay alone
         drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen, strict=True) if s)
         probe = drafting or costs.probe_can_pay(len(reqs), self.costs)
-        return [k if not a else len(pre) if not s
-                else max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0)
-                for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned, strict=True)]
+        out = []
+        for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned, strict=True):
+            if a:  # fixed-k requests keep k; an unread prompt drafts only its forced prefix
+                k = max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0) if s else len(pre)
+            out.append(k)
+        return out
 
     def choose_cuts(self, rows: list[VerifyRow], drafted_s: float) -> None:
         """Each row's proposal: for auto requests, how many of their available drafts this step verifies
@@ -207,18 +246,21 @@ class DraftPlanner:
             for v in rows:
                 v.proposal = v.available
             return
-        chances = [r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
-                   for r, p in zip(reqs, proposals, strict=True)]
+        chances = [
+            r.acceptance.chances(p.sources) if r.params.auto_draft else [1.0] * len(p.tokens)
+            for r, p in zip(reqs, proposals, strict=True)
+        ]
         # the drafts are made: their draft forwards are spent (in the step's seconds, whatever is cut), and only
         # the verify rows are still to choose
-        cuts = adaptive.allocate(chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs],
-                                 sunk=drafted_s)
+        cuts = adaptive.allocate(
+            chances, [False] * len(reqs), self.costs, [not r.params.auto_draft for r in reqs], sunk=drafted_s
+        )
         for v, c in zip(rows, cuts, strict=True):
             r, p = v.req, v.available
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
                 probe = "draft_model" in p.sources and r.acceptance.probe_due
-                p = cut(p, max(c, min(1, len(p.tokens)) if probe else 0))
+                p = p.cut(max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
             v.proposal = p
 
@@ -228,7 +270,7 @@ class DraftPlanner:
         An unguided request's drafts as they are."""
         if req.guide is None:
             return p
-        return cut(p, self.faults.guard(req, self.masks.seal, req.slot, req.guide, p.tokens, default=0))
+        return p.cut(self.faults.guard(req, self.masks.seal, req.slot, req.guide, p.tokens, default=0))
 
     def settle(self, rows: list[VerifyRow]) -> None:
         """After the verify (each row's accepted and token set): what was accepted teaches the estimates and
@@ -239,9 +281,9 @@ class DraftPlanner:
 
     def _settle_one(self, v: VerifyRow) -> None:
         r, p, full, a, t = v.req, v.proposal, v.available, v.accepted, v.token
-        k = len(p.tokens)             # every proposal carries its sources from draft() on
+        k = len(p.tokens)  # every proposal carries its sources from draft() on
         beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
-        r.acceptance.observe(full.sources[:k + 1], k, a, beyond)
+        r.acceptance.observe(full.sources[: k + 1], k, a, beyond)
         self.drafters[r.params.drafter].committed(r, a)
         self._observe_shadow(r, v.shadow, v.committed)
 

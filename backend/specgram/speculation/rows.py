@@ -4,6 +4,7 @@ The row's tokens are [the request's last committed token, *proposal.tokens]; its
 row for it. The planner fills the drafts (draft, seal, choose_cuts), the verify fills the outcome (accepted,
 token), and settle reads both: one record per row, so nothing pairs parallel lists by position.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,11 +20,11 @@ def _none() -> Proposal:
 @dataclass(eq=False)
 class VerifyRow:
     req: Request
-    available: Proposal = field(default_factory=_none)   # the drafts made this step, before the cuts
-    proposal: Proposal = field(default_factory=_none)    # the drafts this row verifies (after cuts and seal)
-    shadow: Proposal | None = None      # lookup drafts that lost to the draft model's (judged at settle, free)
-    accepted: int = 0                   # drafts the target accepted (after the verify)
-    token: int = -1                     # the target's own token after them
+    available: Proposal = field(default_factory=_none)  # the drafts made this step, before the cuts
+    proposal: Proposal = field(default_factory=_none)  # the drafts this row verifies (after cuts and seal)
+    shadow: Proposal | None = None  # lookup drafts that lost to the draft model's (judged at settle, free)
+    accepted: int = 0  # drafts the target accepted (after the verify)
+    token: int = -1  # the target's own token after them
 
     @property
     def tokens(self) -> list[int]:
@@ -33,7 +34,7 @@ class VerifyRow:
     @property
     def committed(self) -> list[int]:
         """What the verify commits: the accepted drafts, then the target's token."""
-        return self.proposal.tokens[:self.accepted] + [self.token]
+        return self.proposal.tokens[: self.accepted] + [self.token]
 
     def record(self, used: int) -> None:
         """The request's statistics for this row, `used` of its committed tokens having gone into the output:

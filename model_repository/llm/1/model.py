@@ -5,6 +5,7 @@ Threads: Triton calls execute() (returns at once); the EngineLoop thread owns th
 sends every response, watches for cancelled requests and sets the load gauges. Every request ends with exactly
 one FINAL response: refusals (at capacity, shutting down) and the ends of a shutdown included.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,14 @@ from specgram.serving.protocol import ClientRequest, logprobs_json, parse
 from specgram.wire import ErrorKind, FinishReason
 
 # contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
-_NUMPY = {"STRING": np.object_, "BOOL": np.bool_, "INT32": np.int32, "UINT32": np.uint32, "UINT64": np.uint64,
-          "FP32": np.float32}
+_NUMPY = {
+    "STRING": np.object_,
+    "BOOL": np.bool_,
+    "INT32": np.int32,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP32": np.float32,
+}
 # Each is_cancelled() is a round trip to the server process; polling every stream every 20 ms cost a 2-core
 # machine ~25% of its tokens at 8 streams (CPU demo, SmolLM2-135M). Each stream is asked at most this often;
 # a cancelled request stops within about this long.
@@ -84,7 +91,7 @@ def read_inputs(request) -> dict:
 def read_parameters(request) -> dict:
     try:
         return json.loads(request.parameters() or "{}")
-    except (ValueError, AttributeError):    # ValueError: JSONDecodeError, or an integer too long to convert
+    except (ValueError, AttributeError):  # ValueError: JSONDecodeError, or an integer too long to convert
         return {}
 
 
@@ -96,7 +103,7 @@ def read_timeout(request) -> float | None:
 
 def _load_engine(config: EngineConfig) -> Engine:
     engine = Engine.from_config(config)
-    engine.grammar.start()      # the compile workers now: a server's first guided request does not wait for them
+    engine.grammar.start()  # the compile workers now: a server's first guided request does not wait for them
     return engine
 
 
@@ -106,12 +113,12 @@ class _Stream:
     def __init__(self, sender, creq: ClientRequest, prefix: str):
         self.sender = sender
         self.stream = creq.stream
-        self.outputs = creq.outputs     # the outputs sent only when asked that this request asked for
-        self.top_n = creq.params.logprobs   # None: the logprobs output (when asked) is JSON null
-        self.prefix = prefix            # the prompt text, sent first when the input is included in the output
+        self.outputs = creq.outputs  # the outputs sent only when asked that this request asked for
+        self.top_n = creq.params.logprobs  # None: the logprobs output (when asked) is JSON null
+        self.prefix = prefix  # the prompt text, sent first when the input is included in the output
         self.text: list[str] = []
         self.ids: list[int] = []
-        self.logprobs: list = []        # non-streaming: per token, what the single response carries
+        self.logprobs: list = []  # non-streaming: per token, what the single response carries
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
         self.cancel_checked = time.monotonic()  # last is_cancelled() round trip for this stream
@@ -125,12 +132,13 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
         params["draft_checkpoint"] = os.environ.get("SPECGRAM_DRAFT_CHECKPOINT", params.get("draft_checkpoint", ""))
-        for key in ("checkpoint", "draft_checkpoint"):      # relative paths: from this model's folder
+        for key in ("checkpoint", "draft_checkpoint"):  # relative paths: from this model's folder
             if params[key] and not Path(params[key]).is_absolute():
                 params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
         try:
-            params["device"] = resolve_device(args.get("model_instance_kind"), args.get("model_instance_device_id"),
-                                              params.get("device", "auto"))
+            params["device"] = resolve_device(
+                args.get("model_instance_kind"), args.get("model_instance_device_id"), params.get("device", "auto")
+            )
             config = EngineConfig.from_dict(params)
             # loaded on the engine thread, which steps it (loop.py: one OpenMP pool, not two)
             self.loop = EngineLoop.build(lambda: _load_engine(config))
@@ -140,13 +148,20 @@ class TritonPythonModel:
         # "instance": this instance's own series. Triton hands every instance that asks for the same family and
         # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
         # instance loads before the old one unloads) shared series would be freed under the new instance.
-        labels = {"model": args["model_name"], "version": args["model_version"],
-                  "instance": f"{args.get('model_instance_name', 'llm')}-{os.getpid()}"}
-        self.metrics = Metrics(pb_utils.MetricFamily, labels,
-                               self.engine.config.max_draft_len, self.engine.config.max_slots,
-                               self.engine.target.linear_kind)
-        self.gauges_at = 0.0            # last time the sender thread looked at the load
-        self.streams: dict[int, _Stream] = {}          # owned by the sender thread after submission
+        labels = {
+            "model": args["model_name"],
+            "version": args["model_version"],
+            "instance": f"{args.get('model_instance_name', 'llm')}-{os.getpid()}",
+        }
+        self.metrics = Metrics(
+            pb_utils.MetricFamily,
+            labels,
+            self.engine.config.max_draft_len,
+            self.engine.config.max_slots,
+            self.engine.target.linear_kind,
+        )
+        self.gauges_at = 0.0  # last time the sender thread looked at the load
+        self.streams: dict[int, _Stream] = {}  # owned by the sender thread after submission
         self.outbox: queue.Queue = queue.Queue()
         self.running = True
         self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
@@ -167,8 +182,9 @@ class TritonPythonModel:
                 continue
             except Exception as e:  # noqa: BLE001 - one request's failure is that request's error alone
                 pb_utils.Logger.log_error(f"llm: reading a request failed: {e!r}")
-                self._send_error(sender, f"internal error while reading the request: {e!r}",
-                                 pb_utils.TritonError.INTERNAL)
+                self._send_error(
+                    sender, f"internal error while reading the request: {e!r}", pb_utils.TritonError.INTERNAL
+                )
                 continue
             prefix = "" if creq.exclude_input_in_output else (creq.text or "")
             self.outbox.put(("open", req.request_id, _Stream(sender, creq, prefix)))
@@ -181,7 +197,7 @@ class TritonPythonModel:
         return self.loop.alive
 
     def finalize(self):
-        self.loop.shutdown()          # every request ends: its final output lands in the outbox
+        self.loop.shutdown()  # every request ends: its final output lands in the outbox
         self.running = False
         self.sender_thread.join(timeout=5)
         self.metrics.release()
@@ -237,8 +253,9 @@ class TritonPythonModel:
         except Exception as e:  # noqa: BLE001 - the stream still gets its one final response
             pb_utils.Logger.log_error(f"llm: building a response failed: {e!r}")
             if out.finished:
-                self._send_error(st.sender, f"internal error while sending the response: {e!r}",
-                                 pb_utils.TritonError.INTERNAL)
+                self._send_error(
+                    st.sender, f"internal error while sending the response: {e!r}", pb_utils.TritonError.INTERNAL
+                )
 
     def _respond(self, st: _Stream, out: RequestOutput):
         if out.finish_reason == FinishReason.ERROR:
@@ -267,7 +284,7 @@ class TritonPythonModel:
         values = {
             "text_output": [text.encode("utf-8")],
             "output_ids": ids,
-            "finish_reason": [str(out.finish_reason).encode()],     # vllm_backend's: "None" until the final one
+            "finish_reason": [str(out.finish_reason).encode()],  # vllm_backend's: "None" until the final one
             "num_input_tokens": [out.num_input_tokens],
             "num_output_tokens": [len(ids)],
             "logprobs": [logprobs_json(logprobs if st.top_n is not None else None).encode()],
@@ -279,8 +296,11 @@ class TritonPythonModel:
             "spec_acceptance_length": [spec.acceptance_length if spec else 0.0],
             "spec_detail": [json.dumps(spec.detail()).encode() if spec and out.finished else b""],
         }
-        tensors = [pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype])) for f in OUTPUTS
-                   if f.switch is None or f.name in st.outputs]
+        tensors = [
+            pb_utils.Tensor(f.name, np.array(values[f.name], dtype=_NUMPY[f.dtype]))
+            for f in OUTPUTS
+            if f.switch is None or f.name in st.outputs
+        ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod

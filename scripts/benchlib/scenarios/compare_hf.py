@@ -9,6 +9,7 @@ xgrammar processor advances its matcher by one token per call and has no rollbac
 calls the processors once per candidate position, so drafted tokens would be accepted into the grammar state
 and never rolled back.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,13 +61,17 @@ def int8_assistant(model):
 
 
 @torch.inference_mode()
-def run(tok, model, cases, config, guided, concurrency, max_tokens, eos: set[int], assistant=None,
-        compiler=None) -> dict:
+def run(
+    tok, model, cases, config, guided, concurrency, max_tokens, eos: set[int], assistant=None, compiler=None
+) -> dict:
     import xgrammar as xgr
     from transformers import StoppingCriteriaList
 
-    kwargs = dict(CONFIGS[config]) if CONFIGS[config] is not None else {
-        "assistant_model": assistant, "num_assistant_tokens": 2, "num_assistant_tokens_schedule": "constant"}
+    kwargs = (
+        dict(CONFIGS[config])
+        if CONFIGS[config] is not None
+        else {"assistant_model": assistant, "num_assistant_tokens": 2, "num_assistant_tokens_schedule": "constant"}
+    )
     reqs = []
     t_start = time.perf_counter()
     for lo in range(0, len(cases), concurrency):
@@ -76,32 +81,62 @@ def run(tok, model, cases, config, guided, concurrency, max_tokens, eos: set[int
         mask = torch.zeros((len(group), width), dtype=torch.long)
         for row, i in enumerate(group):
             p = cases[i]["prompt_ids"]
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
         procs = []
-        if guided:   # the same compile options as our engine's defaults (json_any_whitespace 1, json_strict 1)
-            grammars = [compiler.compile_json_schema(cases[i]["guide"], any_whitespace=True, strict_mode=True)
-                        for i in group]
+        if guided:  # the same compile options as our engine's defaults (json_any_whitespace 1, json_strict 1)
+            grammars = [
+                compiler.compile_json_schema(cases[i]["guide"], any_whitespace=True, strict_mode=True) for i in group
+            ]
             procs = [xgr.contrib.hf.LogitsProcessor(grammars)]
         clock = StepClock()
         t0 = time.perf_counter()
         # a fresh GenerationConfig per call: generate() must not inherit a previous call's drafting settings
         gen_cfg = copy.deepcopy(model.generation_config)
-        gen_cfg.update(**{"max_new_tokens": max_tokens, "do_sample": False, "pad_token_id": tok.pad_token_id,
-                          "prompt_lookup_num_tokens": None,
-                          **{k: v for k, v in kwargs.items() if k != "assistant_model"}})
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, logits_processor=procs,
-                             stopping_criteria=StoppingCriteriaList([clock]),
-                             assistant_model=kwargs.get("assistant_model"))
+        gen_cfg.update(
+            **{
+                "max_new_tokens": max_tokens,
+                "do_sample": False,
+                "pad_token_id": tok.pad_token_id,
+                "prompt_lookup_num_tokens": None,
+                **{k: v for k, v in kwargs.items() if k != "assistant_model"},
+            }
+        )
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=gen_cfg,
+            logits_processor=procs,
+            stopping_criteria=StoppingCriteriaList([clock]),
+            assistant_model=kwargs.get("assistant_model"),
+        )
         end = time.perf_counter()
         for row, i in enumerate(group):
             gen = trim_at_eos(out[row, width:].tolist(), eos)
             # this row's last token (or its EOS) exists once the sequence reached width + len(gen) + 1
             need = width + min(len(gen) + 1, max_tokens)
             finished_at = next((t for t, n in clock.marks if n >= need), end)
-            reqs.append(dict(case=i, ids=gen, text=tok.decode(gen, skip_special_tokens=True),
-                             ttft_s=clock.marks[0][0] - t0 if clock.marks else end - t0,
-                             latency_s=finished_at - t0, finish="length" if len(gen) >= max_tokens else "stop"))
+            reqs.append(
+                dict(
+                    case=i,
+                    ids=gen,
+                    text=tok.decode(gen, skip_special_tokens=True),
+                    ttft_s=clock.marks[0][0] - t0 if clock.marks else end - t0,
+                    latency_s=finished_at - t0,
+                    finish="length" if len(gen) >= max_tokens else "stop",
+                )
+            )
     wall = time.perf_counter() - t_start
-    return dict(system="HF transformers", config=config, guided=guided, drafter=None, k=0,
-                concurrency=concurrency, dtype="float32", wall_s=wall, drafted=None, accepted=None, requests=reqs)
+    return dict(
+        system="HF transformers",
+        config=config,
+        guided=guided,
+        drafter=None,
+        k=0,
+        concurrency=concurrency,
+        dtype="float32",
+        wall_s=wall,
+        drafted=None,
+        accepted=None,
+        requests=reqs,
+    )

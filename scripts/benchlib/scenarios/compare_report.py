@@ -1,4 +1,5 @@
 """The compare scenario's report: run records -> summary rows, headline ratios, the table and the PNG plots."""
+
 from __future__ import annotations
 
 import statistics
@@ -18,15 +19,25 @@ def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
         ref = {r["case"]: r["ids"] for r in reference["requests"]}
         same = sum(ref.get(r["case"]) == r["ids"] for r in reqs)
     return dict(
-        system=run["system"], config=run["config"], guided=run["guided"], concurrency=run["concurrency"],
-        tokens=tokens, wall_s=run["wall_s"], tok_s=tokens / run["wall_s"],
-        ttft_p50=1000 * pct([r["ttft_s"] for r in reqs], 50), ttft_p90=1000 * pct([r["ttft_s"] for r in reqs], 90),
-        itl_p50=pct(itl, 50), itl_p90=pct(itl, 90),
-        lat_p50=pct([r["latency_s"] for r in reqs], 50), lat_p90=pct([r["latency_s"] for r in reqs], 90),
+        system=run["system"],
+        config=run["config"],
+        guided=run["guided"],
+        concurrency=run["concurrency"],
+        tokens=tokens,
+        wall_s=run["wall_s"],
+        tok_s=tokens / run["wall_s"],
+        ttft_p50=1000 * pct([r["ttft_s"] for r in reqs], 50),
+        ttft_p90=1000 * pct([r["ttft_s"] for r in reqs], 90),
+        itl_p50=pct(itl, 50),
+        itl_p90=pct(itl, 90),
+        lat_p50=pct([r["latency_s"] for r in reqs], 50),
+        lat_p90=pct([r["latency_s"] for r in reqs], 90),
         lat_p99=pct([r["latency_s"] for r in reqs], 99),
         acceptance=(run["accepted"] / run["drafted"]) if run.get("drafted") else None,
-        drafted=run.get("drafted"), valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in reqs),
-        n=len(reqs), same_ids=same,
+        drafted=run.get("drafted"),
+        valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in reqs),
+        n=len(reqs),
+        same_ids=same,
     )
 
 
@@ -39,8 +50,14 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def find(rows, system, config, guided, c):
-    return next((r for r in rows if r["system"] == system and r["config"] == config and r["guided"] == guided
-                 and r["concurrency"] == c), None)
+    return next(
+        (
+            r
+            for r in rows
+            if r["system"] == system and r["config"] == config and r["guided"] == guided and r["concurrency"] == c
+        ),
+        None,
+    )
 
 
 def best(rows, system, guided, c):
@@ -54,8 +71,10 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
 
     def ratio(label, a, b):
         if a and b:
-            out.append(f"| {label} | {a['tok_s'] / b['tok_s']:.2f}× | {a['system']} · {a['config']} "
-                       f"({a['tok_s']:.1f}) ÷ {b['system']} · {b['config']} ({b['tok_s']:.1f}) |")
+            out.append(
+                f"| {label} | {a['tok_s'] / b['tok_s']:.2f}× | {a['system']} · {a['config']} "
+                f"({a['tok_s']:.1f}) ÷ {b['system']} · {b['config']} ({b['tok_s']:.1f}) |"
+            )
         else:
             out.append(f"| {label} | – | not measured in this run |")
 
@@ -63,54 +82,114 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
     T, P = "ours via Triton", "ours in-process"
     for c in (lo, hi):
         for g in (False, True):
-            ratio(f"spec ÷ no-spec, {'guided' if g else 'unguided'}, c={c} (Triton, best drafter)",
-                  best([r for r in rows if r["config"] != "target only"], T, g, c), find(rows, T, "target only", g, c))
+            ratio(
+                f"spec ÷ no-spec, {'guided' if g else 'unguided'}, c={c} (Triton, best drafter)",
+                best([r for r in rows if r["config"] != "target only"], T, g, c),
+                find(rows, T, "target only", g, c),
+            )
     for c in (lo, hi):
-        ratio(f"constrained ÷ unconstrained, target only, c={c} (Triton)",
-              find(rows, T, "target only", True, c), find(rows, T, "target only", False, c))
+        ratio(
+            f"constrained ÷ unconstrained, target only, c={c} (Triton)",
+            find(rows, T, "target only", True, c),
+            find(rows, T, "target only", False, c),
+        )
     for c in (lo, hi):
         for g in (False, True):
-            ratio(f"Triton ÷ in-process, target only, {'guided' if g else 'unguided'}, c={c}",
-                  find(rows, T, "target only", g, c), find(rows, P, "target only", g, c))
+            ratio(
+                f"Triton ÷ in-process, target only, {'guided' if g else 'unguided'}, c={c}",
+                find(rows, T, "target only", g, c),
+                find(rows, P, "target only", g, c),
+            )
     for g in (False, True):
-        ratio(f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
-              find(rows, T, "target only", g, hi), find(rows, T, "target only", g, lo))
+        ratio(
+            f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
+            find(rows, T, "target only", g, hi),
+            find(rows, T, "target only", g, lo),
+        )
     peers = sorted({r["system"] for r in rows if r["system"] not in (T, P)})
-    for ours, how in ((P, "in-process"), (T, "Triton")):   # the peers run in process (HF; vLLM's LLM class)
+    for ours, how in ((P, "in-process"), (T, "Triton")):  # the peers run in process (HF; vLLM's LLM class)
         for peer in peers:
             for c in (lo, hi):
                 for g in (False, True):
-                    ratio(f"ours ({how}) ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c}",
-                          find(rows, ours, "target only", g, c), find(rows, peer, "target only", g, c))
-                    ratio(f"ours ({how}) ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c}",
-                          best(rows, ours, g, c), best(rows, peer, g, c))
+                    ratio(
+                        f"ours ({how}) ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c}",
+                        find(rows, ours, "target only", g, c),
+                        find(rows, peer, "target only", g, c),
+                    )
+                    ratio(
+                        f"ours ({how}) ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c}",
+                        best(rows, ours, g, c),
+                        best(rows, peer, g, c),
+                    )
     return out
 
 
 def table(rows: list[dict]) -> list[str]:
     f = report.cell
-    return report.table(["system", "config", "guide", "c", "output tok/s", "÷ target only", "TTFT p50 ms",
-                         "ITL p50 ms", "latency p50 / p90 / p99 s", "acceptance", "valid", "same ids as ours"],
-                        ([r["system"], r["config"], "json_schema" if r["guided"] else "–", r["concurrency"],
-                          f"{r['tok_s']:.1f}", f(r["ratio"], "{:.2f}×"), f"{r['ttft_p50']:.0f}", f(r["itl_p50"]),
-                          f"{r['lat_p50']:.1f} / {r['lat_p90']:.1f} / {r['lat_p99']:.1f}", f(r["acceptance"], "{:.0%}"),
-                          f"{r['valid']}/{r['n']}", "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}"]
-                         for r in rows))
+    return report.table(
+        [
+            "system",
+            "config",
+            "guide",
+            "c",
+            "output tok/s",
+            "÷ target only",
+            "TTFT p50 ms",
+            "ITL p50 ms",
+            "latency p50 / p90 / p99 s",
+            "acceptance",
+            "valid",
+            "same ids as ours",
+        ],
+        (
+            [
+                r["system"],
+                r["config"],
+                "json_schema" if r["guided"] else "–",
+                r["concurrency"],
+                f"{r['tok_s']:.1f}",
+                f(r["ratio"], "{:.2f}×"),
+                f"{r['ttft_p50']:.0f}",
+                f(r["itl_p50"]),
+                f"{r['lat_p50']:.1f} / {r['lat_p90']:.1f} / {r['lat_p99']:.1f}",
+                f(r["acceptance"], "{:.0%}"),
+                f"{r['valid']}/{r['n']}",
+                "–" if r["same_ids"] is None else f"{r['same_ids']}/{r['n']}",
+            ]
+            for r in rows
+        ),
+    )
 
 
 # colour = configuration, line and marker = system
-_COLOR = {"target only": "tab:blue", "ngram k4": "tab:orange", "ngram auto": "tab:red", "int8 draft k2": "tab:green",
-          "grammar-forced k4": "tab:purple"}
-_STYLE = {"ours in-process": ":", "ours via Triton": "-", "HF transformers": "--", "vLLM-CPU float32": "-.",
-          "vLLM-CPU bfloat16": (0, (5, 1, 1, 1, 1, 1))}
-_MARK = {"ours in-process": "o", "ours via Triton": "s", "HF transformers": "^", "vLLM-CPU float32": "D",
-         "vLLM-CPU bfloat16": "v"}
+_COLOR = {
+    "target only": "tab:blue",
+    "ngram k4": "tab:orange",
+    "ngram auto": "tab:red",
+    "int8 draft k2": "tab:green",
+    "grammar-forced k4": "tab:purple",
+}
+_STYLE = {
+    "ours in-process": ":",
+    "ours via Triton": "-",
+    "HF transformers": "--",
+    "vLLM-CPU float32": "-.",
+    "vLLM-CPU bfloat16": (0, (5, 1, 1, 1, 1, 1)),
+}
+_MARK = {
+    "ours in-process": "o",
+    "ours via Triton": "s",
+    "HF transformers": "^",
+    "vLLM-CPU float32": "D",
+    "vLLM-CPU bfloat16": "v",
+}
 
 
 def plots(rows: list[dict], out_dir: Path) -> list[str]:
     """tok/s vs concurrency (one line per system · config, guided and unguided panels); latency percentiles
     at the highest concurrency. -> written file names."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -119,10 +198,19 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
     for ax, guided in zip(axes, (False, True), strict=True):
         series = sorted({(r["system"], r["config"]) for r in rows if r["guided"] == guided})
         for system, config in series:
-            pts = sorted((r["concurrency"], r["tok_s"]) for r in rows
-                         if r["system"] == system and r["config"] == config and r["guided"] == guided)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=_STYLE.get(system, "-"),
-                    marker=_MARK.get(system, "o"), color=_COLOR.get(config, "black"), label=f"{system} · {config}")
+            pts = sorted(
+                (r["concurrency"], r["tok_s"])
+                for r in rows
+                if r["system"] == system and r["config"] == config and r["guided"] == guided
+            )
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                linestyle=_STYLE.get(system, "-"),
+                marker=_MARK.get(system, "o"),
+                color=_COLOR.get(config, "black"),
+                label=f"{system} · {config}",
+            )
         ax.set_title("JSON-schema guided" if guided else "unguided")
         ax.set_xlabel("concurrent requests")
         ax.set_xscale("log", base=2)
@@ -141,8 +229,11 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(14, max(4, 0.28 * len(sel) + 1.5)))
     labels = [f"{r['system']} · {r['config']}{' · guided' if r['guided'] else ''}" for r in sel]
     y = list(range(len(sel)))
-    for ax, (what, keys) in zip(axes, (("request latency s", ("lat_p50", "lat_p90", "lat_p99")),
-                                       ("TTFT ms", ("ttft_p50", "ttft_p90"))), strict=True):
+    for ax, (what, keys) in zip(
+        axes,
+        (("request latency s", ("lat_p50", "lat_p90", "lat_p99")), ("TTFT ms", ("ttft_p50", "ttft_p90"))),
+        strict=True,
+    ):
         h = 0.8 / len(keys)
         for j, key in enumerate(keys):
             ax.barh([v + j * h for v in y], [r[key] for r in sel], height=h, label=key.split("_")[1])

@@ -17,6 +17,7 @@ load changes hit them alike. Per row:
   sources    share of drafted tokens and acceptance per source (forced, prompt, output, guide)
   exact      greedy output ids equal the k = 0 ones for every prompt
 """
+
 from __future__ import annotations
 
 import statistics
@@ -28,16 +29,24 @@ from ..workload import choose, select_cases
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8], "repeat": 1}
 QUICK = {"prompts": 2, "max_tokens": 32, "concurrency": [1, 2]}
 QUICK_HELP = "2 prompts, 32 tokens, concurrency 1 and 2"
-CONFIGS = {"k=0": 0, "k=2": 2, "k=4": 4, "k=8": 8, "auto": -1}     # -1: specgram.request.AUTO_DRAFT
+CONFIGS = {"k=0": 0, "k=2": 2, "k=4": 4, "k=8": 8, "auto": -1}  # -1: specgram.request.AUTO_DRAFT
 
 
 def add_options(ap) -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     ap.add_argument("--guided", default="both", choices=["both", "yes", "no"])
-    ap.add_argument("--ngram-min", type=int, nargs="+", default=[1],
-                    help="shortest n-gram suffix; several values: every config runs with each (rows 'auto n>=1')")
-    ap.add_argument("--compact-json", action="store_true",
-                    help="json_any_whitespace off: the schema fixes the layout (more grammar-forced tokens)")
+    ap.add_argument(
+        "--ngram-min",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="shortest n-gram suffix; several values: every config runs with each (rows 'auto n>=1')",
+    )
+    ap.add_argument(
+        "--compact-json",
+        action="store_true",
+        help="json_any_whitespace off: the schema fixes the layout (more grammar-forced tokens)",
+    )
 
 
 def draft_stats(rec: dict) -> tuple[float, dict[str, list[int]]]:
@@ -65,16 +74,25 @@ def run(args) -> None:
 
     names = choose(args.configs, CONFIGS, ("k=0",))
     # (row label, k, ngram_min): k = 0 does not draft, so it runs once
-    configs = [(n if n == "k=0" or len(args.ngram_min) == 1 else f"{n} n>={m}", CONFIGS[n], m)
-               for n in names for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)]
+    configs = [
+        (n if n == "k=0" or len(args.ngram_min) == 1 else f"{n} n>={m}", CONFIGS[n], m)
+        for n in names
+        for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)
+    ]
     tok = load_tokenizer(args.model)
     cases = select_cases(tok, args.prompts, args.max_tokens)
-    engine = cpu_engine(args.model, max(args.concurrency), max(len(c["prompt_ids"]) for c in cases)
-                        + args.max_tokens + 16, args.max_tokens, drafter="ngram", ngram_min=min(args.ngram_min),
-                        json_any_whitespace=not args.compact_json)
+    engine = cpu_engine(
+        args.model,
+        max(args.concurrency),
+        max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16,
+        args.max_tokens,
+        drafter="ngram",
+        ngram_min=min(args.ngram_min),
+        json_any_whitespace=not args.compact_json,
+    )
     rows, records = [], []
     for guided in {"both": [False, True], "yes": [True], "no": [False]}[args.guided]:
-        run_engine(engine, cases[:2], 16, 2, "ngram", -1, guided)           # warm-up (and the grammars' compiles)
+        run_engine(engine, cases[:2], 16, 2, "ngram", -1, guided)  # warm-up (and the grammars' compiles)
         for c in args.concurrency:
             results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
             for _ in range(args.repeat):
@@ -88,13 +106,28 @@ def run(args) -> None:
                 last = results[name][-1]
                 mean_k, sources = draft_stats(last)
                 exact = all(ids(x) == ids(results["k=0"][0]) for x in results[name])
-                rows.append(["yes" if guided else "no", c, name, f"{tps[name]:.1f}", f"{tps[name] / tps['k=0']:.2f}",
-                             f"{tps[name] / best_fixed:.2f}", f"{tok_per_step(last):.2f}" if mean_k else "0.00",
-                             f"{mean_k:.2f}", sources_text(sources), "yes" if exact else "NO"])
+                rows.append(
+                    [
+                        "yes" if guided else "no",
+                        c,
+                        name,
+                        f"{tps[name]:.1f}",
+                        f"{tps[name] / tps['k=0']:.2f}",
+                        f"{tps[name] / best_fixed:.2f}",
+                        f"{tok_per_step(last):.2f}" if mean_k else "0.00",
+                        f"{mean_k:.2f}",
+                        sources_text(sources),
+                        "yes" if exact else "NO",
+                    ]
+                )
                 report.log(" | ".join(map(str, rows[-1])))
-    lines = report.header("Draft length: fixed k against auto", args,
-                          f"{len(cases)} JME prompts, {args.max_tokens} tokens, greedy, n-gram lookup; repeat "
-                          f"{args.repeat}; json_any_whitespace {0 if args.compact_json else 1}")
-    lines += report.table(["guided", "c", "config", "tok/s", "vs k=0", "vs best fixed", "acc len", "mean k",
-                           "sources", "exact"], rows)
+    lines = report.header(
+        "Draft length: fixed k against auto",
+        args,
+        f"{len(cases)} JME prompts, {args.max_tokens} tokens, greedy, n-gram lookup; repeat "
+        f"{args.repeat}; json_any_whitespace {0 if args.compact_json else 1}",
+    )
+    lines += report.table(
+        ["guided", "c", "config", "tok/s", "vs k=0", "vs best fixed", "acc len", "mean k", "sources", "exact"], rows
+    )
     report.write(args, lines, dict(records=records))

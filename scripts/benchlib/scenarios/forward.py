@@ -22,6 +22,7 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
                bf16 weights only (int8 products are integer or conversion-bound, not fp32 fmas)
 Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor) and the torch thread count.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -40,16 +41,28 @@ QUICK_HELP = "3 repeats"
 def add_options(ap) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--linear", default="auto", help="the runner's linear kernels (see specgram.model.linear)")
-    ap.add_argument("--weights", default="auto", choices=["auto", "int8", "int8-dynamic"],
-                    help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
-                         "per row too (specgram.model.int8; native forward only)")
-    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16"],
-                    help="the KV cache: the activations' dtype (auto) or bfloat16 (native forward only)")
+    ap.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", "int8", "int8-dynamic"],
+        help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
+        "per row too (specgram.model.int8; native forward only)",
+    )
+    ap.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=["auto", "bfloat16"],
+        help="the KV cache: the activations' dtype (auto) or bfloat16 (native forward only)",
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows B per forward")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 5], help="new tokens T per row")
     ap.add_argument("--cache-len", type=int, default=300)
-    ap.add_argument("--shape", default="", choices=["", *SHAPES],
-                    help="a random-weight model of this public shape, built in memory, instead of --model")
+    ap.add_argument(
+        "--shape",
+        default="",
+        choices=["", *SHAPES],
+        help="a random-weight model of this public shape, built in memory, instead of --model",
+    )
 
 
 def read_bandwidth_gbs(gib: float = 1.0, repeat: int = 5, x=None) -> float:
@@ -106,34 +119,45 @@ def run(args) -> None:
     else:
         model = load_model(args.model, torch.device("cpu"), getattr(torch, args.dtype))
     runner = ModelRunner(model, max_b, positions, choose_for(model, args.linear, args.weights, args.kv_dtype))
-    for b in range(max_b):      # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
+    for b in range(max_b):  # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
-    probe = torch.ones((1 << 30) // 4)      # the bandwidth probe's 1 GiB, read between the shapes' runs (below)
+    probe = torch.ones((1 << 30) // 4)  # the bandwidth probe's 1 GiB, read between the shapes' runs (below)
     probe.sum()
     bws = []
     linears = runner.linear_layers()
 
     @torch.inference_mode()
-    def matmuls(xs: dict) -> None:          # every weight matmul of a forward on inputs of the right width
+    def matmuls(xs: dict) -> None:  # every weight matmul of a forward on inputs of the right width
         for lin in linears:
             lin(xs[lin.in_features])
 
     shapes = [(b, t) for b in args.batches for t in args.widths]
     fwd: dict = {s: [] for s in shapes}
     mm: dict = {s: [] for s in shapes}
-    for _ in range(args.repeat):            # interleaved: drift and noise hit every shape alike
-        bws.append(read_bandwidth_gbs(repeat=2, x=probe))   # and the bandwidth too (the host's memory is shared)
+    for _ in range(args.repeat):  # interleaved: drift and noise hit every shape alike
+        bws.append(read_bandwidth_gbs(repeat=2, x=probe))  # and the bandwidth too (the host's memory is shared)
         for b, t in shapes:
-            fwd[(b, t)].append(timed_ms(runner.forward_rows, [[7] * t for _ in range(b)], list(range(b)),
-                                        [args.cache_len] * b, last_only=False))
-            mm[(b, t)].append(timed_ms(matmuls, {lin.in_features: torch.randn(b * t, lin.in_features,
-                                                                              dtype=runner.dtype)
-                                                 for lin in linears}))
+            fwd[(b, t)].append(
+                timed_ms(
+                    runner.forward_rows,
+                    [[7] * t for _ in range(b)],
+                    list(range(b)),
+                    [args.cache_len] * b,
+                    last_only=False,
+                )
+            )
+            mm[(b, t)].append(
+                timed_ms(
+                    matmuls,
+                    {lin.in_features: torch.randn(b * t, lin.in_features, dtype=runner.dtype) for lin in linears},
+                )
+            )
     med = {s: statistics.median(v) for s, v in fwd.items()}
     bw = statistics.median(bws)
     bound_ms = stream_bytes(runner) / bw / 1e6
-    isa = runner.native.lib.isa if runner.native is not None else ("avx512" if kernels.cpu_supports("avx512")
-                                                                    else "avx2")
+    isa = (
+        runner.native.lib.isa if runner.native is not None else ("avx512" if kernels.cpu_supports("avx512") else "avx2")
+    )
     peak = fma_peak_gflops(isa, torch.get_num_threads())
     weights_n = sum(lin.in_features * lin.out_features for lin in linears)
     rows = []
@@ -142,20 +166,45 @@ def run(args) -> None:
         v = f / med[(b, 1)] if (b, 1) in med else None
         gflops = 2 * b * t * weights_n / m / 1e6
         bound = (stream_bytes(runner) + kv_bytes(runner, b, args.cache_len + t)) / bw / 1e6
-        rows.append([b, t, f"{f:.1f}", f"{m:.1f}", f"{max(0.0, 1 - m / f):.0%}", f"{f / bound:.2f}",
-                     f"{f / bound_ms:.2f}", report.cell(v, "{:.2f}"),
-                     f"{gflops / peak:.0%}" if args.weights == "auto" else "-"])
+        rows.append(
+            [
+                b,
+                t,
+                f"{f:.1f}",
+                f"{m:.1f}",
+                f"{max(0.0, 1 - m / f):.0%}",
+                f"{f / bound:.2f}",
+                f"{f / bound_ms:.2f}",
+                report.cell(v, "{:.2f}"),
+                f"{gflops / peak:.0%}" if args.weights == "auto" else "-",
+            ]
+        )
     model = f"{args.shape} (random weights)" if args.shape else Path(args.model).name
-    lines = report.header("Target forward cost", args,
-                          f"{model}, {args.dtype}, weights {args.weights}, linear "
-                          f"{runner.linear_kind}, torch threads "
-                          f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}")
+    lines = report.header(
+        "Target forward cost",
+        args,
+        f"{model}, {args.dtype}, weights {args.weights}, linear "
+        f"{runner.linear_kind}, torch threads "
+        f"{torch.get_num_threads()}, cache length {args.cache_len}, median of {args.repeat}",
+    )
     kv_row = kv_bytes(runner, 1, args.cache_len + 1)
-    lines += [f"Weights {stream_bytes(runner) / 1e6:.0f} MB, KV cache read per row {kv_row / 1e6:.1f} MB "
-              f"({runner.cache.k.dtype}), read bandwidth {bw:.1f} GB/s -> weights alone {bound_ms:.1f} ms per forward. "
-              f"fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.", "",
-              *report.table(["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "x weights", "v",
-                             "of peak"], rows)]
-    report.write(args, lines, dict(bandwidth_gbs=bw, bound_ms=bound_ms, fma_peak_gflops=peak,
-                                   forward_ms={f"{b}x{t}": v for (b, t), v in fwd.items()},
-                                   matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()}))
+    lines += [
+        f"Weights {stream_bytes(runner) / 1e6:.0f} MB, KV cache read per row {kv_row / 1e6:.1f} MB "
+        f"({runner.cache.k.dtype}), read bandwidth {bw:.1f} GB/s -> weights alone {bound_ms:.1f} ms per forward. "
+        f"fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.",
+        "",
+        *report.table(
+            ["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "x weights", "v", "of peak"], rows
+        ),
+    ]
+    report.write(
+        args,
+        lines,
+        dict(
+            bandwidth_gbs=bw,
+            bound_ms=bound_ms,
+            fma_peak_gflops=peak,
+            forward_ms={f"{b}x{t}": v for (b, t), v in fwd.items()},
+            matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()},
+        ),
+    )

@@ -12,6 +12,7 @@ min_tokens, works too: docs/operating.md). No warm-up requests: perf_analyzer 2.
 --warmup-request-count 1 at concurrency 2 never stopped sending. genai-perf's CSV exports and logs stay in the
 raw folder (build/bench/genai_perf/c<N>.csv, c<N>.log).
 """
+
 from __future__ import annotations
 
 import csv
@@ -61,9 +62,15 @@ def pick(rows: dict, name: str, col: str) -> float:
 def summary_row(c: int, rows: dict) -> list[str]:
     """A report row of one concurrency's CSV: TTFT avg / p99 ms, ITL avg / p99 ms, output tok/s, requests/s."""
     ttft = "Time To First Token"
-    return [str(c), f"{pick(rows, ttft, 'avg'):.0f}", f"{pick(rows, ttft, 'p99'):.0f}",
-            f"{pick(rows, 'Inter Token Latency', 'avg'):.1f}", f"{pick(rows, 'Inter Token Latency', 'p99'):.1f}",
-            f"{pick(rows, 'Output Token Throughput', 'value'):.1f}", f"{pick(rows, 'Request Throughput', 'value'):.2f}"]
+    return [
+        str(c),
+        f"{pick(rows, ttft, 'avg'):.0f}",
+        f"{pick(rows, ttft, 'p99'):.0f}",
+        f"{pick(rows, 'Inter Token Latency', 'avg'):.1f}",
+        f"{pick(rows, 'Inter Token Latency', 'p99'):.1f}",
+        f"{pick(rows, 'Output Token Throughput', 'value'):.1f}",
+        f"{pick(rows, 'Request Throughput', 'value'):.2f}",
+    ]
 
 
 def ensure_genai_perf() -> None:
@@ -77,21 +84,50 @@ def ensure_genai_perf() -> None:
 def run(args) -> int:
     ensure_genai_perf()
     raw = report.raw_dir(args)
-    env = dict(os.environ, PATH=os.pathsep.join([str(VENV / "bin"), str(REPO / ".venv" / "bin"), os.environ["PATH"]]),
-               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(REPO / "build" / "lib"),
-                                                             os.environ.get("LD_LIBRARY_PATH")])))
+    env = dict(
+        os.environ,
+        PATH=os.pathsep.join([str(VENV / "bin"), str(REPO / ".venv" / "bin"), os.environ["PATH"]]),
+        LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(REPO / "build" / "lib"), os.environ.get("LD_LIBRARY_PATH")])),
+    )
     rows = []
     with served(args.url, log_path=raw / "tritonserver.log") as (url, _):
         for c in args.concurrency:
             n = args.requests or max(2 * c, 4)
             report.log(f"genai-perf: concurrency {c}, {n} requests")
             art = raw / "artifacts" / f"c{c}"
-            cmd = ["genai-perf", "profile", "-m", "llm", "--backend", "vllm", "--endpoint-type", "kserve",
-                   "--streaming", "-u", url, "--tokenizer", args.model, "--concurrency", str(c),
-                   "--request-count", str(n),
-                   "--warmup-request-count", "0", "--synthetic-input-tokens-mean", str(args.input_tokens),
-                   "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.max_tokens),
-                   "--extra-inputs", "ignore_eos:true", "--random-seed", "0", "--artifact-dir", str(art)]
+            cmd = [
+                "genai-perf",
+                "profile",
+                "-m",
+                "llm",
+                "--backend",
+                "vllm",
+                "--endpoint-type",
+                "kserve",
+                "--streaming",
+                "-u",
+                url,
+                "--tokenizer",
+                args.model,
+                "--concurrency",
+                str(c),
+                "--request-count",
+                str(n),
+                "--warmup-request-count",
+                "0",
+                "--synthetic-input-tokens-mean",
+                str(args.input_tokens),
+                "--synthetic-input-tokens-stddev",
+                "0",
+                "--output-tokens-mean",
+                str(args.max_tokens),
+                "--extra-inputs",
+                "ignore_eos:true",
+                "--random-seed",
+                "0",
+                "--artifact-dir",
+                str(art),
+            ]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             (raw / f"c{c}.log").write_text(p.stdout + p.stderr)
             exports = sorted(Path(art).rglob("*genai_perf.csv"))
@@ -101,13 +137,17 @@ def run(args) -> int:
             text = exports[0].read_text()
             (raw / f"c{c}.csv").write_text(text)
             rows.append(summary_row(c, read_csv(text)))
-    lines = report.header(f"genai-perf {VERSION}: model `llm`, gRPC streaming", args,
-                          f"synthetic prompts of {args.input_tokens} tokens, {args.max_tokens} output tokens "
-                          "(max_tokens + ignore_eos), no warm-up requests, 2 x c requests per level (at least 4), "
-                          "`--backend vllm --endpoint-type kserve --streaming`; unguided, no speculation; "
-                          + (f"server at {args.url}" if args.url else "own server (model_repository/, BENCH_ENGINE)"),
-                          ("tritonclient", "nvidia-pytriton"))
-    lines += report.table(["concurrency", "TTFT avg ms", "TTFT p99 ms", "ITL avg ms", "ITL p99 ms", "output tok/s",
-                           "requests/s"], rows)
+    lines = report.header(
+        f"genai-perf {VERSION}: model `llm`, gRPC streaming",
+        args,
+        f"synthetic prompts of {args.input_tokens} tokens, {args.max_tokens} output tokens "
+        "(max_tokens + ignore_eos), no warm-up requests, 2 x c requests per level (at least 4), "
+        "`--backend vllm --endpoint-type kserve --streaming`; unguided, no speculation; "
+        + (f"server at {args.url}" if args.url else "own server (model_repository/, BENCH_ENGINE)"),
+        ("tritonclient", "nvidia-pytriton"),
+    )
+    lines += report.table(
+        ["concurrency", "TTFT avg ms", "TTFT p99 ms", "ITL avg ms", "ITL p99 ms", "output tok/s", "requests/s"], rows
+    )
     report.write(args, lines, dict(rows=rows))
     return 0

@@ -17,6 +17,7 @@ Writes <raw>/report.md and <raw>/gpu.json:
               draft k; self-draft k; all requests at once, batch 1 and 8
 Each section is independent: a failure is written down and the next runs.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -33,10 +34,12 @@ QUICK = {"max_tokens": 16}
 QUICK_HELP = "16 tokens per engine run"
 ENGINE = False
 SHAPES = {
-    "target-1B": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=8192),
-    "draft-135M": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                       intermediate_size=1536),
+    "target-1B": dict(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192
+    ),
+    "draft-135M": dict(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536
+    ),
 }
 
 
@@ -50,8 +53,16 @@ def build_checkpoint(root: Path, name: str, tokenizer_dir: Path) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = root / name
-    cfg = AutoConfig.for_model("llama", vocab_size=49152, max_position_embeddings=8192, bos_token_id=1,
-                               eos_token_id=2, tie_word_embeddings=True, torch_dtype="bfloat16", **SHAPES[name])
+    cfg = AutoConfig.for_model(
+        "llama",
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+        **SHAPES[name],
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(path)
     for f in tokenizer_dir.iterdir():
@@ -90,11 +101,14 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
             r = ModelRunner(m, 8, context + 64, choose_for(m, static_width=k + 1 if graphs else 0))
             for b in (1, 8):
                 prompt = [[(7 * i + j) % 40000 + 100 for j in range(context)] for i in range(b)]
-                r.forward_rows(prompt, list(range(b)), [0] * b, last_only=True)            # prefill (eager)
+                r.forward_rows(prompt, list(range(b)), [0] * b, last_only=True)  # prefill (eager)
                 for width in (1, k + 1):
                     toks = [[(i + j) % 40000 + 100 for j in range(width)] for i in range(b)]
-                    ms = cuda_ms(lambda r=r, toks=toks, b=b, width=width:
-                                 r.forward_rows(toks, list(range(b)), [context] * b, last_only=width == 1))
+                    ms = cuda_ms(
+                        lambda r=r, toks=toks, b=b, width=width: r.forward_rows(
+                            toks, list(range(b)), [context] * b, last_only=width == 1
+                        )
+                    )
                     rows.append(dict(model=name, graphs=graphs, batch=b, width=width, ms=ms))
                     report.log(f"forward {name} graphs={graphs} b={b} width={width}: {ms:.2f} ms")
             del r
@@ -117,25 +131,47 @@ def engine_runs(ckpts: dict[str, Path], max_tokens: int, k: int) -> list[dict]:
         ("target only, CUDA graphs", dict(cuda_graphs=True), dict(num_draft_tokens=0)),
         ("JSON-guided, eager", dict(cuda_graphs=False), guided),
         ("JSON-guided, CUDA graphs", dict(cuda_graphs=True), guided),
-        (f"random 135M draft k={k}, graphs", dict(cuda_graphs=True, draft_checkpoint=str(ckpts["draft-135M"])),
-         dict(num_draft_tokens=k, drafter="draft_model")),
-        (f"self-draft k={k} (target as its own draft), graphs", dict(cuda_graphs=True, draft_checkpoint=target),
-         dict(num_draft_tokens=k, drafter="draft_model")),
+        (
+            f"random 135M draft k={k}, graphs",
+            dict(cuda_graphs=True, draft_checkpoint=str(ckpts["draft-135M"])),
+            dict(num_draft_tokens=k, drafter="draft_model"),
+        ),
+        (
+            f"self-draft k={k} (target as its own draft), graphs",
+            dict(cuda_graphs=True, draft_checkpoint=target),
+            dict(num_draft_tokens=k, drafter="draft_model"),
+        ),
     ]
     prompts = [[(13 * i + j) % 40000 + 100 for j in range(200)] for i in range(8)]
     rows = []
     for name, eng_kw, req_kw in configs:
-        eng = Engine.from_config(EngineConfig(checkpoint=target, device="cuda", dtype="bfloat16", max_slots=8,
-                                              max_seq_len=512, max_draft_len=8, **eng_kw))
+        eng = Engine.from_config(
+            EngineConfig(
+                checkpoint=target,
+                device="cuda",
+                dtype="bfloat16",
+                max_slots=8,
+                max_seq_len=512,
+                max_draft_len=8,
+                **eng_kw,
+            )
+        )
         for b in (1, 8):
-            def timed(n_tokens, eng=eng, req_kw=req_kw, b=b):   # bound now: called within this iteration
-                reqs = [eng.make_request(SamplingParams(max_tokens=n_tokens, ignore_eos=not req_kw.get("guide_type"),
-                                                        **req_kw), prompt_ids=p) for p in prompts[:b]]
+
+            def timed(n_tokens, eng=eng, req_kw=req_kw, b=b):  # bound now: called within this iteration
+                reqs = [
+                    eng.make_request(
+                        SamplingParams(max_tokens=n_tokens, ignore_eos=not req_kw.get("guide_type"), **req_kw),
+                        prompt_ids=p,
+                    )
+                    for p in prompts[:b]
+                ]
                 t0 = time.perf_counter()
                 generate(eng, reqs)
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0, sum(len(r.output_ids) for r in reqs), reqs
-            timed(8)                                                            # warm-up, graph captures
+
+            timed(8)  # warm-up, graph captures
             dt, n, reqs = timed(max_tokens)
             drafted = sum(r.spec.drafted for r in reqs)
             acc = sum(r.spec.accepted for r in reqs) / drafted if drafted else None
@@ -152,25 +188,42 @@ def render(args, res: dict) -> list[str]:
     f = res.get("forward")
     if isinstance(f, list):
         idx = {(r["model"], r["graphs"], r["batch"], r["width"]): r["ms"] for r in f}
-        L += ["## Forward cost (ms, median of 20, CUDA events; bf16, context 512)", "",
-              *report.table(["model", "batch", "width", "eager ms", "CUDA graphs ms", "graph gain"],
-                            ([m, b, w, f"{ms:.2f}", f"{idx[(m, True, b, w)]:.2f}", f"{ms / idx[(m, True, b, w)]:.2f}×"]
-                             for (m, g, b, w), ms in idx.items() if not g and (m, True, b, w) in idx))]
+        L += [
+            "## Forward cost (ms, median of 20, CUDA events; bf16, context 512)",
+            "",
+            *report.table(
+                ["model", "batch", "width", "eager ms", "CUDA graphs ms", "graph gain"],
+                (
+                    [m, b, w, f"{ms:.2f}", f"{idx[(m, True, b, w)]:.2f}", f"{ms / idx[(m, True, b, w)]:.2f}×"]
+                    for (m, g, b, w), ms in idx.items()
+                    if not g and (m, True, b, w) in idx
+                ),
+            ),
+        ]
         for b in (1, 8):
             for g in (False, True):
-                t1, tk, d1 = (idx.get(key) for key in (("target-1B", g, b, 1), ("target-1B", g, b, k + 1),
-                                                        ("draft-135M", g, b, 1)))
+                t1, tk, d1 = (
+                    idx.get(key)
+                    for key in (("target-1B", g, b, 1), ("target-1B", g, b, k + 1), ("draft-135M", g, b, 1))
+                )
                 if t1 and tk and d1:
-                    L.append(f"\nbatch {b}, {'graphs' if g else 'eager'}: c = draft/target = {d1 / t1:.2f}, "
-                             f"v = verify({k + 1})/decode(1) = {tk / t1:.2f}")
+                    L.append(
+                        f"\nbatch {b}, {'graphs' if g else 'eager'}: c = draft/target = {d1 / t1:.2f}, "
+                        f"v = verify({k + 1})/decode(1) = {tk / t1:.2f}"
+                    )
     else:
         L += [f"Forward costs failed: `{f}`"]
     e = res.get("engine")
     if isinstance(e, list):
-        L += ["", "## Engine throughput (greedy, random weights)", "",
-              *report.table(["config", "batch", "tok/s", "acceptance"],
-                            ([r["config"], r["batch"], f"{r['tok_s']:.1f}", report.cell(r["acceptance"], "{:.0%}")]
-                             for r in e))]
+        L += [
+            "",
+            "## Engine throughput (greedy, random weights)",
+            "",
+            *report.table(
+                ["config", "batch", "tok/s", "acceptance"],
+                ([r["config"], r["batch"], f"{r['tok_s']:.1f}", report.cell(r["acceptance"], "{:.0%}")] for r in e),
+            ),
+        ]
     else:
         L += ["", f"Engine runs failed: `{e}`"]
     return L
@@ -183,8 +236,10 @@ def run(args) -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         ckpts = {n: build_checkpoint(Path(tmp), n, Path(args.tokenizer)) for n in SHAPES}
-        for section, fn in (("forward", lambda: forward_costs(ckpts, args.k, 512)),
-                            ("engine", lambda: engine_runs(ckpts, args.max_tokens, args.k))):
+        for section, fn in (
+            ("forward", lambda: forward_costs(ckpts, args.k, 512)),
+            ("engine", lambda: engine_runs(ckpts, args.max_tokens, args.k)),
+        ):
             try:
                 res[section] = fn()
             except Exception as e:  # noqa: BLE001 - record it, go on with the next section

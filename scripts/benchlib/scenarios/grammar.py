@@ -19,6 +19,7 @@ Prompts: chat-templated extraction tasks built from each schema's first valid in
 evenly spaced schemas. Grammars are compiled (cache hits) before each timed run starts, so decode timings
 exclude compiles. One timed run per row, after a warm-up.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,7 +32,7 @@ from ..workload import INSTRUCTION, choose, compile_guide, is_valid, load_jme, p
 SHARED = {"prompts": 8, "max_tokens": 160, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 48, "concurrency": [1, 2]}
 QUICK_HELP = "2 schemas (compile: 5), 48 tokens, concurrency 1 and 2"
-CONFIGS = {                                       # name -> (guided, drafter, k)
+CONFIGS = {  # name -> (guided, drafter, k)
     "unconstrained": (False, None, 0),
     "none": (True, None, 0),
     "grammar-k4": (True, "grammar", 4),
@@ -63,9 +64,14 @@ def bench_compile(engine, items: list[dict]) -> dict:
         t0 = time.perf_counter()
         compile_guide(engine, it["guide"])
         hit.append(1e3 * (time.perf_counter() - t0))
-    return dict(n=len(items), compiled=len(miss), failed=failed, cache_mb=engine.grammar.cache_bytes() / 2**20,
-                **{f"{name}_p{q}": pct(v, q) for name, v in (("miss", miss), ("hit", hit)) for q in (50, 90, 99)},
-                miss_max=max(miss, default=0))
+    return dict(
+        n=len(items),
+        compiled=len(miss),
+        failed=failed,
+        cache_mb=engine.grammar.cache_bytes() / 2**20,
+        **{f"{name}_p{q}": pct(v, q) for name, v in (("miss", miss), ("hit", hit)) for q in (50, 90, 99)},
+        miss_max=max(miss, default=0),
+    )
 
 
 def forced_positions(engine, cases, outs) -> float:
@@ -98,12 +104,19 @@ def measure(engine, cases, timer, name: str, c: int, max_tokens: int) -> dict:
     rec = run_engine(engine, cases, max_tokens, c, drafter, k, guided, tok=engine.tokenizer, config=name)
     steps, gens = timer.take(), rec["_run"].generations
     tokens = sum(len(o) for o in ids(rec))
-    return dict(rec, tok_s=tok_s(rec), tokens=tokens, ms_per_step=1e3 * rec["wall_s"] / len(rec["_run"].step_s),
-                tok_per_step=tokens / max(sum(len(g.outputs) for g in gens), 1), alpha=acceptance(rec),
-                forced=sum(s["forced"] for s in steps), n=len(gens),
-                stop=sum(r["finish"] == "stop" for r in rec["requests"]),
-                valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in rec["requests"]),
-                mask=mask_summary(steps) if guided else None)
+    return dict(
+        rec,
+        tok_s=tok_s(rec),
+        tokens=tokens,
+        ms_per_step=1e3 * rec["wall_s"] / len(rec["_run"].step_s),
+        tok_per_step=tokens / max(sum(len(g.outputs) for g in gens), 1),
+        alpha=acceptance(rec),
+        forced=sum(s["forced"] for s in steps),
+        n=len(gens),
+        stop=sum(r["finish"] == "stop" for r in rec["requests"]),
+        valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in rec["requests"]),
+        mask=mask_summary(steps) if guided else None,
+    )
 
 
 def run(args) -> None:
@@ -117,13 +130,18 @@ def run(args) -> None:
     cases = select_cases(tok, args.prompts, args.max_tokens, items)
     lens = [len(c["prompt_ids"]) for c in cases]
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
-    engine = cpu_engine(args.model, max(args.concurrency), max(lens) + args.max_tokens + 16, args.max_tokens,
-                        draft_quantization="int8" if need_int8 else "none")
+    engine = cpu_engine(
+        args.model,
+        max(args.concurrency),
+        max(lens) + args.max_tokens + 16,
+        args.max_tokens,
+        draft_quantization="int8" if need_int8 else "none",
+    )
     timer = MaskTimer()
     timer.install()
     comp = bench_compile(engine, items[:5] if args.quick else items)
     report.log(f"compile: {comp['compiled']}/{comp['n']} schemas; miss p50 {comp['miss_p50']:.1f} ms")
-    timer.enabled = False                        # warm-up: every config, every concurrency, a few tokens
+    timer.enabled = False  # warm-up: every config, every concurrency, a few tokens
     for c in args.concurrency:
         for n in names:
             measure(engine, cases[:c], timer, n, c, 6)
@@ -136,74 +154,197 @@ def run(args) -> None:
             rows.append(r)
             report.log(f"c {c} {n}: {r['tok_s']:.1f} tok/s, {r['tokens']} tokens, valid {r['valid']}/{r['n']}")
         ref = next(r for r in rows if r["concurrency"] == c and r["config"] == "none")
-        for r in rows[-len(names):]:
+        for r in rows[-len(names) :]:
             r["speedup"] = r["tok_s"] / ref["tok_s"]
             r["exact"] = ids(r) == ids(ref) if r["guided"] else None
     forced = forced_positions(engine, cases, ids(next(r for r in rows if r["config"] == "none")))
-    report.write(args, render(args, cases, lens, comp, rows, forced), dict(compile=comp, forced_positions=forced,
-                                                                           rows=rows))
+    report.write(
+        args, render(args, cases, lens, comp, rows, forced), dict(compile=comp, forced_positions=forced, rows=rows)
+    )
 
 
 def render(args, cases, lens, comp, rows, forced) -> list[str]:
     f = report.cell
-    L = report.header("Grammar-constrained decoding on CPU (JME schemas)", args,
-                      f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}), chat-templated extraction "
-                      f"(\"{INSTRUCTION}\"), prompt tokens mean {statistics.mean(lens):.0f}; greedy, max_tokens "
-                      f"{args.max_tokens}, guide_type json_schema, concurrency {args.concurrency} (closed loop). "
-                      "One timed run per row, after a warm-up; the machine is noisy, so read differences under ~10% "
-                      "as noise.", PACKAGES)
-    L += ["## Compile time (GrammarCompiler.submit, json_schema)", "",
-          *report.table(["schemas", "compiled", "miss p50 ms", "miss p90 ms", "miss p99 ms", "miss max ms",
-                         "hit p50 ms", "hit p99 ms", "cache MiB"],
-                        [[comp["n"], comp["compiled"], *(f(comp[k]) for k in ("miss_p50", "miss_p90", "miss_p99",
-                                                                             "miss_max")),
-                          f(comp["hit_p50"], "{:.3f}"), f(comp["hit_p99"], "{:.3f}"), f(comp["cache_mb"])]]), ""]
+    L = report.header(
+        "Grammar-constrained decoding on CPU (JME schemas)",
+        args,
+        f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}), chat-templated extraction "
+        f'("{INSTRUCTION}"), prompt tokens mean {statistics.mean(lens):.0f}; greedy, max_tokens '
+        f"{args.max_tokens}, guide_type json_schema, concurrency {args.concurrency} (closed loop). "
+        "One timed run per row, after a warm-up; the machine is noisy, so read differences under ~10% "
+        "as noise.",
+        PACKAGES,
+    )
+    L += [
+        "## Compile time (GrammarCompiler.submit, json_schema)",
+        "",
+        *report.table(
+            [
+                "schemas",
+                "compiled",
+                "miss p50 ms",
+                "miss p90 ms",
+                "miss p99 ms",
+                "miss max ms",
+                "hit p50 ms",
+                "hit p99 ms",
+                "cache MiB",
+            ],
+            [
+                [
+                    comp["n"],
+                    comp["compiled"],
+                    *(f(comp[k]) for k in ("miss_p50", "miss_p90", "miss_p99", "miss_max")),
+                    f(comp["hit_p50"], "{:.3f}"),
+                    f(comp["hit_p99"], "{:.3f}"),
+                    f(comp["cache_mb"]),
+                ]
+            ],
+        ),
+        "",
+    ]
     if comp["failed"]:
         L += ["Failed to compile: " + "; ".join(f"{n} ({e})" for n, e in comp["failed"]), ""]
-    L += ["Miss = first compile on a fresh engine; hit = the same schema again (the compiled-grammar cache).", "",
-          "## Mask work per step", "",
-          "Wall time per `engine.step()` inside StepMasks.fill / forced_prefix / seal / apply and the tentative "
-          "accepts of the drafting picks (outermost call only). Per request-step = that step's time / guided "
-          "requests in it. fill % = share of that time in xgrammar fill_next_token_bitmask (nested calls included); "
-          "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
-          "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of the committed tokens), "
-          "not included in the mask figures.", "",
-          *report.table(["c", "drafter", "k", "steps", "µs/step p50", "p90", "p99", "µs/req-step p50", "p90", "p99",
-                         "% of step", "fills/step", "µs/fill", "fill %", "apply % (gather, kernel)", "µs/apply",
-                         "commit µs/step p50"],
-                        ([r["concurrency"], r["drafter"] or "none", r["k"], m["steps"],
-                          *(f(m[k], "{:.0f}") for k in ("step_p50", "step_p90", "step_p99", "req_p50", "req_p90",
-                                                        "req_p99")),
-                          f(100 * m["share"]), f(m["fills_per_step"]), f(m["fill_us"], "{:.0f}"),
-                          f(100 * m["fill_share"], "{:.0f}"),
-                          f"{100 * m['breakdown']['apply']:.0f} ({100 * m['rows_for_share']:.0f}, "
-                          f"{100 * m['kernel_share']:.0f})", f(m["apply_us"], "{:.0f}"), f(m["commit_p50"], "{:.0f}")]
-                         for r in rows if (m := r["mask"]))),
-          "", "## Constrained vs unconstrained (no speculation)", "",
-          "Output tok/s; the unconstrained outputs differ in length (ms/step is the fairer per-step cost).", ""]
-    pairs = [(next(r for r in rows if r["concurrency"] == c and r["config"] == "unconstrained"),
-              next(r for r in rows if r["concurrency"] == c and r["config"] == "none")) for c in args.concurrency]
-    L += [*report.table(["c", "unconstrained tok/s", "guided tok/s", "ratio", "unconstrained ms/step",
-                         "guided ms/step", "unconstrained tokens", "guided tokens", "valid unconstrained",
-                         "valid guided"],
-                        ([g["concurrency"], f(u["tok_s"]), f(g["tok_s"]), f"{g['tok_s'] / u['tok_s']:.2f}×",
-                          f(u["ms_per_step"]), f(g["ms_per_step"]), u["tokens"], g["tokens"], f"{u['valid']}/{u['n']}",
-                          f"{g['valid']}/{g['n']}"] for u, g in pairs)),
-          "", f"Positions where the grammar allows exactly one token (replaying the guided outputs): "
-          f"{100 * forced:.1f}%.", "",
-          "Valid = parses as JSON (the whole text, or a ```json fence) and validates against the schema "
-          "(jsonschema), as in every benchmark table.", "",
-          "## Speculation under the grammar", "",
-          *report.table(["c", "drafter", "k", "tok/s", "α", "tok/step", "forced/token", "speedup", "exact",
-                         "finished (stop)", "valid"],
-                        ([r["concurrency"], r["drafter"] or "none", r["k"], f(r["tok_s"]), f(r["alpha"], "{:.2f}"),
-                          f(r["tok_per_step"], "{:.2f}"), f(r["forced"] / max(r["tokens"], 1), "{:.2f}"),
-                          f"{r['speedup']:.2f}×", "yes" if r["exact"] else "NO", f"{r['stop']}/{r['n']}",
-                          f"{r['valid']}/{r['n']} ({100 * r['valid'] / max(r['stop'], 1):.0f}% of finished)"]
-                         for r in rows if r["guided"])),
-          "", "α = accepted / drafted draft tokens (grammar-forced drafts included); tok/step = output tokens / "
-          "request-steps (prefill step counts); forced/token = grammar-forced draft tokens proposed per output token; "
-          "speedup = tok/s / guided no-speculation tok/s at the same concurrency; exact = output ids equal guided "
-          "no-speculation for every prompt; int8 = int8 dynamic-quantized copy of the target "
-          "(draft_quantization=\"int8\")."]
+    L += [
+        "Miss = first compile on a fresh engine; hit = the same schema again (the compiled-grammar cache).",
+        "",
+        "## Mask work per step",
+        "",
+        "Wall time per `engine.step()` inside StepMasks.fill / forced_prefix / seal / apply and the tentative "
+        "accepts of the drafting picks (outermost call only). Per request-step = that step's time / guided "
+        "requests in it. fill % = share of that time in xgrammar fill_next_token_bitmask (nested calls included); "
+        "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
+        "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of the committed tokens), "
+        "not included in the mask figures.",
+        "",
+        *report.table(
+            [
+                "c",
+                "drafter",
+                "k",
+                "steps",
+                "µs/step p50",
+                "p90",
+                "p99",
+                "µs/req-step p50",
+                "p90",
+                "p99",
+                "% of step",
+                "fills/step",
+                "µs/fill",
+                "fill %",
+                "apply % (gather, kernel)",
+                "µs/apply",
+                "commit µs/step p50",
+            ],
+            (
+                [
+                    r["concurrency"],
+                    r["drafter"] or "none",
+                    r["k"],
+                    m["steps"],
+                    *(f(m[k], "{:.0f}") for k in ("step_p50", "step_p90", "step_p99", "req_p50", "req_p90", "req_p99")),
+                    f(100 * m["share"]),
+                    f(m["fills_per_step"]),
+                    f(m["fill_us"], "{:.0f}"),
+                    f(100 * m["fill_share"], "{:.0f}"),
+                    f"{100 * m['breakdown']['apply']:.0f} ({100 * m['rows_for_share']:.0f}, "
+                    f"{100 * m['kernel_share']:.0f})",
+                    f(m["apply_us"], "{:.0f}"),
+                    f(m["commit_p50"], "{:.0f}"),
+                ]
+                for r in rows
+                if (m := r["mask"])
+            ),
+        ),
+        "",
+        "## Constrained vs unconstrained (no speculation)",
+        "",
+        "Output tok/s; the unconstrained outputs differ in length (ms/step is the fairer per-step cost).",
+        "",
+    ]
+    pairs = [
+        (
+            next(r for r in rows if r["concurrency"] == c and r["config"] == "unconstrained"),
+            next(r for r in rows if r["concurrency"] == c and r["config"] == "none"),
+        )
+        for c in args.concurrency
+    ]
+    L += [
+        *report.table(
+            [
+                "c",
+                "unconstrained tok/s",
+                "guided tok/s",
+                "ratio",
+                "unconstrained ms/step",
+                "guided ms/step",
+                "unconstrained tokens",
+                "guided tokens",
+                "valid unconstrained",
+                "valid guided",
+            ],
+            (
+                [
+                    g["concurrency"],
+                    f(u["tok_s"]),
+                    f(g["tok_s"]),
+                    f"{g['tok_s'] / u['tok_s']:.2f}×",
+                    f(u["ms_per_step"]),
+                    f(g["ms_per_step"]),
+                    u["tokens"],
+                    g["tokens"],
+                    f"{u['valid']}/{u['n']}",
+                    f"{g['valid']}/{g['n']}",
+                ]
+                for u, g in pairs
+            ),
+        ),
+        "",
+        f"Positions where the grammar allows exactly one token (replaying the guided outputs): {100 * forced:.1f}%.",
+        "",
+        "Valid = parses as JSON (the whole text, or a ```json fence) and validates against the schema "
+        "(jsonschema), as in every benchmark table.",
+        "",
+        "## Speculation under the grammar",
+        "",
+        *report.table(
+            [
+                "c",
+                "drafter",
+                "k",
+                "tok/s",
+                "α",
+                "tok/step",
+                "forced/token",
+                "speedup",
+                "exact",
+                "finished (stop)",
+                "valid",
+            ],
+            (
+                [
+                    r["concurrency"],
+                    r["drafter"] or "none",
+                    r["k"],
+                    f(r["tok_s"]),
+                    f(r["alpha"], "{:.2f}"),
+                    f(r["tok_per_step"], "{:.2f}"),
+                    f(r["forced"] / max(r["tokens"], 1), "{:.2f}"),
+                    f"{r['speedup']:.2f}×",
+                    "yes" if r["exact"] else "NO",
+                    f"{r['stop']}/{r['n']}",
+                    f"{r['valid']}/{r['n']} ({100 * r['valid'] / max(r['stop'], 1):.0f}% of finished)",
+                ]
+                for r in rows
+                if r["guided"]
+            ),
+        ),
+        "",
+        "α = accepted / drafted draft tokens (grammar-forced drafts included); tok/step = output tokens / "
+        "request-steps (prefill step counts); forced/token = grammar-forced draft tokens proposed per output token; "
+        "speedup = tok/s / guided no-speculation tok/s at the same concurrency; exact = output ids equal guided "
+        "no-speculation for every prompt; int8 = int8 dynamic-quantized copy of the target "
+        '(draft_quantization="int8").',
+    ]
     return L

@@ -15,6 +15,7 @@ setting, each starting from a cache that holds nothing reusable:
 Off and on run interleaved, --repeat times (medians). Greedy output ids must be the same with and without
 reuse (the `exact` column).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,17 +27,18 @@ from ..workload import select_cases
 SHARED = {"prompts": 8, "max_tokens": 128, "repeat": 3}
 QUICK = {"prompts": 2, "max_tokens": 16, "repeat": 1}
 QUICK_HELP = "2 prompts, 16 tokens, one run"
-SCENARIOS = {"one at a time": 1, "at once": 0, "resent": 0}      # -> concurrency (0 = all at once)
+SCENARIOS = {"one at a time": 1, "at once": 0, "resent": 0}  # -> concurrency (0 = all at once)
 
 
 def run(args) -> None:
     from specgram.engine.loading import load_tokenizer
 
     tok = load_tokenizer(args.model)
-    cases = select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)   # none fits 16 tokens
-    engines = {mode: cpu_engine(args.model, args.prompts, 640, args.max_tokens, prefix_cache=mode)
-               for mode in ("off", "on")}
-    for engine in engines.values():                                   # warm-up
+    cases = select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)  # none fits 16 tokens
+    engines = {
+        mode: cpu_engine(args.model, args.prompts, 640, args.max_tokens, prefix_cache=mode) for mode in ("off", "on")
+    }
+    for engine in engines.values():  # warm-up
         run_engine(engine, cases[:2], 4)
     results = {(mode, scen): [] for mode in engines for scen in SCENARIOS}
     for _ in range(args.repeat):
@@ -53,10 +55,15 @@ def run(args) -> None:
             p50, mean, tps, exact = ttft_cells(rs, reference)
             reused = int(statistics.median(sum(q["reused"] for q in r["requests"]) for r in rs))
             rows.append([scen, mode, p50, mean, tps, reused, exact])
-    lines = report.header("Prompt-prefix reuse", args,
-                          f"{len(cases)} JME extraction prompts ({sum(len(c['prompt_ids']) for c in cases)} prompt "
-                          f"tokens in all), max_tokens {args.max_tokens}, greedy, unguided, target only; median of "
-                          f"{args.repeat} interleaved runs")
-    lines += report.table(["scenario", "prefix_cache", "TTFT p50 ms", "TTFT mean ms", "output tok/s",
-                           "prompt tokens reused", "exact"], rows)
+    lines = report.header(
+        "Prompt-prefix reuse",
+        args,
+        f"{len(cases)} JME extraction prompts ({sum(len(c['prompt_ids']) for c in cases)} prompt "
+        f"tokens in all), max_tokens {args.max_tokens}, greedy, unguided, target only; median of "
+        f"{args.repeat} interleaved runs",
+    )
+    lines += report.table(
+        ["scenario", "prefix_cache", "TTFT p50 ms", "TTFT mean ms", "output tok/s", "prompt tokens reused", "exact"],
+        rows,
+    )
     report.write(args, lines, dict(records=[r for rs in results.values() for r in rs]))

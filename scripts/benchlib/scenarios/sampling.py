@@ -14,6 +14,7 @@ The configs of one (guide, c) cell run interleaved, --repeat times (median tok/s
   acc len    tokens committed per speculative step (1 + accepted drafts)
   = k=0      prompts whose output ids equal the no-speculation run's (coupled: all, by construction)
 """
+
 from __future__ import annotations
 
 import statistics
@@ -28,8 +29,9 @@ QUICK_HELP = "2 prompts, 32 tokens, concurrency 1 and 2"
 SAMPLED = dict(temperature=0.8, top_p=0.95)
 # (row label, drafter, k, rule); k = -1: auto (specgram.request.AUTO_DRAFT)
 DRAFTERS = (("n-gram auto", "ngram", -1), ("n-gram k=4", "ngram", 4), ("int8 copy k=2", "draft_model", 2))
-CONFIGS = [("k=0", "ngram", 0, "coupled")] + [(f"{name} {rule}", drafter, k, rule) for name, drafter, k in DRAFTERS
-                                             for rule in ("coupled", "rejection")]
+CONFIGS = [("k=0", "ngram", 0, "coupled")] + [
+    (f"{name} {rule}", drafter, k, rule) for name, drafter, k in DRAFTERS for rule in ("coupled", "rejection")
+]
 
 
 def add_options(ap) -> None:
@@ -46,18 +48,24 @@ def run(args) -> None:
 
     tok = load_tokenizer(args.model)
     cases = select_cases(tok, args.prompts, args.max_tokens)
-    engine = cpu_engine(args.model, max(args.concurrency), max(len(c["prompt_ids"]) for c in cases)
-                        + args.max_tokens + 16, args.max_tokens, draft_quantization="int8")
+    engine = cpu_engine(
+        args.model,
+        max(args.concurrency),
+        max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16,
+        args.max_tokens,
+        draft_quantization="int8",
+    )
     seeds = [1000 + i for i in range(len(cases))]
 
     def timed(guided, c, name, drafter, k, rule):
         engine.logits.coupled = rule == "coupled"
-        return run_engine(engine, cases, args.max_tokens, c, drafter, k, guided, config=name,
-                          params=dict(seeds=seeds, **SAMPLED))
+        return run_engine(
+            engine, cases, args.max_tokens, c, drafter, k, guided, config=name, params=dict(seeds=seeds, **SAMPLED)
+        )
 
     rows, records = [], []
     for guided in {"both": [False, True], "yes": [True], "no": [False]}[args.guided]:
-        timed(guided, 2, "warm-up", "draft_model", 2, "coupled")          # and the grammars' compiles
+        timed(guided, 2, "warm-up", "draft_model", 2, "coupled")  # and the grammars' compiles
         for c in args.concurrency:
             results: dict[str, list[dict]] = {cfg[0]: [] for cfg in CONFIGS}
             for _ in range(args.repeat):
@@ -70,14 +78,26 @@ def run(args) -> None:
                 last = results[name][-1]
                 partner = name.replace("coupled", "rejection")
                 same = sum(a == b for a, b in zip(ids(last), base, strict=True))
-                rows.append(["yes" if guided else "no", c, name, f"{tps[name]:.1f}", f"{tps[name] / tps['k=0']:.2f}",
-                             f"{tps[name] / tps[partner]:.2f}" if rule == "coupled" and k else "–",
-                             f"{accept_rate(last):.0%}" if k else "–", f"{tok_per_step(last):.2f}" if k else "–",
-                             f"{same}/{len(base)}"])
+                rows.append(
+                    [
+                        "yes" if guided else "no",
+                        c,
+                        name,
+                        f"{tps[name]:.1f}",
+                        f"{tps[name] / tps['k=0']:.2f}",
+                        f"{tps[name] / tps[partner]:.2f}" if rule == "coupled" and k else "–",
+                        f"{accept_rate(last):.0%}" if k else "–",
+                        f"{tok_per_step(last):.2f}" if k else "–",
+                        f"{same}/{len(base)}",
+                    ]
+                )
                 report.log(" | ".join(map(str, rows[-1])))
     engine.logits.coupled = True
-    lines = report.header("Sampled requests: coupled verification against rejection sampling", args,
-                          f"{len(cases)} JME prompts, {args.max_tokens} tokens, temperature {SAMPLED['temperature']}, "
-                          f"top-p {SAMPLED['top_p']}, one seed per prompt; repeat {args.repeat}")
+    lines = report.header(
+        "Sampled requests: coupled verification against rejection sampling",
+        args,
+        f"{len(cases)} JME prompts, {args.max_tokens} tokens, temperature {SAMPLED['temperature']}, "
+        f"top-p {SAMPLED['top_p']}, one seed per prompt; repeat {args.repeat}",
+    )
     lines += report.table(["guided", "c", "config", "tok/s", "vs k=0", "vs rej", "accept", "acc len", "= k=0"], rows)
     report.write(args, lines, dict(records=records))

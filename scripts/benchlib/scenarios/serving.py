@@ -16,6 +16,7 @@ per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and th
 k0 always runs; the ratio column is tok/s ÷ k0's at the same concurrency, and every config's outputs are
 compared with k0's (greedy: they must be identical).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ ENGINE = False
 
 
 # name -> the inputs a request of that config carries (None: the input is not sent)
-CONFIGS = {"k0": {"num_draft_tokens": 0}, "served": {"num_draft_tokens": None, "drafter": None},
-           "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"}}
+CONFIGS = {
+    "k0": {"num_draft_tokens": 0},
+    "served": {"num_draft_tokens": None, "drafter": None},
+    "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"},
+}
 PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None}
 
 
@@ -46,8 +50,12 @@ def guided_cases(n: int) -> list[dict]:
     for c in picked:
         title = c["schema"].get("title") if isinstance(c["schema"], dict) else None
         what = f" of a {title}" if isinstance(title, str) and title else ""
-        out.append(dict(prompt=f"Write a realistic example record{what} as a JSON object. Respond with the JSON "
-                               "object only.", guide=c["guide"]))
+        out.append(
+            dict(
+                prompt=f"Write a realistic example record{what} as a JSON object. Respond with the JSON object only.",
+                guide=c["guide"],
+            )
+        )
     return out
 
 
@@ -55,9 +63,13 @@ def add_options(ap) -> None:
     ap.add_argument("--url", default="", help="gRPC url of a running server (default: start one here)")
     ap.add_argument("--extra", default="{}", help="JSON of extra inputs, e.g. '{\"num_draft_tokens\": 4}'")
     ap.add_argument("--configs", default="", help=f"comma-separated request settings to compare, from {list(CONFIGS)}")
-    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="chat",
-                    help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy; "
-                         "guided: JSON-schema guided requests whose prompt does not quote the schema (--configs)")
+    ap.add_argument(
+        "--prompt-set",
+        choices=sorted(PROMPT_SETS),
+        default="chat",
+        help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy; "
+        "guided: JSON-schema guided requests whose prompt does not quote the schema (--configs)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
 
 
@@ -67,43 +79,70 @@ def run(args) -> None:
     extra = {"ignore_eos": True, **json.loads(args.extra)}
     recs = []
     with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
-        run_triton(url, [dict(prompt=CHAT_PROMPTS[0])], 8, 1, extra=extra)          # warm-up
+        run_triton(url, [dict(prompt=CHAT_PROMPTS[0])], 8, 1, extra=extra)  # warm-up
         for c in args.concurrency:
             n = max(args.prompts, c)
             cases = [dict(prompt=CHAT_PROMPTS[i % len(CHAT_PROMPTS)]) for i in range(n)]
             recs.append(run_triton(url, cases, args.max_tokens, c, extra=extra, system="ours via Triton"))
             report.log(f"c {c}: {tok_s(recs[-1]):.1f} tok/s")
-    rows = [[r["concurrency"], f"{tok_s(r):.1f}",
-             f"{statistics.mean(len(q['ids']) / q['latency_s'] for q in r['requests']):.1f}",
-             f"{1e3 * statistics.mean(q['ttft_s'] for q in r['requests']):.0f}", f"{tok_s(r) / tok_s(recs[0]):.2f}×"]
-            for r in recs]
-    lines = report.header("Serving throughput over gRPC streaming", args,
-                          f"max(--prompts, c) chat prompts per level, {args.max_tokens} tokens each (ignore_eos), "
-                          f"greedy, extra inputs {extra}; {'server at ' + args.url if args.url else 'own server'}",
-                          ("tritonclient", "nvidia-pytriton"))
-    lines += report.table(["concurrency", "output tok/s (aggregate)", "per-stream tok/s", "mean TTFT ms",
-                           f"ratio to c={recs[0]['concurrency']}"], rows)
+    rows = [
+        [
+            r["concurrency"],
+            f"{tok_s(r):.1f}",
+            f"{statistics.mean(len(q['ids']) / q['latency_s'] for q in r['requests']):.1f}",
+            f"{1e3 * statistics.mean(q['ttft_s'] for q in r['requests']):.0f}",
+            f"{tok_s(r) / tok_s(recs[0]):.2f}×",
+        ]
+        for r in recs
+    ]
+    lines = report.header(
+        "Serving throughput over gRPC streaming",
+        args,
+        f"max(--prompts, c) chat prompts per level, {args.max_tokens} tokens each (ignore_eos), "
+        f"greedy, extra inputs {extra}; {'server at ' + args.url if args.url else 'own server'}",
+        ("tritonclient", "nvidia-pytriton"),
+    )
+    lines += report.table(
+        [
+            "concurrency",
+            "output tok/s (aggregate)",
+            "per-stream tok/s",
+            "mean TTFT ms",
+            f"ratio to c={recs[0]['concurrency']}",
+        ],
+        rows,
+    )
     report.write(args, lines, dict(records=recs))
 
 
 def compare_configs(args) -> None:
     """--configs: each config's closed-loop run per concurrency on one server, interleaved --repeat times."""
-    names = choose(args.configs, CONFIGS, ("k0",))       # k0: the reference
+    names = choose(args.configs, CONFIGS, ("k0",))  # k0: the reference
     guided = args.prompt_set == "guided"
     pool = guided_cases(max(args.prompts, 8)) if guided else [dict(prompt=p) for p in PROMPT_SETS[args.prompt_set]]
     # guided answers end with their JSON (a grammar allows only EOS there); the others run --max-tokens
     base = {**({} if guided else {"ignore_eos": True}), **json.loads(args.extra)}
     rows, recs = [], []
     with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
-        for n in names:                                                       # warm-up: every config
-            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **CONFIGS[n]})   # compiles the guides
+        for n in names:  # warm-up: every config
+            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **CONFIGS[n]})  # compiles the guides
         for c in args.concurrency:
             cases = [pool[i % len(pool)] for i in range(max(args.prompts, c))]
             runs: dict[str, list[dict]] = {n: [] for n in names}
             for _ in range(args.repeat):
                 for n in names:
-                    runs[n].append(run_triton(url, cases, args.max_tokens, c, guided=guided,
-                                              extra={**base, **CONFIGS[n]}, system="ours via Triton", config=n))
+                    runs[n].append(
+                        run_triton(
+                            url,
+                            cases,
+                            args.max_tokens,
+                            c,
+                            guided=guided,
+                            extra={**base, **CONFIGS[n]},
+                            system="ours via Triton",
+                            config=n,
+                        )
+                    )
                     report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
             recs += [r for rs in runs.values() for r in rs]
             ref = statistics.median(map(tok_s, runs[names[0]]))
@@ -112,15 +151,42 @@ def compare_configs(args) -> None:
                 last, alpha = runs[n][-1], acceptance(runs[n][-1])
                 t = statistics.median(map(tok_s, runs[n]))
                 exact = all(ids(r) == ref_ids for r in runs[n])
-                valid = sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"]) \
-                    if guided else 0
-                rows.append([c, n, f"{t:.1f}", " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
-                             "–" if alpha is None else f"{alpha:.2f}", f"{t / ref:.2f}×",
-                             "yes" if exact else "NO", f"{valid}/{len(cases)}" if guided else "–"])
-    lines = report.header("Serving: request settings side by side over gRPC streaming", args,
-                          f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens at most "
-                          f"each, greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
-                          f"{'server at ' + args.url if args.url else 'own server'}", ("tritonclient",))
-    lines += report.table(["c", "config", "output tok/s (median)", "runs", "α", f"÷ {names[0]}",
-                           f"same output as {names[0]}", "valid JSON (guided)"], rows)
+                valid = (
+                    sum(is_valid(q["text"], json.loads(cases[q["case"]]["guide"])) for q in last["requests"])
+                    if guided
+                    else 0
+                )
+                rows.append(
+                    [
+                        c,
+                        n,
+                        f"{t:.1f}",
+                        " / ".join(f"{tok_s(r):.1f}" for r in runs[n]),
+                        "–" if alpha is None else f"{alpha:.2f}",
+                        f"{t / ref:.2f}×",
+                        "yes" if exact else "NO",
+                        f"{valid}/{len(cases)}" if guided else "–",
+                    ]
+                )
+    lines = report.header(
+        "Serving: request settings side by side over gRPC streaming",
+        args,
+        f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens at most "
+        f"each, greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
+        f"{'server at ' + args.url if args.url else 'own server'}",
+        ("tritonclient",),
+    )
+    lines += report.table(
+        [
+            "c",
+            "config",
+            "output tok/s (median)",
+            "runs",
+            "α",
+            f"÷ {names[0]}",
+            f"same output as {names[0]}",
+            "valid JSON (guided)",
+        ],
+        rows,
+    )
     report.write(args, lines, dict(records=recs))

@@ -20,6 +20,7 @@ when the server was started here). Exits 1 on any unexpected outcome (an error, 
 inexact output, a bad request that got through) or when the stub's memory grew by more than
 --max-rss-growth-mb from the start (measured after a warm-up that compiles every guide once).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,20 +40,42 @@ SHARED = {"concurrency": [16]}
 QUICK = {"concurrency": [4], "minutes": 0.5}
 QUICK_HELP = "0.5 minutes, 4 streams"
 ENGINE = False
-REFERENCE = {"text_input": "Tell me about lighthouses.", "apply_chat_template": True, "stream": True,
-             "max_tokens": 32, "temperature": 0.0}
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
-GUIDES = [("json_schema", json.dumps(PERSON), "Give a person's name and age as JSON."),
-          ("regex", r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])", "When did the first Moon landing happen?"),
-          ("regex", "(yes|no)", "Is the sky blue? Answer yes or no.")]
-BAD = [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
-       ({"sampling_parameters": "{oops"}, "sampling_parameters"),
-       ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "("}, "regex guide")]
+REFERENCE = {
+    "text_input": "Tell me about lighthouses.",
+    "apply_chat_template": True,
+    "stream": True,
+    "max_tokens": 32,
+    "temperature": 0.0,
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+GUIDES = [
+    ("json_schema", json.dumps(PERSON), "Give a person's name and age as JSON."),
+    ("regex", r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])", "When did the first Moon landing happen?"),
+    ("regex", "(yes|no)", "Is the sky blue? Answer yes or no."),
+]
+BAD = [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"sampling_parameters": "{oops"}, "sampling_parameters"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "("}, "regex guide"),
+]
 # seeded sampled references: their tokens depend on the prompt, the settings and the seed alone
-SAMPLED = [dict(REFERENCE, temperature=0.9, top_p=0.95, top_k=50, seed=7),
-           dict(REFERENCE, text_input=GUIDES[0][2], guided_decoding_guide_type=GUIDES[0][0],
-                guided_decoding_guide=GUIDES[0][1], max_tokens=48, temperature=0.8, seed=11)]
+SAMPLED = [
+    dict(REFERENCE, temperature=0.9, top_p=0.95, top_k=50, seed=7),
+    dict(
+        REFERENCE,
+        text_input=GUIDES[0][2],
+        guided_decoding_guide_type=GUIDES[0][0],
+        guided_decoding_guide=GUIDES[0][1],
+        max_tokens=48,
+        temperature=0.8,
+        seed=11,
+    ),
+]
 KINDS = {"free": 4, "guided": 3, "cancelled": 3, "refused": 1, "greedy": 1, "sampled": 1}
 TIMEOUT_S = 600.0
 EXPECTED = ("ok", "cancelled", "refused")
@@ -63,8 +86,12 @@ def add_options(ap) -> None:
     ap.add_argument("--url", default="", help="a running server's gRPC endpoint host:port (default: start one)")
     ap.add_argument("--metrics-url", help="its metrics endpoint, for the server's own finish-reason counts")
     ap.add_argument("--server-pid", type=int, help="its tritonserver process id, for the memory figures")
-    ap.add_argument("--max-rss-growth-mb", type=int, default=256,
-                    help="largest growth of the model process's resident memory (default %(default)s MiB)")
+    ap.add_argument(
+        "--max-rss-growth-mb",
+        type=int,
+        default=256,
+        help="largest growth of the model process's resident memory (default %(default)s MiB)",
+    )
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -84,10 +111,10 @@ class Soak:
     def __init__(self, url: str, references: dict[str, list], t0: float):
         self.url, self.references, self.t0 = url, references, t0
         self.lock = threading.Lock()
-        self.tokens: Counter = Counter()                            # minute -> output tokens received
-        self.outcomes: dict[int, Counter] = defaultdict(Counter)    # minute -> outcome class -> requests
+        self.tokens: Counter = Counter()  # minute -> output tokens received
+        self.outcomes: dict[int, Counter] = defaultdict(Counter)  # minute -> outcome class -> requests
         self.unexpected: list[str] = []
-        self.sampled_checks = 0                                     # seeded sampled requests compared
+        self.sampled_checks = 0  # seeded sampled requests compared
 
     def minute(self) -> int:
         return int((time.perf_counter() - self.t0) // 60)
@@ -111,20 +138,38 @@ class Soak:
 
     def _stream(self, inputs: dict) -> list[dict]:
         from collect import stream_infer
+
         return stream_infer(self.url, inputs, timeout=TIMEOUT_S, on_response=self.count_tokens)
 
     def free(self, rng):
         from collect import errors_of
+
         sampling = {"temperature": 0.8, "top_p": 0.95, "seed": rng.randrange(2**32)} if rng.random() < 0.5 else {}
-        r = self._stream({"text_input": rng.choice(CHAT_PROMPTS), "apply_chat_template": True, "stream": True,
-                          "max_tokens": rng.randint(8, 96), **sampling})
+        r = self._stream(
+            {
+                "text_input": rng.choice(CHAT_PROMPTS),
+                "apply_chat_template": True,
+                "stream": True,
+                "max_tokens": rng.randint(8, 96),
+                **sampling,
+            }
+        )
         return ("error", errors_of(r)[0]) if errors_of(r) else ("ok", "")
 
     def guided(self, rng):
         from collect import errors_of, last_value, text_of
+
         kind, guide, prompt = rng.choice(GUIDES)
-        r = self._stream({"text_input": prompt, "apply_chat_template": True, "stream": True, "max_tokens": 64,
-                          "guided_decoding_guide_type": kind, "guided_decoding_guide": guide})
+        r = self._stream(
+            {
+                "text_input": prompt,
+                "apply_chat_template": True,
+                "stream": True,
+                "max_tokens": 64,
+                "guided_decoding_guide_type": kind,
+                "guided_decoding_guide": guide,
+            }
+        )
         if errors_of(r):
             return "error", errors_of(r)[0]
         if last_value(r, "finish_reason") == "stop" and not obeys(kind, guide, text_of(r)):
@@ -133,6 +178,7 @@ class Soak:
 
     def cancelled(self, rng):
         from collect import cut_stream, errors_of
+
         inputs = {"text_input": rng.choice(CHAT_PROMPTS), "stream": True, "max_tokens": 256, "ignore_eos": True}
         if rng.random() < 0.5:
             r = cut_stream(self.url, inputs, after_responses=rng.randint(0, 4), after_seconds=TIMEOUT_S)
@@ -144,6 +190,7 @@ class Soak:
 
     def refused(self, rng):
         from collect import text_of
+
         inputs, field = rng.choice(BAD)
         r = self._stream({"text_input": "Hi", "max_tokens": 4, **inputs})
         if len(r) == 1 and r[0]["error"] and field in r[0]["error"]:
@@ -152,6 +199,7 @@ class Soak:
 
     def greedy(self, rng):
         from collect import errors_of, ids_of
+
         r = self._stream(REFERENCE)
         if errors_of(r):
             return "error", errors_of(r)[0]
@@ -160,6 +208,7 @@ class Soak:
 
     def sampled(self, rng):
         from collect import errors_of, ids_of
+
         i, k = rng.randrange(len(SAMPLED)), rng.choice([0, 2, 4, -1])
         r = self._stream(dict(SAMPLED[i], num_draft_tokens=k))
         if errors_of(r):
@@ -176,8 +225,10 @@ def memory(server_pid: int | None) -> dict[str, int]:
 
     if server_pid is None:
         return {}
-    return {"server": rss_bytes(server_pid) >> 20,
-            **{f"stub{i}": rss_bytes(pid) >> 20 for i, pid in enumerate(stub_pids(server_pid))}}
+    return {
+        "server": rss_bytes(server_pid) >> 20,
+        **{f"stub{i}": rss_bytes(pid) >> 20 for i, pid in enumerate(stub_pids(server_pid))},
+    }
 
 
 def warm_up(url: str) -> dict[str, list]:
@@ -190,6 +241,7 @@ def warm_up(url: str) -> dict[str, list]:
         if errors_of(r):
             raise SystemExit(f"warm-up: {errors_of(r)[0]}")
         return ids_of(r)
+
     for k, g, p in GUIDES:
         alone({"text_input": p, "max_tokens": 4, "guided_decoding_guide_type": k, "guided_decoding_guide": g})
     return {"greedy": alone(REFERENCE), "sampled": [alone(dict(x, num_draft_tokens=0)) for x in SAMPLED]}
@@ -202,8 +254,10 @@ def finished(metrics_url: str | None) -> dict[str, float]:
     from triton_server import metric_total
 
     text = requests.get(metrics_url, timeout=30).text
-    return {r: metric_total(text, "specgram_requests_total", finish_reason=r)
-            for r in ("stop", "length", "cancelled", "error")}
+    return {
+        r: metric_total(text, "specgram_requests_total", finish_reason=r)
+        for r in ("stop", "length", "cancelled", "error")
+    }
 
 
 def run(args) -> int:
@@ -220,8 +274,11 @@ def soak(args, url: str, metrics_url: str | None, pid: int | None) -> int:
     deadline = state.t0 + args.minutes * 60
     rngs = (random.Random(args.seed * 1_000_003 + i) for i in itertools.count())
     todo = itertools.takewhile(lambda _: time.perf_counter() < deadline, rngs)
-    print(f"soak: {streams} streams for {args.minutes:g} min against {url}; memory at start (MiB): "
-          f"{mem_start or 'unknown (no --server-pid)'}", flush=True)
+    print(
+        f"soak: {streams} streams for {args.minutes:g} min against {url}; memory at start (MiB): "
+        f"{mem_start or 'unknown (no --server-pid)'}",
+        flush=True,
+    )
     errors: list[BaseException] = []
 
     def drive() -> None:
@@ -229,6 +286,7 @@ def soak(args, url: str, metrics_url: str | None, pid: int | None) -> int:
             closed_loop(state.one, todo, streams)
         except BaseException as e:  # noqa: BLE001 - raised below, in the main thread
             errors.append(e)
+
     loop = threading.Thread(target=drive)
     loop.start()
     minutes = range(math.ceil(args.minutes))
@@ -237,34 +295,53 @@ def soak(args, url: str, metrics_url: str | None, pid: int | None) -> int:
         time.sleep(max(0.0, end - time.perf_counter()))
         with state.lock:
             tokens, outcomes = state.tokens[m], dict(state.outcomes[m])
-        print(f"minute {m + 1}: {tokens / (end - state.t0 - m * 60):.1f} tok/s, {sum(outcomes.values())} requests "
-              f"ended, {outcomes}, memory (MiB) {memory(pid)}", flush=True)
-    loop.join()                # each stream ends its last request
+        print(
+            f"minute {m + 1}: {tokens / (end - state.t0 - m * 60):.1f} tok/s, {sum(outcomes.values())} requests "
+            f"ended, {outcomes}, memory (MiB) {memory(pid)}",
+            flush=True,
+        )
+    loop.join()  # each stream ends its last request
     if errors:
         raise errors[0]
-    time.sleep(2.0)            # cancelled requests leave the engine within the adapter's polling interval
+    time.sleep(2.0)  # cancelled requests leave the engine within the adapter's polling interval
     mem_end, fin_end = memory(pid), finished(metrics_url)
-    totals = sum(state.outcomes.values(), Counter())      # with the requests that ended after the time was up
+    totals = sum(state.outcomes.values(), Counter())  # with the requests that ended after the time was up
     growth = {k: mem_end[k] - mem_start[k] for k in mem_start if k.startswith("stub") and k in mem_end}
     grew = any(g > args.max_rss_growth_mb for g in growth.values())
     fin = {k: fin_end[k] - fin_start[k] for k in fin_end} if fin_start else None
-    lines = report.header("Soak", args, f"{streams} streams (closed loop), {args.minutes:g} min, mixed requests "
-                          f"{KINDS}; {'server at ' + args.url if args.url else 'own server (model_repository/)'}",
-                          ("tritonclient", "nvidia-pytriton"))
+    lines = report.header(
+        "Soak",
+        args,
+        f"{streams} streams (closed loop), {args.minutes:g} min, mixed requests "
+        f"{KINDS}; {'server at ' + args.url if args.url else 'own server (model_repository/)'}",
+        ("tritonclient", "nvidia-pytriton"),
+    )
     mismatches = sum(u.startswith("inexact_sampled") for u in state.unexpected)
-    lines += [f"Total: {sum(state.tokens[m] for m in minutes) / (args.minutes * 60):.1f} tok/s, outcomes "
-              f"{dict(totals)}  ", f"Seeded sampled requests checked against their solo runs: "
-              f"{state.sampled_checks}, mismatches: {mismatches}  ",
-              *([f"Server finish reasons during the soak: {fin}  "] if fin else []),
-              f"Memory (MiB): start {mem_start or 'unknown'}, end {mem_end or 'unknown'}", ""]
+    lines += [
+        f"Total: {sum(state.tokens[m] for m in minutes) / (args.minutes * 60):.1f} tok/s, outcomes {dict(totals)}  ",
+        f"Seeded sampled requests checked against their solo runs: {state.sampled_checks}, mismatches: {mismatches}  ",
+        *([f"Server finish reasons during the soak: {fin}  "] if fin else []),
+        f"Memory (MiB): start {mem_start or 'unknown'}, end {mem_end or 'unknown'}",
+        "",
+    ]
     if state.unexpected:
         lines += [f"UNEXPECTED ({len(state.unexpected)}):", *(f"- {u}" for u in state.unexpected[:20]), ""]
     if grew:
         lines += [f"MEMORY GREW beyond {args.max_rss_growth_mb} MiB: {growth}", ""]
     failed = bool(state.unexpected) or grew
-    report.write(args, lines + ["FAIL" if failed else "PASS"], dict(
-        minutes=args.minutes, streams=streams, tokens_per_minute=[state.tokens[m] for m in minutes],
-        outcomes_per_minute=[dict(state.outcomes[m]) for m in minutes], memory_mib=dict(start=mem_start, end=mem_end),
-        unexpected=state.unexpected, server_finish_reasons=fin, sampled_checks=state.sampled_checks,
-        sampled_mismatches=mismatches))
+    report.write(
+        args,
+        lines + ["FAIL" if failed else "PASS"],
+        dict(
+            minutes=args.minutes,
+            streams=streams,
+            tokens_per_minute=[state.tokens[m] for m in minutes],
+            outcomes_per_minute=[dict(state.outcomes[m]) for m in minutes],
+            memory_mib=dict(start=mem_start, end=mem_end),
+            unexpected=state.unexpected,
+            server_finish_reasons=fin,
+            sampled_checks=state.sampled_checks,
+            sampled_mismatches=mismatches,
+        ),
+    )
     return 1 if failed else 0

@@ -23,6 +23,7 @@ the target's own KV cache). k "auto": the engine
 chooses k per request per step.
 --prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -56,8 +57,12 @@ PROMPT_SETS = {"copy": COPY_PROMPTS, "chat": CHAT_PROMPTS}
 
 def add_options(ap) -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
-    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="copy",
-                    help="copy: prompts holding text to copy; chat: open-ended chat prompts (free text)")
+    ap.add_argument(
+        "--prompt-set",
+        choices=sorted(PROMPT_SETS),
+        default="copy",
+        help="copy: prompts holding text to copy; chat: open-ended chat prompts (free text)",
+    )
 
 
 def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
@@ -68,10 +73,16 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
 
     if kind == "bf16":
         return ModelRunner(load_model(path, torch.device("cpu"), torch.bfloat16), slots, max_seq_len)
-    if kind == "int8n":                                               # as the engine's int8 copy (engine/settings.py)
-        return ModelRunner(target.model, slots, max_seq_len,
-                           choose_for(target.model, weights=int8_form(target.native.lib)), cache=target.cache)
+    if kind == "int8n":  # as the engine's int8 copy (engine/settings.py)
+        return ModelRunner(
+            target.model,
+            slots,
+            max_seq_len,
+            choose_for(target.model, weights=int8_form(target.native.lib)),
+            cache=target.cache,
+        )
     from specgram.model.quantize import quantize_dynamic_int8
+
     return ModelRunner(quantize_dynamic_int8(target.model), slots, max_seq_len)
 
 
@@ -84,15 +95,21 @@ def forward_ms(calls: list, batch: int, context: int, repeats: int = 11) -> list
     tokens = torch.randint(min(100, calls[0][0].vocab_size // 2), min(1000, calls[0][0].vocab_size), (batch, context))
     with torch.inference_mode():
         for r in {id(r): r for r, _ in calls}.values():
-            r.forward(tokens, slots, torch.zeros(batch, dtype=torch.long), torch.full((batch,), context),
-                      last_only=True)
+            r.forward(
+                tokens, slots, torch.zeros(batch, dtype=torch.long), torch.full((batch,), context), last_only=True
+            )
         times: list[list[float]] = [[] for _ in calls]
         for rep in range(repeats + 1):
             for i, (r, width) in enumerate(calls):
                 t0 = time.perf_counter()
-                r.forward(tokens[:, :width], slots, torch.full((batch,), context), torch.full((batch,), width),
-                          last_only=width == 1)
-                if rep:                                   # the first round is a warm-up
+                r.forward(
+                    tokens[:, :width],
+                    slots,
+                    torch.full((batch,), context),
+                    torch.full((batch,), width),
+                    last_only=width == 1,
+                )
+                if rep:  # the first round is a warm-up
                     times[i].append(1000 * (time.perf_counter() - t0))
     return [statistics.median(t) for t in times]
 
@@ -113,41 +130,47 @@ def run(args) -> None:
     from specgram.model.runner import ModelRunner, load_model
     from specgram.speculation.draft_model import DraftModelDrafter
 
-    names = choose(args.configs, CONFIGS, ("none",))     # "none": the reference for speedup and exactness
+    names = choose(args.configs, CONFIGS, ("none",))  # "none": the reference for speedup and exactness
     slots = max(args.concurrency)
     tok = load_tokenizer(args.model)
-    cases = text_cases(tok, PROMPT_SETS[args.prompt_set][:args.prompts])
+    cases = text_cases(tok, PROMPT_SETS[args.prompt_set][: args.prompts])
     lens = [len(c["prompt_ids"]) for c in cases]
     max_seq_len = max(lens) + args.max_tokens + 16
     config = cpu_config(args.model, slots, max_seq_len, args.max_tokens)
-    settings = resolve(config)                        # requests name their drafter: settings.drafter is not read
+    settings = resolve(config)  # requests name their drafter: settings.drafter is not read
     target = ModelRunner(load_model(args.model, torch.device("cpu"), torch.float32), slots, max_seq_len)
-    drafts = {kind: load_draft(kind, target, args.model, slots, max_seq_len)
-              for kind in dict.fromkeys(CONFIGS[n][1] for n in names) if kind}
-    engines = {kind: Engine(config, settings, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
-               for kind, r in drafts.items()}
+    drafts = {
+        kind: load_draft(kind, target, args.model, slots, max_seq_len)
+        for kind in dict.fromkeys(CONFIGS[n][1] for n in names)
+        if kind
+    }
+    engines = {
+        kind: Engine(config, settings, target, tok, {"draft_model": DraftModelDrafter(r, target.vocab_size)})
+        for kind, r in drafts.items()
+    }
     engines[None] = Engine(config, settings, target, tok)
-    for kind, e in engines.items():                   # warm-up: every engine, every concurrency
+    for kind, e in engines.items():  # warm-up: every engine, every concurrency
         for c in args.concurrency:
             run_engine(e, cases[:c], 8, c, "draft_model" if kind else "ngram", 2)
 
-    context = int(statistics.mean(lens)) + args.max_tokens // 2      # cost ratios at a mid-run context length
+    context = int(statistics.mean(lens)) + args.max_tokens // 2  # cost ratios at a mid-run context length
     ks = sorted({CONFIGS[n][2] for n in names if CONFIGS[n][2] > 0})
     cost, verify, notes = {}, {}, []
     for c in args.concurrency:
         ms = forward_ms([(target, 1), *((drafts[k], 1) for k in drafts), *((target, k + 1) for k in ks)], c, context)
         cost.update({(kind, c): m / ms[0] for kind, m in zip(drafts, ms[1:], strict=False)})
-        verify.update({(k, c): m / ms[0] for k, m in zip(ks, ms[1 + len(drafts):], strict=True)})
-        notes.append(f"- c {c}, context {context}: forward ms: target 1 token {ms[0]:.1f}"
-                     + "".join(f", {kind} 1 token {m:.1f}" for kind, m in zip(drafts, ms[1:], strict=False))
-                     + "".join(f", target {k + 1} tokens {m:.1f}"
-                               for k, m in zip(ks, ms[1 + len(drafts):], strict=True)))
+        verify.update({(k, c): m / ms[0] for k, m in zip(ks, ms[1 + len(drafts) :], strict=True)})
+        notes.append(
+            f"- c {c}, context {context}: forward ms: target 1 token {ms[0]:.1f}"
+            + "".join(f", {kind} 1 token {m:.1f}" for kind, m in zip(drafts, ms[1:], strict=False))
+            + "".join(f", target {k + 1} tokens {m:.1f}" for k, m in zip(ks, ms[1 + len(drafts) :], strict=True))
+        )
         report.log(notes[-1][2:])
 
     rows, records = [], []
     for c in args.concurrency:
         runs: dict[str, list[dict]] = {n: [] for n in names}
-        for _ in range(args.repeat):                   # interleaved: load changes hit every row alike
+        for _ in range(args.repeat):  # interleaved: load changes hit every row alike
             for n in names:
                 drafter, kind, k = CONFIGS[n]
                 runs[n].append(run_engine(engines[kind], cases, args.max_tokens, c, drafter, k, config=n))
@@ -159,15 +182,33 @@ def run(args) -> None:
             last, t = runs[n][-1], statistics.median(map(tok_s, runs[n]))
             alpha, cc = acceptance(last) or 0.0, cost.get((kind, c), 0.0)
             exact = all(ids(r) == ids(runs["none"][0]) for r in runs[n])
-            rows.append([c, n.rsplit("-", 1)[0] if k < 0 else n.rsplit("-k", 1)[0], "auto" if k < 0 else k,
-                         f"{t:.1f}", f"{alpha:.2f}" if k else "–", f"{tok_per_step(last):.2f}",
-                         f"{cc:.2f}" if k else "–", f"{verify.get((k, c), 1.0):.2f}" if k > 0 else "–",
-                         f"{t / ref_tps:.2f}×", f"{ideal_speedup(alpha, k, cc):.2f}×" if k >= 0 else "–",
-                         "yes" if exact else "NO"])
-    lines = report.header("Speculative decoding in process", args,
-                          f"{Path(args.model).name} fp32 target; {len(cases)} {args.prompt_set} prompts (mean "
-                          f"{statistics.mean(lens):.0f} tokens), max_tokens {args.max_tokens}, greedy, repeat "
-                          f"{args.repeat}")
-    lines += [*report.table(["c", "drafter", "k", "output tok/s", "α", "tok/step", "c (cost)", "v", "speedup",
-                             "ideal", "exact"], rows), "", *notes]
+            rows.append(
+                [
+                    c,
+                    n.rsplit("-", 1)[0] if k < 0 else n.rsplit("-k", 1)[0],
+                    "auto" if k < 0 else k,
+                    f"{t:.1f}",
+                    f"{alpha:.2f}" if k else "–",
+                    f"{tok_per_step(last):.2f}",
+                    f"{cc:.2f}" if k else "–",
+                    f"{verify.get((k, c), 1.0):.2f}" if k > 0 else "–",
+                    f"{t / ref_tps:.2f}×",
+                    f"{ideal_speedup(alpha, k, cc):.2f}×" if k >= 0 else "–",
+                    "yes" if exact else "NO",
+                ]
+            )
+    lines = report.header(
+        "Speculative decoding in process",
+        args,
+        f"{Path(args.model).name} fp32 target; {len(cases)} {args.prompt_set} prompts (mean "
+        f"{statistics.mean(lens):.0f} tokens), max_tokens {args.max_tokens}, greedy, repeat "
+        f"{args.repeat}",
+    )
+    lines += [
+        *report.table(
+            ["c", "drafter", "k", "output tok/s", "α", "tok/step", "c (cost)", "v", "speedup", "ideal", "exact"], rows
+        ),
+        "",
+        *notes,
+    ]
     report.write(args, lines, dict(records=records))

@@ -39,6 +39,7 @@ turns it off, so that the weight-only int8 path runs instead; tests cover both).
 SPECGRAM_KERNEL_DEBUG=1: a debug build (-O1 -g, asserts on slot, position and index ranges inside the
 kernels), under its own key.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -56,21 +57,36 @@ from . import abi
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "forward.c", "scratch.c",
-                                   "isa.c")]
-HEADERS = [HERE / n for n in ("specgram.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vexp.h", "scratch.h", "deal.h",
-                                 "team.h", "barrier.h")]
-PREBUILT_DIR = HERE / "_build"          # `python -m specgram.model.kernels build`; git-ignored
+SOURCES = [
+    HERE / n for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "forward.c", "scratch.c", "isa.c")
+]
+HEADERS = [
+    HERE / n
+    for n in (
+        "specgram.h",
+        "vec.h",
+        "vec_avx512.h",
+        "vec_avx2.h",
+        "vexp.h",
+        "scratch.h",
+        "deal.h",
+        "team.h",
+        "barrier.h",
+    )
+]
+PREBUILT_DIR = HERE / "_build"  # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"
-ISAS = ("avx512", "avx2")                # best first: what auto tries, in order
+ISAS = ("avx512", "avx2")  # best first: what auto tries, in order
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512bw", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
-CPU_FLAGS = {"avx512": ("avx512f", "avx512bw"), "avx2": ("avx2", "fma")}   # /proc/cpuinfo flags each needs
-VNNI_FLAGS = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}   # ... and the flag its specgram_gemm_i8a8 needs
+CPU_FLAGS = {"avx512": ("avx512f", "avx512bw"), "avx2": ("avx2", "fma")}  # /proc/cpuinfo flags each needs
+VNNI_FLAGS = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}  # ... and the flag its specgram_gemm_i8a8 needs
 # -ffp-contract=off: no fused multiply-adds but the explicit ones (rotary and norms round like transformers')
 _COMMON = ["-fopenmp", "-fPIC", "-shared", "-ffp-contract=off"]
 FLAGS = ["-O3", "-DNDEBUG", *_COMMON]
 DEBUG_FLAGS = ["-O1", "-g", "-DSPECGRAM_DEBUG", *_COMMON]
+
+
 class KernelsUnavailable(RuntimeError):
     """The library cannot be built or loaded here; the message says why."""
 
@@ -167,7 +183,7 @@ def library_name(isa: str, cc: str | None = None, debug: bool | None = None) -> 
 def _user_cache() -> Path | None:
     try:
         return Path.home() / ".cache" / "specgram" / "kernels"
-    except (KeyError, RuntimeError):           # no home directory (a bare container user)
+    except (KeyError, RuntimeError):  # no home directory (a bare container user)
         return None
 
 
@@ -197,7 +213,7 @@ def compile_into(out_dir: Path, isa: str, cc: str | None = None, debug: bool | N
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:   # build aside, then rename: atomic for racers
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: atomic for racers
         tmp_out = Path(tmp) / out.name
         cmd = [cc, *compile_flags(isa, debug), "-o", str(tmp_out), *map(str, SOURCES)]
         try:
@@ -223,7 +239,7 @@ def build(isa: str, cc: str | None = None, debug: bool | None = None) -> Path:
         target = d if d is not None else _private_temp_dir()
         try:
             return compile_into(target, isa, cc, debug)
-        except OSError as e:                   # read-only or missing mount: try the next place
+        except OSError as e:  # read-only or missing mount: try the next place
             log.info("kernel build directory %s not writable (%s); trying the next", target, e)
     raise KernelsUnavailable("no writable directory to build the kernels in")
 

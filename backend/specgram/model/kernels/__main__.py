@@ -6,6 +6,7 @@ per-user cache); if that directory cannot be written, into the place `load()` wo
 built, one a line. Exit status 0 when the build that `load()` would choose on this machine (see
 $SPECGRAM_KERNEL_ISA) is built and loads, 1 otherwise (the reasons on stderr).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ Nothing here is written twice: a field or an argument changes in specgram.h only
 A model's structs are built once at load (native.py) and hold raw addresses of its packed weights: the tensors
 they point into must outlive them (the NativeForward keeps both).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -14,9 +15,14 @@ from pathlib import Path
 
 HEADER = Path(__file__).with_name("specgram.h")
 
-_SCALARS = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "int": ctypes.c_int, "float": ctypes.c_float,
-            "size_t": ctypes.c_size_t}
-_DECL = re.compile(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)$")     # one parameter or field: [const] type [*] name
+_SCALARS = {
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "int": ctypes.c_int,
+    "float": ctypes.c_float,
+    "size_t": ctypes.c_size_t,
+}
+_DECL = re.compile(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)$")  # one parameter or field: [const] type [*] name
 
 
 def _text() -> str:
@@ -65,12 +71,13 @@ def _parse():
     return constants, structs, functions
 
 
-CONSTANTS, STRUCTS, FUNCTIONS = _parse()    # FUNCTIONS: name -> (restype, argtypes)
+CONSTANTS, STRUCTS, FUNCTIONS = _parse()  # FUNCTIONS: name -> (restype, argtypes)
 
 Linear, Layer, Decoder = STRUCTS["specgram_linear"], STRUCTS["specgram_layer"], STRUCTS["specgram_decoder"]
 LIN_F32, LIN_BF16, LIN_I8, LIN_I8A8 = (CONSTANTS[f"LIN_{k}"] for k in ("F32", "BF16", "I8", "I8A8"))
 BAD_TOKEN, BAD_SLOT, BAD_POSITION, BAD_ROW, BAD_HEAD_ROW = (
-    CONSTANTS[f"BAD_{k}"] for k in ("TOKEN", "SLOT", "POSITION", "ROW", "HEAD_ROW"))
+    CONSTANTS[f"BAD_{k}"] for k in ("TOKEN", "SLOT", "POSITION", "ROW", "HEAD_ROW")
+)
 
 
 def bind(lib: ctypes.CDLL) -> None:

@@ -1,0 +1,83 @@
+"""A model as forward.c reads it: its matmul weights packed for the native products (linear.py: fused q|k|v and
+gate|up, in the model's dtype or an int8 form), its norms, and the specgram.h structs that point into them.
+
+Built once at load. The structs hold raw addresses of these tensors: this object keeps every tensor they point
+into for as long as it lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .int8 import ACTIVATIONS
+from .kernels import abi
+from .linear import make_linear
+
+
+class _Layer:
+    __slots__ = ("qkv", "o", "gate_up", "down", "w_in", "eps_in", "w_post", "eps_post")
+
+
+def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    return norm.weight.detach().float().contiguous(), float(norm.variance_epsilon)
+
+
+class PackedDecoder:
+    """The weights, norms and structs of one model as forward.c reads them."""
+
+    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
+        """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
+        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
+        "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
+        kernels.has_vnni)."""
+        cfg = model.config
+        inner = model.model
+        wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
+        act = ACTIVATIONS.get(weights, "float32")
+        linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
+        self.lib, self.weights = lib, weights
+        self._embed_weight = inner.embed_tokens.weight.detach().contiguous()  # read by forward.c
+        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
+        self.scaling = float(inner.layers[0].self_attn.scaling)
+        self.layers = []
+        for layer in inner.layers:
+            a, mlp, L = layer.self_attn, layer.mlp, _Layer()
+            qkv = [a.q_proj, a.k_proj, a.v_proj]
+            L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
+            L.o = linear([a.o_proj.weight], [None])
+            gu = [mlp.gate_proj, mlp.up_proj]
+            L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
+            L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
+            L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
+            L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
+            self.layers.append(L)
+        self.w_final, self.eps_final = _norm_weight(inner.norm)
+        self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
+        self._layer_structs, self._decoder = self._describe()
+        self._head = self.lm_head.descriptor()
+
+    def _describe(self) -> tuple[ctypes.Array, abi.Decoder]:
+        """The decoder as forward.c reads it: per layer its four products and its norms (the post-attention one,
+        then the next layer's input norm, the final norm after the last), addresses into this object's tensors."""
+        n = len(self.layers)
+        structs = (abi.Layer * n)()
+        for i, L in enumerate(self.layers):
+            w_next, eps_next = (
+                (self.layers[i + 1].w_in, self.layers[i + 1].eps_in) if i + 1 < n else (self.w_final, self.eps_final)
+            )
+            products = (L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor())
+            structs[i] = abi.Layer(*products, L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
+        first = self.layers[0]
+        emb = self._embed_weight
+        shape = (n, self.E, self.H, self.Hkv, self.D, self.inter)
+        first_norm = (first.w_in.data_ptr(), first.eps_in)
+        embed = (emb.data_ptr(), emb.shape[0], int(emb.dtype == torch.bfloat16))
+        decoder = abi.Decoder(*shape, *first_norm, self.scaling, structs, *embed)
+        return structs, decoder
+
+    def linear_layers(self) -> list[torch.nn.Module]:
+        return [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
