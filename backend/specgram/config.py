@@ -32,7 +32,7 @@ DTYPES = {
 
 @dataclass(frozen=True)
 class EngineConfig:
-    checkpoint: str  # local HF checkpoint folder (Llama family)
+    checkpoint: str  # local HF checkpoint folder of a supported family (model/families.py)
     device: str = "cpu"  # "cpu", "cuda", "cuda:N" or "auto" (cuda when available)
     dtype: str = "auto"  # "auto" = bfloat16 on CUDA, float32 on CPU
     max_slots: int = 8  # concurrent sequences = KV cache rows

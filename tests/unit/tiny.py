@@ -65,3 +65,66 @@ def save_checkpoint(path: Path, model_type: str = "llama", seed: int = 0, **over
     build_model(model_type, seed, **overrides).save_pretrained(path)
     build_tokenizer().save_pretrained(path)
     return path
+
+
+# Each family's distinguishing features at tiny scale (4 layers, hidden 64, 4 heads of 16, 2 KV heads unless
+# said): what its real checkpoints' configs set, so the family tests exercise what differs.
+FAMILY_CONFIGS = {
+    "llama": dict(  # Llama 3.x rope scaling
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=32,
+        ),
+    ),  # fmt: skip
+    "qwen2": dict(rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),  # q/k/v biases
+    "mistral": dict(sliding_window=8),
+    "qwen3": dict(head_dim=24),  # q/k norms; a head_dim that is not hidden / heads
+    "gemma3_text": dict(
+        head_dim=24,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        tie_word_embeddings=True,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        hidden_activation="gelu_pytorch_tanh",
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            full_attention=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+    ),  # fmt: skip
+    "phi3": dict(),  # fused qkv_proj and gate_up_proj (Phi-3)
+    "phi4_mini": dict(  # Phi-4-mini: phi3 with partial rotary and longrope (the tests stay within its original
+        # length: longrope's long factor applies past it)
+        model_type="phi3",
+        tie_word_embeddings=True,
+        original_max_position_embeddings=512,
+        max_position_embeddings=4096,
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=10000.0,
+            partial_rotary_factor=0.75,
+            short_factor=[1.0 + i / 10 for i in range(6)],
+            long_factor=[2.0 + i for i in range(6)],
+        ),
+    ),  # fmt: skip
+    "smollm3": dict(no_rope_layers=[1, 1, 1, 0], tie_word_embeddings=True),  # every 4th layer without rotary
+    "granite": dict(
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0
+    ),  # fmt: skip
+}
+
+
+def build_family(name: str, seed: int = 0, **overrides):
+    """A tiny random model of a family of FAMILY_CONFIGS (4 layers, float32)."""
+    kw = {**FAMILY_CONFIGS[name], **overrides}
+    return build_model(kw.pop("model_type", name), seed, num_layers=4, **kw)
+
+
+def save_family(path: Path, name: str, seed: int = 0, **overrides) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    build_family(name, seed, **overrides).save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    return path

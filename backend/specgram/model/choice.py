@@ -17,7 +17,8 @@ import torch
 
 from ..config import KV_DTYPES, LINEAR_KINDS
 from ..errors import ModelLoadError
-from . import kernels
+from . import families, kernels
+from .families import describe
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
 SUPPORTED_ACTS = ("silu",)  # the native MLP's activation (kernels/norm.c)
@@ -35,9 +36,13 @@ class ForwardChoice:
 
 def native_gap(cfg, dtype: torch.dtype) -> str | None:
     """None if the native forward covers a model of this HF config loaded in `dtype`, else what it lacks."""
-    if getattr(cfg, "hidden_act", None) not in SUPPORTED_ACTS:
-        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
-    if getattr(cfg, "attention_bias", False) and getattr(cfg, "model_type", "") == "llama":
+    arch = describe(cfg)
+    if arch.act not in SUPPORTED_ACTS:
+        return f"activation {arch.act!r}"
+    gap = families.native_gap(arch)
+    if gap is not None:
+        return gap
+    if getattr(cfg, "attention_bias", False) and arch.family in ("llama", "granite"):
         return "o_proj bias"  # llama's attention_bias puts a bias on o_proj too (qwen2's not)
     if dtype not in NATIVE_DTYPES:
         return f"dtype {dtype} (float32 or bfloat16 weights are read)"
@@ -117,17 +122,12 @@ def choose_for(
 
 
 def projections(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """transformers' weight matmuls of one forward, in order (the lm_head last)."""
-    return [
-        m
-        for layer in model.model.layers
-        for m in (
-            layer.self_attn.q_proj,
-            layer.self_attn.k_proj,
-            layer.self_attn.v_proj,
-            layer.self_attn.o_proj,
-            layer.mlp.gate_proj,
-            layer.mlp.up_proj,
-            layer.mlp.down_proj,
-        )
-    ] + [model.lm_head]
+    """transformers' weight matmuls of one forward, in order (the lm_head last); q|k|v and gate|up are one
+    module each where the checkpoint fuses them (phi3)."""
+    out = []
+    for layer in model.model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]
+        gate_up = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+        out += [*qkv, a.o_proj, *gate_up, mlp.down_proj]
+    return out + [model.lm_head]

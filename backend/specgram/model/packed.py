@@ -46,10 +46,10 @@ class PackedDecoder:
         self.layers = []
         for layer in inner.layers:
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
-            qkv = [a.q_proj, a.k_proj, a.v_proj]
+            qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]  # fused: phi3
             L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
             L.o = linear([a.o_proj.weight], [None])
-            gu = [mlp.gate_proj, mlp.up_proj]
+            gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
             L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
             L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
             L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)

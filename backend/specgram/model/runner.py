@@ -1,8 +1,8 @@
-"""ModelRunner: a Llama-family causal LM over a slot-indexed KV cache.
+"""ModelRunner: a decoder causal LM (a family of families.py) over a slot-indexed KV cache.
 
-One class serves the target and (later) the draft model: two instances, composed by the engine.
-Weights, norms, MLPs and rotary embeddings are transformers' own modules (so numerics match HF);
-only attention over our KV cache and the batching of ragged rows are ours.
+One class serves the target and the draft model: two instances, composed by the engine.
+On the PyTorch forward the layers, norms and rotary are transformers' own (torch_forward.py: numerics match
+HF); only attention over our KV cache and the batching of ragged rows are ours.
 
 A forward takes B rows; row b appends num_new[b] tokens to slot slots[b] starting at position starts[b].
 Rows are right-padded to a common width T. This covers prefill (T = prompt length), decode (T = 1) and
@@ -22,14 +22,13 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ModelLoadError
+from . import torch_forward
 from .choice import ForwardChoice, choose_for, projections
+from .families import DOCS, FAMILIES, describe
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .transfer import h2d, right_pad
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 def checkpoint_config(path: Path) -> dict:
@@ -43,26 +42,12 @@ def checkpoint_config(path: Path) -> dict:
     if not cfg_file.exists():
         raise ModelLoadError(f"{str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
     cfg = json.loads(cfg_file.read_text())
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if cfg.get("model_type") not in FAMILIES:
         raise ModelLoadError(
-            f"model_type {model_type!r} in {cfg_file} is not supported; this engine runs "
-            f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"model_type {cfg.get('model_type')!r} in {cfg_file} is not supported; this engine runs the decoder "
+            f"families {', '.join(FAMILIES)} (see {DOCS})"
         )
     return cfg
-
-
-def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | None) -> torch.Tensor:
-    """-> bool [B, 1, T, L]: query t of row b (absolute position starts[b] + t) sees keys j <= its position
-    (and, with a sliding window, j > position - window). Padded queries see garbage keys; their outputs are
-    never used, and key 0 is always visible so no row is all -inf."""
-    q_pos = starts[:, None] + torch.arange(width, device=starts.device)[None, :]  # [B, T]
-    k_pos = torch.arange(length, device=starts.device)  # [L]
-    mask = k_pos[None, None, :] <= q_pos[:, :, None]  # [B, T, L]
-    if window is not None:
-        mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
-        mask[:, :, 0] |= ~mask.any(-1)
-    return mask[:, None]
 
 
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -103,7 +88,8 @@ class ModelRunner:
         forward = forward or choose_for(model)
         self.model = model.eval()
         cfg = model.config
-        self.config = cfg
+        self.config, self.arch = cfg, describe(cfg)
+        torch_forward.plug(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         kind, weights, kv_dtype, static_width = forward.kind, forward.weights, forward.kv_dtype, forward.static_width
@@ -120,9 +106,7 @@ class ModelRunner:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        window = getattr(cfg, "sliding_window", None)
-        if getattr(cfg, "use_sliding_window", True) is False:
-            window = None
+        window = self.arch.window if self.native is not None else None  # the torch forward's layers say theirs
         self.window = window if window and window < max_seq_len else None
         self.max_seq_len = max_seq_len
         self.scratch_slot = max_slots  # used only by the static path
@@ -228,18 +212,12 @@ class ModelRunner:
         positions = positions.clamp_max(self.max_seq_len - 1)  # padding stays in range
         if widx is None:
             widx = make_write_index(slots, starts, num_new, T)
-        mask = attention_mask(starts, T, length, self.window)
-
-        inner = self.model.model
-        h = inner.embed_tokens(tokens)  # [B, T, hidden]
-        cos, sin = inner.rotary_emb(h, position_ids=positions)
-        for i, layer in enumerate(inner.layers):
-            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask, length)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = inner.norm(h)
+        h = torch_forward.hidden(
+            self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length)
+        )
         if last_only:
             h = h[torch.arange(B, device=self.device), num_new - 1]  # [B, hidden]
-        return self.model.lm_head(h).float()
+        return torch_forward.head(self.model, self.arch, h)
 
     @torch.inference_mode()
     def forward_static(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -255,26 +233,7 @@ class ModelRunner:
         steps = torch.arange(T, device=self.device).repeat(B)  # [B*T]
         rows = torch.arange(B, device=self.device).repeat_interleave(T)  # [B*T]
         widx = WriteIndex(rows, steps, slots[rows], positions.reshape(-1))
-        mask = attention_mask(starts, T, L, self.window)
-        inner = self.model.model
-        h = inner.embed_tokens(tokens)
-        cos, sin = inner.rotary_emb(h, position_ids=positions)
-        for i, layer in enumerate(inner.layers):
-            h = h + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin, slots, widx, mask, L)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.model.lm_head(inner.norm(h)).float()
-
-    def _attention(self, layer_idx, attn, x, cos, sin, slots, widx, mask, length) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = attn.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        self.cache.write(layer_idx, k, v, widx)
-        k_all, v_all = self.cache.read(layer_idx, slots, length)  # [B, Hkv, L, D]
-        out = F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads
+        h = torch_forward.hidden(
+            self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, L)
         )
-        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return torch_forward.head(self.model, self.arch, h)
