@@ -51,6 +51,13 @@ def cpu_engine(model: str, slots: int, max_seq_len: int, max_tokens: int = 128, 
     return Engine.from_config(cpu_config(model, slots, max_seq_len, max_tokens, **settings))
 
 
+def scenario_engine(args, cases: list[dict], **settings):
+    """cpu_engine sized for a scenario's run: a slot for each request in flight at the highest --concurrency,
+    positions for the longest prompt, --max-tokens and 16 to spare."""
+    longest = max(len(c["prompt_ids"]) for c in cases)
+    return cpu_engine(args.model, max(args.concurrency), longest + args.max_tokens + 16, args.max_tokens, **settings)
+
+
 def record(requests: list[dict], wall_s: float, concurrency: int, **meta) -> dict:
     """A run record; drafted / accepted: the requests' sums, None when no request reports them."""
     counted = [r for r in requests if r.get("drafted") is not None]

@@ -14,34 +14,37 @@ costs with that tokenizer (the published vocabularies are 128256 and 151936: the
 from __future__ import annotations
 
 VOCAB = 49152
+
+
+def _shape(
+    model_type: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    mlp: int,
+    rope_theta: float,
+    eps: float,
+    **extra,
+) -> tuple[str, dict]:
+    """(model type, config fields) of one shape, its numbers in the module docstring's order; both publish
+    positions."""
+    fields = dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=mlp,
+        rope_theta=rope_theta,
+        rms_norm_eps=eps,
+        max_position_embeddings=131072,
+    )
+    return model_type, {**fields, **extra}
+
+
 SHAPES = {
-    "llama-3.2-1b": (
-        "llama",
-        dict(
-            hidden_size=2048,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            intermediate_size=8192,
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-            max_position_embeddings=131072,
-        ),
-    ),
-    "qwen2-1.5b": (
-        "qwen2",
-        dict(
-            hidden_size=1536,
-            num_hidden_layers=28,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            intermediate_size=8960,
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=131072,
-        ),
-    ),
+    "llama-3.2-1b": _shape("llama", 2048, 16, 32, 8, 8192, 500000.0, 1e-5, head_dim=64),
+    "qwen2-1.5b": _shape("qwen2", 1536, 28, 12, 2, 8960, 1000000.0, 1e-6),
 }
 
 

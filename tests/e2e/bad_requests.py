@@ -101,6 +101,17 @@ def guide(kind: str, text: str | None) -> dict:
     return {"guided_decoding_guide_type": kind, "guided_decoding_guide": text}
 
 
+def refused_tensor(id: str, name: str, values: list, dtype: str) -> Case:
+    """Input `name` as a raw tensor of a data type or shape config.pbtxt does not declare: tritonserver refuses
+    it, naming the input."""
+    return Case(id, {name: tensor(name, values, dtype)}, name, TRITON)
+
+
+def bad_guide(id: str, kind: str, text: str | None, field: str = "") -> Case:
+    """A guide of `kind` the model refuses; the error names "<kind> guide" unless `field` says otherwise."""
+    return Case(id, guide(kind, text), field or f"{kind} guide")
+
+
 def _deep(depth: int) -> str:
     return "[" * depth + "]" * depth
 
@@ -111,56 +122,26 @@ def _deep_schema(depth: int) -> str:
 
 # ---- tritonserver refuses: a data type config.pbtxt does not declare ------------------------------------------
 WRONG_DTYPE = [
-    Case("dtype-text_input-int32", {"text_input": tensor("text_input", [1], "INT32")}, "text_input", TRITON),
-    Case("dtype-stream-int32", {"stream": tensor("stream", [1], "INT32")}, "stream", TRITON),
-    Case("dtype-max_tokens-fp32", {"max_tokens": tensor("max_tokens", [2.0], "FP32")}, "max_tokens", TRITON),
-    Case("dtype-max_tokens-string", {"max_tokens": tensor("max_tokens", [b"2"], "BYTES")}, "max_tokens", TRITON),
-    Case("dtype-max_tokens-int64", {"max_tokens": tensor("max_tokens", [2], "INT64")}, "max_tokens", TRITON),
-    Case("dtype-temperature-fp64", {"temperature": tensor("temperature", [0.0], "FP64")}, "temperature", TRITON),
-    Case("dtype-temperature-string", {"temperature": tensor("temperature", [b"0.5"], "BYTES")}, "temperature", TRITON),
-    Case("dtype-top_p-int32", {"top_p": tensor("top_p", [1], "INT32")}, "top_p", TRITON),
-    Case("dtype-top_k-fp32", {"top_k": tensor("top_k", [5.0], "FP32")}, "top_k", TRITON),
-    Case("dtype-seed-int64", {"seed": tensor("seed", [-1], "INT64")}, "seed", TRITON),
-    Case("dtype-stop-int32", {"stop": tensor("stop", [1, 2], "INT32")}, "stop", TRITON),
-    Case("dtype-ignore_eos-string", {"ignore_eos": tensor("ignore_eos", [b"yes"], "BYTES")}, "ignore_eos", TRITON),
-    Case(
-        "dtype-num_draft_tokens-fp32",
-        {"num_draft_tokens": tensor("num_draft_tokens", [2.0], "FP32")},
-        "num_draft_tokens",
-        TRITON,
-    ),
-    Case("dtype-drafter-int32", {"drafter": tensor("drafter", [1], "INT32")}, "drafter", TRITON),
-    Case(
-        "dtype-guide_type-bool",
-        {"guided_decoding_guide_type": tensor("guided_decoding_guide_type", [True], "BOOL")},
-        "guided_decoding_guide_type",
-        TRITON,
-    ),
-    Case(
-        "dtype-guide-int32",
-        {"guided_decoding_guide": tensor("guided_decoding_guide", [7], "INT32")},
-        "guided_decoding_guide",
-        TRITON,
-    ),
-    Case(
-        "dtype-exclude_input_in_output-fp32",
-        {"exclude_input_in_output": tensor("exclude_input_in_output", [1.0], "FP32")},
-        "exclude_input_in_output",
-        TRITON,
-    ),
-    Case(
-        "dtype-sampling_parameters-int32",
-        {"sampling_parameters": tensor("sampling_parameters", [1], "INT32")},
-        "sampling_parameters",
-        TRITON,
-    ),
-    Case(
-        "dtype-apply_chat_template-int32",
-        {"apply_chat_template": tensor("apply_chat_template", [1], "INT32")},
-        "apply_chat_template",
-        TRITON,
-    ),
-    Case("dtype-messages-fp32", {"messages": tensor("messages", [1.0], "FP32")}, "messages", TRITON),
+    refused_tensor("dtype-text_input-int32", "text_input", [1], "INT32"),
+    refused_tensor("dtype-stream-int32", "stream", [1], "INT32"),
+    refused_tensor("dtype-max_tokens-fp32", "max_tokens", [2.0], "FP32"),
+    refused_tensor("dtype-max_tokens-string", "max_tokens", [b"2"], "BYTES"),
+    refused_tensor("dtype-max_tokens-int64", "max_tokens", [2], "INT64"),
+    refused_tensor("dtype-temperature-fp64", "temperature", [0.0], "FP64"),
+    refused_tensor("dtype-temperature-string", "temperature", [b"0.5"], "BYTES"),
+    refused_tensor("dtype-top_p-int32", "top_p", [1], "INT32"),
+    refused_tensor("dtype-top_k-fp32", "top_k", [5.0], "FP32"),
+    refused_tensor("dtype-seed-int64", "seed", [-1], "INT64"),
+    refused_tensor("dtype-stop-int32", "stop", [1, 2], "INT32"),
+    refused_tensor("dtype-ignore_eos-string", "ignore_eos", [b"yes"], "BYTES"),
+    refused_tensor("dtype-num_draft_tokens-fp32", "num_draft_tokens", [2.0], "FP32"),
+    refused_tensor("dtype-drafter-int32", "drafter", [1], "INT32"),
+    refused_tensor("dtype-guide_type-bool", "guided_decoding_guide_type", [True], "BOOL"),
+    refused_tensor("dtype-guide-int32", "guided_decoding_guide", [7], "INT32"),
+    refused_tensor("dtype-exclude_input_in_output-fp32", "exclude_input_in_output", [1.0], "FP32"),
+    refused_tensor("dtype-sampling_parameters-int32", "sampling_parameters", [1], "INT32"),
+    refused_tensor("dtype-apply_chat_template-int32", "apply_chat_template", [1], "INT32"),
+    refused_tensor("dtype-messages-fp32", "messages", [1.0], "FP32"),
 ]
 
 # ---- tritonserver refuses: a shape config.pbtxt does not declare (two elements where one is expected, ...) ----
@@ -183,14 +164,13 @@ _TWO = {
     "messages": ([b"[]", b"[]"], "BYTES"),
 }
 WRONG_SHAPE = [
-    Case(f"shape-{name}-two-elements", {name: tensor(name, values, dtype)}, name, TRITON)
-    for name, (values, dtype) in _TWO.items()
+    refused_tensor(f"shape-{name}-two-elements", name, values, dtype) for name, (values, dtype) in _TWO.items()
 ] + [
-    Case("shape-max_tokens-1x1", {"max_tokens": tensor("max_tokens", [[2]], "INT32")}, "max_tokens", TRITON),
-    Case("shape-max_tokens-empty", {"max_tokens": tensor("max_tokens", [], "INT32")}, "max_tokens", TRITON),
-    Case("shape-text_input-empty", {"text_input": tensor("text_input", [], "BYTES")}, "text_input", TRITON),
-    Case("shape-stop-2d", {"stop": tensor("stop", [[b"a", b"b"]], "BYTES")}, "stop", TRITON),
-    Case("unknown-input", {"bogus": tensor("bogus", [1], "INT32")}, "bogus", TRITON),
+    refused_tensor("shape-max_tokens-1x1", "max_tokens", [[2]], "INT32"),
+    refused_tensor("shape-max_tokens-empty", "max_tokens", [], "INT32"),
+    refused_tensor("shape-text_input-empty", "text_input", [], "BYTES"),
+    refused_tensor("shape-stop-2d", "stop", [[b"a", b"b"]], "BYTES"),
+    refused_tensor("unknown-input", "bogus", [1], "INT32"),
 ]
 
 # ---- the model refuses: values out of range or of the wrong kind -------------------------------------------
@@ -260,76 +240,60 @@ VALUES = [
 
 # ---- the model refuses: guides ------------------------------------------------------------------------------
 GUIDES = [
-    Case("guide_type-unknown", guide("yaml", "a: b"), "guided_decoding_guide_type"),
-    Case("guide_type-empty", guide("", "a"), "guided_decoding_guide_type"),
+    bad_guide("guide_type-unknown", "yaml", "a: b", "guided_decoding_guide_type"),
+    bad_guide("guide_type-empty", "", "a", "guided_decoding_guide_type"),
     Case("guide_type-list", sp(guided_decoding_guide_type=["regex"]), "guided_decoding_guide_type"),
-    Case("guide-missing-json_schema", guide("json_schema", None), "guided_decoding_guide"),
-    Case("guide-missing-regex", guide("regex", None), "guided_decoding_guide"),
-    Case("guide-missing-ebnf", guide("ebnf", None), "guided_decoding_guide"),
-    Case("guide-missing-structural_tag", guide("structural_tag", None), "guided_decoding_guide"),
+    bad_guide("guide-missing-json_schema", "json_schema", None, "guided_decoding_guide"),
+    bad_guide("guide-missing-regex", "regex", None, "guided_decoding_guide"),
+    bad_guide("guide-missing-ebnf", "ebnf", None, "guided_decoding_guide"),
+    bad_guide("guide-missing-structural_tag", "structural_tag", None, "guided_decoding_guide"),
     Case("guide-without-type", {"guided_decoding_guide": "[a-z]+"}, "guided_decoding_guide_type"),
     Case(
         "guide-object", sp(guided_decoding_guide_type="regex", guided_decoding_guide={"a": 1}), "guided_decoding_guide"
     ),
-    Case("guide-too-large", guide("regex", "x" * 300_000), "guided_decoding_guide"),
-    Case("schema-not-json", guide("json_schema", "{not json"), "guided_decoding_guide"),
-    Case("schema-type-5", guide("json_schema", '{"type": 5}'), "json_schema guide"),
-    Case("schema-array", guide("json_schema", "[1, 2]"), "json_schema guide"),
-    Case("schema-string", guide("json_schema", '"string"'), "json_schema guide"),
-    Case("schema-ref-missing", guide("json_schema", '{"$ref": "#/definitions/missing"}'), "json_schema guide"),
-    Case(
+    bad_guide("guide-too-large", "regex", "x" * 300_000, "guided_decoding_guide"),
+    bad_guide("schema-not-json", "json_schema", "{not json", "guided_decoding_guide"),
+    bad_guide("schema-type-5", "json_schema", '{"type": 5}'),
+    bad_guide("schema-array", "json_schema", "[1, 2]"),
+    bad_guide("schema-string", "json_schema", '"string"'),
+    bad_guide("schema-ref-missing", "json_schema", '{"$ref": "#/definitions/missing"}'),
+    bad_guide(
         "schema-ref-cycle",
-        guide(
-            "json_schema",
-            json.dumps({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}),
-        ),
-        "json_schema guide",
+        "json_schema",
+        json.dumps({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}),
     ),
-    Case(
-        "schema-properties-not-object", guide("json_schema", '{"type": "object", "properties": 3}'), "json_schema guide"
-    ),
-    Case(
-        "schema-minLength-above-maxLength",
-        guide("json_schema", '{"type": "string", "minLength": 5, "maxLength": 2}'),
-        "json_schema guide",
-    ),
-    Case(
-        "schema-integer-beyond-int64",
-        guide("json_schema", '{"type": "integer", "minimum": -1e30}'),
-        "json_schema guide",
-    ),
-    Case("regex-unclosed", guide("regex", "("), "regex guide"),
-    Case("regex-bad-range", guide("regex", "[z-a]"), "regex guide"),
-    Case("regex-bad-repeat", guide("regex", "a{3,1}"), "regex guide"),
-    Case("regex-nothing-to-repeat", guide("regex", "*a"), "regex guide"),
-    Case("ebnf-empty-rule", guide("ebnf", "root ::= "), "ebnf guide"),
-    Case("ebnf-no-root", guide("ebnf", 'foo ::= "a"'), "ebnf guide"),
-    Case("ebnf-undefined-rule", guide("ebnf", "root ::= bar"), "ebnf guide"),
-    Case("ebnf-dangling-alternative", guide("ebnf", 'root ::= "a" |'), "ebnf guide"),
-    Case("ebnf-nested-too-deep", guide("ebnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000), "ebnf guide"),
-    Case("structural_tag-not-json", guide("structural_tag", "junk"), "guided_decoding_guide"),
-    Case("structural_tag-no-format", guide("structural_tag", '{"foo": 1}'), "structural_tag guide"),
-    Case(
-        "structural_tag-unknown-format",
-        guide("structural_tag", '{"type": "structural_tag", "format": {"type": "x"}}'),
-        "structural_tag guide",
-    ),
-    Case("structural_tag-array", guide("structural_tag", "[]"), "structural_tag guide"),
-    Case("json-guide-text-given", guide("json", '{"type": "integer"}'), "guided_decoding_guide"),
-    Case("json_object-guide-text-given", guide("json_object", '{"type": "string"}'), "guided_decoding_guide"),
-    Case("schema-nested-too-deep", guide("json_schema", _deep_schema(2000)), "guided_decoding_guide"),
-    Case("structural_tag-nested-too-deep", guide("structural_tag", _deep(5000)), "guided_decoding_guide"),
-    Case("choice-not-a-list", guide("choice", '"yes"'), "choice guide"),
-    Case("choice-empty-string", guide("choice", '["yes", ""]'), "choice guide"),
+    bad_guide("schema-properties-not-object", "json_schema", '{"type": "object", "properties": 3}'),
+    bad_guide("schema-minLength-above-maxLength", "json_schema", '{"type": "string", "minLength": 5, "maxLength": 2}'),
+    bad_guide("schema-integer-beyond-int64", "json_schema", '{"type": "integer", "minimum": -1e30}'),
+    bad_guide("regex-unclosed", "regex", "("),
+    bad_guide("regex-bad-range", "regex", "[z-a]"),
+    bad_guide("regex-bad-repeat", "regex", "a{3,1}"),
+    bad_guide("regex-nothing-to-repeat", "regex", "*a"),
+    bad_guide("ebnf-empty-rule", "ebnf", "root ::= "),
+    bad_guide("ebnf-no-root", "ebnf", 'foo ::= "a"'),
+    bad_guide("ebnf-undefined-rule", "ebnf", "root ::= bar"),
+    bad_guide("ebnf-dangling-alternative", "ebnf", 'root ::= "a" |'),
+    bad_guide("ebnf-nested-too-deep", "ebnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000),
+    bad_guide("structural_tag-not-json", "structural_tag", "junk", "guided_decoding_guide"),
+    bad_guide("structural_tag-no-format", "structural_tag", '{"foo": 1}'),
+    bad_guide("structural_tag-unknown-format", "structural_tag", '{"type": "structural_tag", "format": {"type": "x"}}'),
+    bad_guide("structural_tag-array", "structural_tag", "[]"),
+    bad_guide("json-guide-text-given", "json", '{"type": "integer"}', "guided_decoding_guide"),
+    bad_guide("json_object-guide-text-given", "json_object", '{"type": "string"}', "guided_decoding_guide"),
+    bad_guide("schema-nested-too-deep", "json_schema", _deep_schema(2000), "guided_decoding_guide"),
+    bad_guide("structural_tag-nested-too-deep", "structural_tag", _deep(5000), "guided_decoding_guide"),
+    bad_guide("choice-not-a-list", "choice", '"yes"'),
+    bad_guide("choice-empty-string", "choice", '["yes", ""]'),
     Case("structured_outputs-two-constraints", sp(structured_outputs={"regex": "a", "json": {}}), "exactly one"),
     Case("structured_outputs-unknown-key", sp(structured_outputs={"xml": "<a/>"}), "structured_outputs"),
     Case("structured_outputs-bad-regex", sp(structured_outputs={"regex": "a(b"}), "regex"),
     Case("guided_decoding-choice-not-a-list", sp(guided_decoding={"choice": "yes"}), "choice"),
-    Case("schema-type-list-of-objects", guide("json_schema", '{"type": [{}]}'), "json_schema guide"),
-    Case("schema-format-list", guide("json_schema", '{"type": "string", "format": ["date"]}'), "json_schema guide"),
-    Case(
+    bad_guide("schema-type-list-of-objects", "json_schema", '{"type": [{}]}'),
+    bad_guide("schema-format-list", "json_schema", '{"type": "string", "format": ["date"]}'),
+    bad_guide(
         "schema-integer-of-5000-digits",
-        guide("json_schema", '{"type": "integer", "minimum": ' + "9" * 5000 + "}"),
+        "json_schema",
+        '{"type": "integer", "minimum": ' + "9" * 5000 + "}",
         "guided_decoding_guide",
     ),
     Case(

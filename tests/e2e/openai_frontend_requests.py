@@ -355,6 +355,8 @@ PLANETS = [{"role": "user", "content": "Name three planets of the solar system."
 COMPLETION_PROMPT = "The three primary colors are"
 LOGPROBS_PROMPT = "Write one sentence about the sea."
 COMPLETION_LOGPROBS_PROMPT = "The ocean covers"
+# A stream whose last response carries the usage.
+STREAM_WITH_USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -396,13 +398,7 @@ def chat_stream() -> FrontendRequest:
     return frontend_request(
         "chat_stream",
         "chat",
-        {
-            "messages": PLANETS,
-            "temperature": 0,
-            "max_completion_tokens": 16,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        {"messages": PLANETS, "temperature": 0, "max_completion_tokens": 16, **STREAM_WITH_USAGE},
     )
 
 
@@ -474,51 +470,29 @@ def chat_required_tool() -> FrontendRequest:
     )
 
 
+def _chat_logprobs(name: str, **extra: Any) -> FrontendRequest:
+    """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, **extra}."""
+    messages = [{"role": "user", "content": LOGPROBS_PROMPT}]
+    return frontend_request(
+        name, "chat", {"messages": messages, "temperature": 0, "max_tokens": 6, "logprobs": True, **extra}
+    )
+
+
 def chat_logprobs() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "top_logprobs": 3}."""
-    return frontend_request(
-        "chat_logprobs",
-        "chat",
-        {
-            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
-            "temperature": 0,
-            "max_tokens": 6,
-            "logprobs": True,
-            "top_logprobs": 3,
-        },
-    )
+    return _chat_logprobs("chat_logprobs", top_logprobs=3)
 
 
 def chat_logprobs_stream() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "stream": true}:
     no top_logprobs, so the frontend asks for 1."""
-    return frontend_request(
-        "chat_logprobs_stream",
-        "chat",
-        {
-            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
-            "temperature": 0,
-            "max_tokens": 6,
-            "logprobs": True,
-            "stream": True,
-        },
-    )
+    return _chat_logprobs("chat_logprobs_stream", stream=True)
 
 
 def chat_logprobs_chosen_only() -> FrontendRequest:
     """{"messages": [LOGPROBS_PROMPT], "temperature": 0, "max_tokens": 6, "logprobs": true, "top_logprobs": 0}:
     sampling_parameters.logprobs 0, the chosen tokens' logprobs alone."""
-    return frontend_request(
-        "chat_logprobs_chosen_only",
-        "chat",
-        {
-            "messages": [{"role": "user", "content": LOGPROBS_PROMPT}],
-            "temperature": 0,
-            "max_tokens": 6,
-            "logprobs": True,
-            "top_logprobs": 0,
-        },
-    )
+    return _chat_logprobs("chat_logprobs_chosen_only", top_logprobs=0)
 
 
 def completion_basic() -> FrontendRequest:
@@ -534,13 +508,7 @@ def completion_stream() -> FrontendRequest:
     return frontend_request(
         "completion_stream",
         "completions",
-        {
-            "prompt": COMPLETION_PROMPT,
-            "temperature": 0,
-            "max_tokens": 8,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+        {"prompt": COMPLETION_PROMPT, "temperature": 0, "max_tokens": 8, **STREAM_WITH_USAGE},
     )
 
 

@@ -207,6 +207,12 @@ def _nested_arrays(depth: int) -> str:
     return json.dumps(_nest(depth, lambda inner: {"type": "array", "items": inner, "minItems": 1, "maxItems": 1}))
 
 
+def _long_property_name(length: int) -> str:
+    """An object schema whose one required property's name is `length` characters long."""
+    name = "k" * length
+    return json.dumps({"type": "object", "properties": {name: {"type": "integer"}}, "required": [name]})
+
+
 def _nest(depth, wrap):
     schema = {"type": "integer"}
     for _ in range(depth):
@@ -232,11 +238,7 @@ HOSTILE_QUICK = [
     Hostile("regex-(a*)*b", "regex", "(a*)*b"),
     Hostile("regex-(a{1000}){1000}", "regex", "(a{1000}){1000}"),
     Hostile("enum-5000", "json_schema", json.dumps({"enum": [f"value{i}" for i in range(5000)]})),
-    Hostile(
-        "property-name-10k",
-        "json_schema",
-        json.dumps({"type": "object", "properties": {"k" * 10_000: {"type": "integer"}}, "required": ["k" * 10_000]}),
-    ),
+    Hostile("property-name-10k", "json_schema", _long_property_name(10_000)),
     Hostile("nested-objects-30", "json_schema", _nested_objects(30)),
     Hostile("ref-cycle-self", "json_schema", '{"$ref": "#"}', error="Circular $ref"),
     Hostile("ebnf-left-recursive", "ebnf", 'root ::= a\na ::= a "x" | "y"'),
@@ -245,11 +247,7 @@ HOSTILE_SLOW = [
     Hostile("regex-(a+)+b", "regex", "(a+)+b"),
     Hostile("regex-[a-z]{0,5000}", "regex", "[a-z]{0,5000}"),
     Hostile("enum-20000", "json_schema", json.dumps({"enum": [f"w{i}" for i in range(20_000)]})),
-    Hostile(
-        "property-name-100k",
-        "json_schema",
-        json.dumps({"type": "object", "properties": {"k" * 100_000: {"type": "integer"}}, "required": ["k" * 100_000]}),
-    ),
+    Hostile("property-name-100k", "json_schema", _long_property_name(100_000)),
     Hostile(
         "properties-2000",
         "json_schema",

@@ -119,6 +119,13 @@ def target_and_draft(
     )
 
 
+def vocab4_target_and_draft(root: Path) -> Engine:
+    """A target and draft over a vocabulary of 4 with flat logits (every token likely), 64 slots of 32 positions:
+    small enough that the exact distribution of a few tokens can be enumerated and compared with thousands of
+    samples in one batch."""
+    return target_and_draft(root, 32, max_slots=64, target_seed=1, draft_seed=2, vocab_size=4, init=0.08)
+
+
 def cheap_draft_model(monkeypatch, engine) -> None:
     """Freeze engine's step-cost model at a 30 ms step and a 2 ms draft forward: what a draft model much smaller
     than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need

@@ -10,8 +10,8 @@ from specgram.speculation.adaptive import Acceptance, RequestAcceptance, allocat
 from specgram.speculation.costs import StepCosts
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import PROMPTS, cheap_draft_model, run, run_to_end, target_and_draft, tokens_of, wrong_and_right
-from .test_speculative import PROMPT, SAMPLE_PARAMS, VOCAB, with_oracle
+from .helpers import PROMPTS, cheap_draft_model, run, run_to_end, tokens_of, vocab4_target_and_draft, wrong_and_right
+from .test_speculative import PROMPT, SAMPLE_PARAMS, with_oracle
 
 
 def costs_of(a: float, b: float, rows=(1, 2, 4, 8, 16)) -> StepCosts:
@@ -462,15 +462,7 @@ def test_per_source_statistics_add_up(engines):
 
 @pytest.fixture(scope="module")
 def tiny_vocab(tmp_path_factory):
-    return target_and_draft(
-        tmp_path_factory.mktemp("vocab4auto"),
-        32,
-        max_slots=64,
-        target_seed=1,
-        draft_seed=2,
-        vocab_size=VOCAB,
-        init=0.08,
-    )
+    return vocab4_target_and_draft(tmp_path_factory.mktemp("vocab4auto"))
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])

@@ -18,7 +18,7 @@ from specgram.serving.protocol import parse
 from specgram.speculation.drafter import Drafter, Proposal
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import PROMPTS, pinned_eos, run, run_to_end, target_and_draft, text_of, tokens_of, wrong_and_right
+from .helpers import PROMPTS, pinned_eos, run, run_to_end, text_of, tokens_of, vocab4_target_and_draft, wrong_and_right
 
 MAX = 30
 N = 20  # min_tokens where one value is enough
@@ -252,9 +252,7 @@ N_SAMPLES = 2000
 @pytest.fixture(scope="module")
 def vocab4_engine(tmp_path_factory):
     """Vocabulary of 4, flat logits (every token likely), EOS = 2."""
-    return target_and_draft(
-        tmp_path_factory.mktemp("vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2, vocab_size=4, init=0.08
-    )
+    return vocab4_target_and_draft(tmp_path_factory.mktemp("vocab4"))
 
 
 @pytest.mark.parametrize("k, drafter", [(0, "ngram"), (3, "ngram"), (3, "draft_model")])

@@ -9,7 +9,7 @@ import torch
 from specgram.request import AUTO_DRAFT, SamplingParams
 
 from .distributions import chi2_critical, chi2_stat
-from .helpers import PROMPTS, cheap_draft_model, run_to_end, target_and_draft, tokens_of, wrong_and_right
+from .helpers import PROMPTS, cheap_draft_model, run_to_end, tokens_of, vocab4_target_and_draft, wrong_and_right
 
 PROMPT = "abcabc abcabc abc the cat sat"
 PENALTIES = {
@@ -162,7 +162,6 @@ def test_token_ids_outside_the_vocabulary_are_refused(engines):
 
 # ---- sampling: the processed distribution ----------------------------------------------------------------
 
-VOCAB = 4
 SAMPLED = dict(
     temperature=0.9, frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.3, logit_bias={2: 0.5}
 )
@@ -187,15 +186,7 @@ def exact_penalised(model, prompt, n_tokens) -> dict[tuple, float]:
 
 @pytest.fixture(scope="module")
 def vocab_engine(tmp_path_factory):
-    return target_and_draft(
-        tmp_path_factory.mktemp("pen-vocab4"),
-        32,
-        max_slots=64,
-        target_seed=1,
-        draft_seed=2,
-        vocab_size=VOCAB,
-        init=0.08,
-    )
+    return vocab4_target_and_draft(tmp_path_factory.mktemp("pen-vocab4"))
 
 
 def samples(engine, **params):

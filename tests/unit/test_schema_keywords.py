@@ -14,18 +14,26 @@ from specgram.grammar.schema_keywords import describe, unenforced_keyword
 
 OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
 
+
+def _b_needs_a(id: str, keywords: dict, reported: str) -> tuple:
+    """A case over an object of a and b whose `keywords` require b once a is present: {"a": 1} violates."""
+    return (id, {"type": "object", "properties": OBJ_AB, **keywords}, {"a": 1, "b": 2}, {"a": 1}, True, reported)
+
+
+def _each_mode(id: str, schema: dict, valid, violating, reported: str | None, reported_strict: str | None) -> list:
+    """The case not strict, then strict. Strict mode forbids the properties a schema does not name, which enforces
+    some keywords that are not enforced otherwise."""
+    return [
+        (f"{id}, not strict", schema, valid, violating, False, reported),
+        (f"{id}, strict", schema, valid, violating, True, reported_strict),
+    ]
+
+
 # (id, schema, valid instance, violating instance, strict, the keyword reported or None)
 CASES = [
     # never enforced
     ("not", {"not": {"type": "integer"}}, "x", 1, True, "not"),
-    (
-        "if-then",
-        {"type": "object", "properties": OBJ_AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
-        {"a": 1, "b": 2},
-        {"a": 1},
-        True,
-        "if",
-    ),
+    _b_needs_a("if-then", {"if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
     ("contains", {"type": "array", "items": {}, "contains": {"type": "integer"}}, [1], ["a"], True, "contains"),
     (
         "uniqueItems",
@@ -35,44 +43,15 @@ CASES = [
         True,
         "uniqueItems",
     ),
-    (
-        "dependentRequired",
-        {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}},
-        {"a": 1, "b": 2},
-        {"a": 1},
-        True,
-        "dependentRequired",
-    ),
-    (
-        "dependentSchemas",
-        {"type": "object", "properties": OBJ_AB, "dependentSchemas": {"a": {"required": ["b"]}}},
-        {"a": 1, "b": 2},
-        {"a": 1},
-        True,
-        "dependentSchemas",
-    ),
-    (
-        "dependencies",
-        {"type": "object", "properties": OBJ_AB, "dependencies": {"a": ["b"]}},
-        {"a": 1, "b": 2},
-        {"a": 1},
-        True,
-        "dependencies",
-    ),
-    (
-        "unevaluatedProperties, not strict",
-        {"type": "object", "properties": OBJ_AB, "unevaluatedProperties": False},
-        {"a": 1},
-        {"a": 1, "c": 3},
-        False,
+    _b_needs_a("dependentRequired", {"dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+    _b_needs_a("dependentSchemas", {"dependentSchemas": {"a": {"required": ["b"]}}}, "dependentSchemas"),
+    _b_needs_a("dependencies", {"dependencies": {"a": ["b"]}}, "dependencies"),
+    *_each_mode(
         "unevaluatedProperties",
-    ),
-    (
-        "unevaluatedProperties, strict",
         {"type": "object", "properties": OBJ_AB, "unevaluatedProperties": False},
         {"a": 1},
         {"a": 1, "c": 3},
-        True,
+        "unevaluatedProperties",
         None,
     ),
     # numbers
@@ -161,20 +140,12 @@ CASES = [
         False,
         None,
     ),
-    (
-        "patternProperties beside properties, not strict",
+    *_each_mode(
+        "patternProperties beside properties",
         {"type": "object", "properties": OBJ_AB, "patternProperties": {"^x.*$": {"type": "string"}}},
         {"a": 1, "xb": "s"},
         {"a": 1, "xb": 1},
-        False,
         "patternProperties",
-    ),
-    (
-        "patternProperties beside properties, strict",
-        {"type": "object", "properties": OBJ_AB, "patternProperties": {"^x.*$": {"type": "string"}}},
-        {"a": 1, "xb": "s"},
-        {"a": 1, "xb": 1},
-        True,
         None,
     ),
     # no type

@@ -8,7 +8,7 @@ from specgram.sample import noise, sampling
 from specgram.speculation.drafter import Drafter, Proposal
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import PROMPTS, pinned_eos, run, run_to_end, target_and_draft, text_of, tokens_of, wrong_and_right
+from .helpers import PROMPTS, pinned_eos, run, run_to_end, text_of, tokens_of, vocab4_target_and_draft, wrong_and_right
 
 
 class OracleDrafter(Drafter):
@@ -140,15 +140,12 @@ def test_streaming_responses_carry_several_tokens(spec_engine):
 
 # ---- sampling: distribution ----------------------------------------------------------------------------
 
-VOCAB = 4
 SAMPLE_PARAMS = dict(temperature=0.9, top_p=0.95)
 
 
 @pytest.fixture(scope="module")
 def tiny_vocab_engine(tmp_path_factory):
-    return target_and_draft(
-        tmp_path_factory.mktemp("vocab4"), 32, max_slots=64, target_seed=1, draft_seed=2, vocab_size=VOCAB, init=0.08
-    )
+    return vocab4_target_and_draft(tmp_path_factory.mktemp("vocab4"))
 
 
 def sample_outputs(engine, prompt, n, max_tokens, **params):

@@ -112,16 +112,10 @@ class Engine:
 
     # ---- requests in and out ----------------------------------------------------------------------------
 
-    def make_request(
-        self,
-        params: SamplingParams,
-        text: str | None = None,
-        messages: list[dict] | None = None,
-        chat: bool = False,
-        prompt_ids: list[int] | None = None,
-    ) -> Request:
-        """Validate and tokenize (intake.py); raises InvalidRequest with a user-facing message. Thread-safe."""
-        return self.intake.make_request(params, text, messages, chat, prompt_ids)
+    def make_request(self, params: SamplingParams, **prompt) -> Request:
+        """Validate and tokenize (Intake.make_request: the prompt as text=, messages= with chat=, or prompt_ids=);
+        raises InvalidRequest with a user-facing message. Thread-safe."""
+        return self.intake.make_request(params, **prompt)
 
     def add(self, req: Request) -> None:
         self.planner.start(req)

@@ -31,6 +31,7 @@ class Intake:
     def make_request(
         self,
         params: SamplingParams,
+        *,
         text: str | None = None,
         messages: list[dict] | None = None,
         chat: bool = False,

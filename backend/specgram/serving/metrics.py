@@ -63,32 +63,39 @@ class Metrics:
         self.accepted_by = by_source(
             "specgram_accepted_draft_tokens_by_source_total", "Draft tokens the target accepted, by source"
         )
-        self.draft_len = family(
+
+        def histogram(name, doc, buckets):
+            return family(name, doc, F.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+
+        per_step = [float(k) for k in range(max_draft_len + 1)]  # 0 .. max_draft_len draft tokens
+        self.draft_len = histogram(
             "specgram_draft_tokens_per_step",
             "Draft tokens verified per decode step (0 included: the chosen k)",
-            F.HISTOGRAM,
-        ).Metric(labels=labels, buckets=[float(k) for k in range(max_draft_len + 1)])
-        self.accepted_len = family(
-            "specgram_accepted_drafts_per_step", "Draft tokens accepted per speculative verify step", F.HISTOGRAM
-        ).Metric(labels=labels, buckets=[float(a) for a in range(max_draft_len + 1)])
-        self.ttft = family(
-            "specgram_time_to_first_token_seconds", "Time from request arrival to its first output token", F.HISTOGRAM
-        ).Metric(labels=labels, buckets=_TTFT_BUCKETS)
-        self.latency = family(
+            per_step,
+        )
+        self.accepted_len = histogram(
+            "specgram_accepted_drafts_per_step", "Draft tokens accepted per speculative verify step", per_step
+        )
+        self.ttft = histogram(
+            "specgram_time_to_first_token_seconds",
+            "Time from request arrival to its first output token",
+            _TTFT_BUCKETS,
+        )
+        self.latency = histogram(
             "specgram_e2e_request_latency_seconds",
             "Time from request arrival to its final response (requests that produced output)",
-            F.HISTOGRAM,
-        ).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
-        self.tpot = family(
+            _LATENCY_BUCKETS,
+        )
+        self.tpot = histogram(
             "specgram_time_per_output_token_seconds",
             "Per request: time from its first output token to its last, over the tokens after the first",
-            F.HISTOGRAM,
-        ).Metric(labels=labels, buckets=_TPOT_BUCKETS)
-        self.queue = family(
+            _TPOT_BUCKETS,
+        )
+        self.queue = histogram(
             "specgram_request_queue_time_seconds",
             "Time from request arrival to its KV slot (requests that got one)",
-            F.HISTOGRAM,
-        ).Metric(labels=labels, buckets=_LATENCY_BUCKETS)
+            _LATENCY_BUCKETS,
+        )
         gauge = lambda name, doc: family(name, doc, F.GAUGE).Metric(labels=labels)  # noqa: E731
         self.gauges = (  # in the order of publish()'s values
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),

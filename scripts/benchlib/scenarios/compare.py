@@ -83,6 +83,27 @@ def sweep(label: str, configs, one, concurrency: list[int], skip=lambda config, 
     return results
 
 
+def sweep_ours(label: str, run, target, args, cases, **kw) -> list[dict]:
+    """sweep() of our configs through run(target, cases, max_tokens, concurrency, drafter, k, guided, ...), target
+    being the in-process engine or the server's url; the warm-up runs two cases for 8 tokens at concurrency 2."""
+
+    def one(config: str, guided: bool, c: int | None) -> dict:
+        warm = not c
+        return run(
+            target,
+            cases[:2] if warm else cases,
+            8 if warm else args.max_tokens,
+            2 if warm else c,
+            *CONFIGS[config],
+            guided,
+            system=label,
+            config=config,
+            **kw,
+        )
+
+    return sweep(label, ours_configs, one, args.concurrency)
+
+
 def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     from ..run import cpu_engine
 
@@ -91,22 +112,7 @@ def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     )
     for c in cases:  # grammars compiled before timing (cache hits later)
         compile_guide(engine, c["guide"])
-    return sweep(
-        "ours in-process",
-        ours_configs,
-        lambda config, guided, c: run_engine(
-            engine,
-            cases if c else cases[:2],
-            args.max_tokens if c else 8,
-            c or 2,
-            *CONFIGS[config],
-            guided,
-            tok=tok,
-            system="ours in-process",
-            config=config,
-        ),
-        args.concurrency,
-    )
+    return sweep_ours("ours in-process", run_engine, engine, args, cases, tok=tok)
 
 
 def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
@@ -121,21 +127,7 @@ def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
         default_max_tokens=args.max_tokens,
     )  # the in-process engine's settings
     with served("", settings, report.raw_dir(args) / "tritonserver.log") as (url, _):
-        return sweep(
-            "ours via Triton",
-            ours_configs,
-            lambda config, guided, c: run_triton(
-                url,
-                cases if c else cases[:2],
-                args.max_tokens if c else 8,
-                c or 2,
-                *CONFIGS[config],
-                guided,
-                system="ours via Triton",
-                config=config,
-            ),
-            args.concurrency,
-        )
+        return sweep_ours("ours via Triton", run_triton, url, args, cases)
 
 
 def run_hf(args, cases, eos: set[int]) -> list[dict]:

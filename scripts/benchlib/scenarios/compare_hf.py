@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..run import record
 from ..workload import trim_at_eos
 
 # config name -> generate() keyword arguments beyond greedy / max_new_tokens (None: built at run time)
@@ -127,16 +128,5 @@ def run(
                 )
             )
     wall = time.perf_counter() - t_start
-    return dict(
-        system="HF transformers",
-        config=config,
-        guided=guided,
-        drafter=None,
-        k=0,
-        concurrency=concurrency,
-        dtype="float32",
-        wall_s=wall,
-        drafted=None,
-        accepted=None,
-        requests=reqs,
-    )
+    # no drafted / accepted counts: generate() does not report them
+    return record(reqs, wall, concurrency, system="HF transformers", config=config, guided=guided, dtype="float32")

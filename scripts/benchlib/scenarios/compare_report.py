@@ -80,47 +80,34 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
 
     lo, hi = min(concurrency), max(concurrency)
     T, P = "ours via Triton", "ours in-process"
+
+    def plain(system, g, c):  # the target alone, no drafter
+        return find(rows, system, "target only", g, c)
+
+    def best_of(system, g, c):
+        return best(rows, system, g, c)
+
+    def guide(g):
+        return "guided" if g else "unguided"
+
+    drafted = [r for r in rows if r["config"] != "target only"]
     for c in (lo, hi):
         for g in (False, True):
-            ratio(
-                f"spec ÷ no-spec, {'guided' if g else 'unguided'}, c={c} (Triton, best drafter)",
-                best([r for r in rows if r["config"] != "target only"], T, g, c),
-                find(rows, T, "target only", g, c),
-            )
+            ratio(f"spec ÷ no-spec, {guide(g)}, c={c} (Triton, best drafter)", best(drafted, T, g, c), plain(T, g, c))
     for c in (lo, hi):
-        ratio(
-            f"constrained ÷ unconstrained, target only, c={c} (Triton)",
-            find(rows, T, "target only", True, c),
-            find(rows, T, "target only", False, c),
-        )
+        ratio(f"constrained ÷ unconstrained, target only, c={c} (Triton)", plain(T, True, c), plain(T, False, c))
     for c in (lo, hi):
         for g in (False, True):
-            ratio(
-                f"Triton ÷ in-process, target only, {'guided' if g else 'unguided'}, c={c}",
-                find(rows, T, "target only", g, c),
-                find(rows, P, "target only", g, c),
-            )
+            ratio(f"Triton ÷ in-process, target only, {guide(g)}, c={c}", plain(T, g, c), plain(P, g, c))
     for g in (False, True):
-        ratio(
-            f"concurrency {hi} ÷ {lo}, target only, {'guided' if g else 'unguided'} (Triton)",
-            find(rows, T, "target only", g, hi),
-            find(rows, T, "target only", g, lo),
-        )
+        ratio(f"concurrency {hi} ÷ {lo}, target only, {guide(g)} (Triton)", plain(T, g, hi), plain(T, g, lo))
     peers = sorted({r["system"] for r in rows if r["system"] not in (T, P)})
     for ours, how in ((P, "in-process"), (T, "Triton")):  # the peers run in process (HF; vLLM's LLM class)
         for peer in peers:
             for c in (lo, hi):
                 for g in (False, True):
-                    ratio(
-                        f"ours ({how}) ÷ {peer}, target only, {'guided' if g else 'unguided'}, c={c}",
-                        find(rows, ours, "target only", g, c),
-                        find(rows, peer, "target only", g, c),
-                    )
-                    ratio(
-                        f"ours ({how}) ÷ {peer}, best of each, {'guided' if g else 'unguided'}, c={c}",
-                        best(rows, ours, g, c),
-                        best(rows, peer, g, c),
-                    )
+                    for what, pick in (("target only", plain), ("best of each", best_of)):
+                        ratio(f"ours ({how}) ÷ {peer}, {what}, {guide(g)}, c={c}", pick(ours, g, c), pick(peer, g, c))
     return out
 
 

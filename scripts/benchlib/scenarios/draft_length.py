@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 
 from .. import report
-from ..run import cpu_engine, ids, run_engine, tok_per_step, tok_s
+from ..run import ids, run_engine, scenario_engine, tok_per_step, tok_s
 from ..workload import choose, select_cases
 
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8], "repeat": 1}
@@ -81,14 +81,8 @@ def run(args) -> None:
     ]
     tok = load_tokenizer(args.model)
     cases = select_cases(tok, args.prompts, args.max_tokens)
-    engine = cpu_engine(
-        args.model,
-        max(args.concurrency),
-        max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16,
-        args.max_tokens,
-        drafter="ngram",
-        ngram_min=min(args.ngram_min),
-        json_any_whitespace=not args.compact_json,
+    engine = scenario_engine(
+        args, cases, drafter="ngram", ngram_min=min(args.ngram_min), json_any_whitespace=not args.compact_json
     )
     rows, records = [], []
     for guided in {"both": [False, True], "yes": [True], "no": [False]}[args.guided]:

@@ -26,7 +26,7 @@ import statistics
 import time
 
 from .. import report
-from ..run import acceptance, cpu_engine, ids, run_engine, tok_s
+from ..run import acceptance, ids, run_engine, scenario_engine, tok_s
 from ..workload import INSTRUCTION, choose, compile_guide, is_valid, load_jme, pct, select_cases
 
 SHARED = {"prompts": 8, "max_tokens": 160, "concurrency": [1, 8]}
@@ -130,13 +130,7 @@ def run(args) -> None:
     cases = select_cases(tok, args.prompts, args.max_tokens, items)
     lens = [len(c["prompt_ids"]) for c in cases]
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
-    engine = cpu_engine(
-        args.model,
-        max(args.concurrency),
-        max(lens) + args.max_tokens + 16,
-        args.max_tokens,
-        draft_quantization="int8" if need_int8 else "none",
-    )
+    engine = scenario_engine(args, cases, draft_quantization="int8" if need_int8 else "none")
     timer = MaskTimer()
     timer.install()
     comp = bench_compile(engine, items[:5] if args.quick else items)

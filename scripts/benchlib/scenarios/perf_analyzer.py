@@ -58,13 +58,8 @@ ALL_VARIANTS = [
 def add_options(ap) -> None:
     ap.add_argument("--url", default="", help="gRPC url of a running server (default: start one here)")
     ap.add_argument("--variants", nargs="+", default=ALL_VARIANTS, choices=ALL_VARIANTS)
-    ap.add_argument(
-        "--requests",
-        type=int,
-        default=4,
-        help="requests per run at least; a run sends max(--requests, --requests-per-c x C)",
-    )
-    ap.add_argument("--requests-per-c", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=4, help="requests per run at least (see --requests-per-c)")
+    ap.add_argument("--requests-per-c", type=int, default=2, help="a run sends max(--requests, this x C) requests")
     ap.add_argument("--prompt", choices=["schema", "extract"], default="schema")
     ap.add_argument("--warmup", type=int, default=2, help="requests sent (c=1, not recorded) before the sweep")
     ap.add_argument("--run-timeout", type=float, default=900, help="seconds per perf_analyzer run")

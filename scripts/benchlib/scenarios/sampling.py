@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 
 from .. import report
-from ..run import cpu_engine, ids, run_engine, tok_per_step, tok_s
+from ..run import ids, run_engine, scenario_engine, tok_per_step, tok_s
 from ..workload import select_cases
 
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8], "repeat": 1}
@@ -48,13 +48,7 @@ def run(args) -> None:
 
     tok = load_tokenizer(args.model)
     cases = select_cases(tok, args.prompts, args.max_tokens)
-    engine = cpu_engine(
-        args.model,
-        max(args.concurrency),
-        max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16,
-        args.max_tokens,
-        draft_quantization="int8",
-    )
+    engine = scenario_engine(args, cases, draft_quantization="int8")
     seeds = [1000 + i for i in range(len(cases))]
 
     def timed(guided, c, name, drafter, k, rule):
