@@ -102,15 +102,8 @@ def plug(model: torch.nn.Module) -> None:
 def hidden(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
     """tokens, positions [B, T] -> the final-normed hidden states [B, T, E], the rows' KV written on the way."""
     skip = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=tokens.device)  # a 4D mask: transformers builds none
-    out = model.model(
-        input_ids=tokens,
-        position_ids=positions,
-        attention_mask=skip,
-        cache=batch,
-        use_cache=False,
-        specgram_batch=batch,
-    )
-    return out.last_hidden_state
+    inputs = dict(input_ids=tokens, position_ids=positions, attention_mask=skip, cache=batch, use_cache=False)
+    return model.model(**inputs, specgram_batch=batch).last_hidden_state
 
 
 def head(model: torch.nn.Module, arch: Arch, h: torch.Tensor) -> torch.Tensor:
