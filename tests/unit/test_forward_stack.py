@@ -9,11 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgram.model import kernels
+from specgram.model import families, kernels
 from specgram.model.choice import choose_for
 from specgram.model.runner import ModelRunner
 
-from .tiny import build_model
+from .tiny import FAMILY_CONFIGS, build_family
+
+# the families the native forward covers (each family's distinguishing config: q/k norms, partial and absent
+# rotary, multipliers, fused projections, windows)
+NATIVE_FAMILIES = [n for n in FAMILY_CONFIGS if families.native_gap(families.describe(build_family(n).config)) is None]
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
@@ -29,25 +33,29 @@ def kernel_by_kernel(native, cache, tokens, slots, positions, window):
     x, q, att, act = torch.empty(N, E), torch.empty(N, H * D), torch.empty(N, H * D), torch.empty(N, native.inter)
     qkv, o, gu, down = (torch.empty(N, n) for n in ((H + 2 * Hkv) * D, E, 2 * native.inter, E))
     p = lambda t: t.data_ptr()  # noqa: E731
+    addr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     first = native.layers[0]
-    lib.specgram_add_rmsnorm(p(h), None, p(first.w_in), first.eps_in, p(x), N, E, nt)
+    h *= native.arch.embed_scale
+    res = native.arch.residual_scale
+    lib.specgram_add_rmsnorm(p(h), None, 1.0, p(first.w_in), first.eps_in, p(x), N, E, nt)
     for i, L in enumerate(native.layers):
         k, v = cache.k[i], cache.v[i]
         L.qkv.into(x, qkv)
+        rotary, qk = (native.rotary_dims if L.rope else 0), (addr(L.q_norm), addr(L.k_norm), L.qk_eps)
         lib.specgram_rope_cache_write(
-            p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, p(q), nt
+            p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, rotary, *qk, p(q), nt
         )
         lib.specgram_attention(
             p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, window or 0, native.scaling, p(att), nt
         )
         L.o.into(att, o)
-        lib.specgram_add_rmsnorm(p(h), p(o), p(L.w_post), L.eps_post, p(x), N, E, nt)
+        lib.specgram_add_rmsnorm(p(h), p(o), res, p(L.w_post), L.eps_post, p(x), N, E, nt)
         L.gate_up.into(x, gu)
         lib.specgram_silu_mul(p(gu), p(act), N, native.inter, nt)
         L.down.into(act, down)
         nxt = native.layers[i + 1] if i + 1 < len(native.layers) else None
         w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (native.w_final, native.eps_final)
-        lib.specgram_add_rmsnorm(p(h), p(down), p(w), eps, p(x), N, E, nt)
+        lib.specgram_add_rmsnorm(p(h), p(down), res, p(w), eps, p(x), N, E, nt)
     return x
 
 
@@ -70,9 +78,9 @@ BATCHES = {
 @pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16"])
 @pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("shape", list(BATCHES))
-@pytest.mark.parametrize("model_type,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 8})])
-def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type, overrides, kv_dtype):
-    model = build_model(model_type, seed=5, **overrides)
+@pytest.mark.parametrize("family", NATIVE_FAMILIES)
+def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, family, kv_dtype):
+    model = build_family(family, seed=5)
     with torch.no_grad():  # norms of ones would hide a norm applied in the wrong place
         for name, t in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -103,4 +111,5 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, model_type,
         runner.cache.k.copy_(k0)
         runner.cache.v.copy_(v0)
         logits = native._run(runner.cache, tokens, slots, positions, window, head_rows)
-        assert torch.equal(logits, native.lm_head(want if head_rows is None else want[head_rows]))
+        ref = native.lm_head(want if head_rows is None else want[head_rows])
+        assert torch.equal(logits, ref / native.arch.logits_divisor if native.arch.logits_divisor != 1 else ref)

@@ -142,15 +142,10 @@ def native_gap(arch: Arch) -> str | None:
     gaps = (
         (arch.act != "silu", f"activation {arch.act}"),
         (arch.norm_offset != 0, "norms scaled by (1 + weight)"),
-        (arch.qk_norm, "q/k norms"),
         (arch.sandwich_norms, "norms on the branch outputs"),
-        (not all(arch.rope_layers), "layers without rotary"),
-        (arch.rotary_fraction != 1.0, "partial rotary"),
         (arch.rope_tables != 1, "rotary tables per layer type"),
         (len(set(arch.windows)) > 1, "sliding windows per layer"),
-        (arch.embed_scale != 1.0, "a scaled embedding"),
-        (arch.residual_scale != 1.0, "a residual multiplier"),
         (arch.attn_softcap is not None, "attention soft-capping"),
-        (arch.logits_divisor != 1.0 or arch.logit_softcap is not None, "a scaled or capped head"),
+        (arch.logit_softcap is not None, "a soft-capped head"),
     )
     return next((why for gap, why in gaps if gap), None)

@@ -1,7 +1,9 @@
-"""The CPU forward on our own kernels (kernels/*.c): a Llama-family decoder step as one native call for all layers.
+"""The CPU forward on our own kernels (kernels/*.c): a decoder step as one native call for all layers, for the
+families whose description (families.py) it covers.
 
-Per layer:  x = rmsnorm(h) -> qkv = x W_qkv -> rotary + cache write -> attention (reads the cache in place)
-            -> h += attn W_o; x = rmsnorm(h) -> gu = x W_gate|up -> a = silu(gate) * up -> h += a W_down
+Per layer:  x = rmsnorm(h) -> qkv = x W_qkv -> q/k head norms, rotary, cache write -> attention (reads the cache
+            in place) -> h += attn W_o; x = rmsnorm(h) -> gu = x W_gate|up -> a = silu(gate) * up -> h += a W_down
+            (the family's q/k norms, rotary per layer and multipliers: packed.py hands them to forward.c)
 Why: a decode or verify step at small batch is bound by streaming the weights once; PyTorch's eager path adds
 dozens of small ops per layer and gathers whole cache rows for attention. Here the
 matmuls run at the memory bound (gemm.c), everything between them is one kernel per concern, and the whole
@@ -238,4 +240,6 @@ class NativeForward(PackedDecoder):
         )
         if code:
             raise self._bad_batch(code, cache, tokens, slots, positions)
+        if logits is not None and self.arch.logits_divisor != 1.0:  # granite: as its CausalLM divides them
+            logits /= self.arch.logits_divisor
         return x if logits is None else logits

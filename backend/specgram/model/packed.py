@@ -11,13 +11,31 @@ import ctypes
 
 import torch
 
+from .families import describe
 from .int8 import ACTIVATIONS
 from .kernels import abi
 from .linear import make_linear
 
 
 class _Layer:
-    __slots__ = ("qkv", "o", "gate_up", "down", "w_in", "eps_in", "w_post", "eps_post")
+    __slots__ = (
+        "qkv",
+        "o",
+        "gate_up",
+        "down",
+        "w_in",
+        "eps_in",
+        "w_post",
+        "eps_post",
+        "q_norm",
+        "k_norm",
+        "qk_eps",
+        "rope",
+    )
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -43,8 +61,10 @@ class PackedDecoder:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.scaling = float(inner.layers[0].self_attn.scaling)
+        arch = self.arch = describe(cfg)
+        self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
         self.layers = []
-        for layer in inner.layers:
+        for layer, rope in zip(inner.layers, arch.rope_layers, strict=True):
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
             qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]  # fused: phi3
             L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
@@ -54,6 +74,10 @@ class PackedDecoder:
             L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
             L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
             L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
+            L.q_norm, L.k_norm, L.qk_eps = None, None, 0.0
+            if arch.qk_norm:  # qwen3: an RMSNorm over each head of q and k before rotary
+                (L.q_norm, L.qk_eps), (L.k_norm, _) = _norm_weight(a.q_norm), _norm_weight(a.k_norm)
+            L.rope = rope
             self.layers.append(L)
         self.w_final, self.eps_final = _norm_weight(inner.norm)
         self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
@@ -70,13 +94,16 @@ class PackedDecoder:
                 (self.layers[i + 1].w_in, self.layers[i + 1].eps_in) if i + 1 < n else (self.w_final, self.eps_final)
             )
             products = (L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor())
-            structs[i] = abi.Layer(*products, L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
+            norms = (L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
+            qk = (_address(L.q_norm), _address(L.k_norm), L.qk_eps, int(L.rope))
+            structs[i] = abi.Layer(*products, *norms, *qk)
         first = self.layers[0]
         emb = self._embed_weight
         shape = (n, self.E, self.H, self.Hkv, self.D, self.inter)
         first_norm = (first.w_in.data_ptr(), first.eps_in)
         embed = (emb.data_ptr(), emb.shape[0], int(emb.dtype == torch.bfloat16))
-        decoder = abi.Decoder(*shape, *first_norm, self.scaling, structs, *embed)
+        scales = (self.arch.embed_scale, self.arch.residual_scale)
+        decoder = abi.Decoder(*shape, *first_norm, self.scaling, structs, *embed, self.rotary_dims, *scales)
         return structs, decoder
 
     def linear_layers(self) -> list[torch.nn.Module]:

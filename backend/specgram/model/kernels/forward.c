@@ -14,8 +14,10 @@
  *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)).
  *
  * Per layer, the same kernels as their own entry points, in the same order:
- *   qkv = x W_qkv -> rotary + cache write -> attention -> h += att W_o; x = rmsnorm(h) -> gu = x W_gate|up
- *   -> act = silu(gate) * up -> h += act W_down; x = rmsnorm(h) with the next layer's (or the final) norm
+ *   qkv = x W_qkv -> q/k head norms (if any) + rotary (all, part or none of each head) + cache write
+ *   -> attention -> h += att W_o (times residual_scale); x = rmsnorm(h) -> gu = x W_gate|up
+ *   -> act = silu(gate) * up -> h += act W_down (times residual_scale); x = rmsnorm(h) with the next layer's
+ *   (or the final) norm. The embedding rows start the residual stream times embed_scale.
  * Why one region: a decode step of a small model is ~8 kernels x 30 layers, and each separate call paid for a
  * ctypes call, Python glue and an OpenMP fork and join (about 1 ms of a 5 ms int8 decode at 135M). Here the phases
  * are separated by team barriers, and the elementwise phases that are too small to share (one decode row) run on
@@ -57,7 +59,7 @@ static int check(const int64_t *tokens, const int64_t *slots, const int64_t *pos
     return 0;
 }
 
-/* h[n] = the embedding row of tokens[n], for n in [n0, n1). */
+/* h[n] = the embedding row of tokens[n] (times embed_scale), for n in [n0, n1). */
 static void embed_rows(const specgram_decoder *d, const int64_t *tokens, int64_t n0, int64_t n1, float *h) {
     const int64_t E = d->E;
     for (int64_t n = n0; n < n1; ++n) {
@@ -71,6 +73,8 @@ static void embed_rows(const specgram_decoder *d, const int64_t *tokens, int64_t
         } else {
             memcpy(y, (const float *)d->embed + tokens[n] * E, sizeof(float) * (size_t)E);
         }
+        if (d->embed_scale != 1.0f)
+            for (int64_t j = 0; j < E; ++j) y[j] = y[j] * d->embed_scale;
     }
 }
 
@@ -90,13 +94,13 @@ static inline void prepare(const specgram_linear *L, const float *x, int64_t m0,
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
 }
 
-/* h += delta; x = rmsnorm(h) * w: this thread's share of the N rows of width E, then those rows of x as product
+/* h += delta * scale; x = rmsnorm(h) * w: this thread's share of the N rows of width E, then those rows of x as product
  * `next` reads them (NULL: no product follows here). */
-static inline void add_norm_rows(float *h, const float *delta, const float *w, float eps, float *x, int64_t N,
-                                 int64_t E, const specgram_linear *next, uint8_t *u, float *xs) {
+static inline void add_norm_rows(float *h, const float *delta, float scale, const float *w, float eps, float *x,
+                                 int64_t N, int64_t E, const specgram_linear *next, uint8_t *u, float *xs) {
     int64_t m0, m1;
     share(N, E, &m0, &m1);
-    specgram_add_rmsnorm_rows(h, delta, w, eps, x, m0, m1, E);
+    specgram_add_rmsnorm_rows(h, delta, scale, w, eps, x, m0, m1, E);
     if (next != NULL) prepare(next, x, m0, m1, u, xs);
 }
 
@@ -151,6 +155,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
                              const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
                              int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
+    assert(d->rotary >= 0 && d->rotary <= d->D && d->rotary % 2 == 0);
     assert(head == NULL || (R >= 0 && (head_rows != NULL || R == N) && head->K == d->E));
     if (head == NULL) R = 0;
     int bad = check(tokens, slots, positions, N, d->vocab, S, P, head_rows, R);
@@ -208,7 +213,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
         } while (0)
         share(N, E, &m0, &m1);
         embed_rows(d, tokens, m0, m1, h);
-        specgram_add_rmsnorm_rows(h, NULL, d->w_in, d->eps_in, x, m0, m1, E);
+        specgram_add_rmsnorm_rows(h, NULL, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
         prepare(lin[0], x, m0, m1, u, xs);
         WAIT(0);
         for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
@@ -218,7 +223,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(j + 1);
             share(N, width, &m0, &m1);
             specgram_rope_rows(qkv, cos, sin, by_position, kl, vl, kv_bf16, slots, positions, m0, m1, S, H, Hkv, D,
-                               P, q);
+                               P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm, L->qk_eps, q);
             WAIT(j + 1);
             specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, window, d->scaling, att);
             WAIT(j + 1);
@@ -229,7 +234,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             }
             linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
-            add_norm_rows(h, delta, L->w_post, L->eps_post, x, N, E, &L->gate_up, u, xs);
+            add_norm_rows(h, delta, d->residual_scale, L->w_post, L->eps_post, x, N, E, &L->gate_up, u, xs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
@@ -239,7 +244,8 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
-            add_norm_rows(h, delta, L->w_next, L->eps_next, x, N, E, l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
+            add_norm_rows(h, delta, d->residual_scale, L->w_next, L->eps_next, x, N, E, l + 1 < Lc ? lin[j + 4] : NULL,
+                          u, xs);
             WAIT(j + 4);
         }
         if (R > 0) {

@@ -1,6 +1,7 @@
 /* Row-wise elementwise work between the matmuls, one call each instead of several torch ops.
  *
- * specgram_add_rmsnorm: h[m] += delta[m] (when delta is given), then out[m] = w * h[m] / sqrt(mean(h[m]^2) + eps),
+ * specgram_add_rmsnorm: h[m] += delta[m] * scale (when delta is given; granite's residual multiplier, else 1),
+ *   then out[m] = w * h[m] / sqrt(mean(h[m]^2) + eps),
  *   for M rows of N floats; the sum of squares is accumulated in double (exact enough that the order of
  *   summation does not matter at float precision), then the rounding follows transformers' LlamaRMSNorm:
  *   h * rsqrt(var + eps), then weight * that.
@@ -18,21 +19,26 @@
 #include "vexp.h"
 
 
-/* Rows m0 .. m1 - 1 (forward.c's team shares rows out; the entry points below loop over all of them). */
-void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *w, float eps, float *out, int64_t m0,
-                               int64_t m1, int64_t N) {
+/* y = w * x / sqrt(mean(x^2) + eps) for one row of N floats (y may be x). */
+void specgram_rmsnorm_row(const float *x, const float *w, float eps, float *y, int64_t N) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < N; ++j) ss += (double)x[j] * (double)x[j];
+    float var = (float)(ss / (double)N);
+    float r = 1.0f / sqrtf(var + eps);
+    for (int64_t j = 0; j < N; ++j) y[j] = w[j] * (x[j] * r);
+}
+
+/* Rows m0 .. m1 - 1 (forward.c's team shares rows out; the entry points below loop over all of them):
+ * h += delta * scale (scale 1 is exact: the plain add), then the row's norm into out. */
+void specgram_add_rmsnorm_rows(float *h, const float *delta, float scale, const float *w, float eps, float *out,
+                               int64_t m0, int64_t m1, int64_t N) {
     for (int64_t m = m0; m < m1; ++m) {
         float *x = h + m * N;
         if (delta) {
             const float *d = delta + m * N;
-            for (int64_t j = 0; j < N; ++j) x[j] = x[j] + d[j];
+            for (int64_t j = 0; j < N; ++j) x[j] = x[j] + d[j] * scale;
         }
-        double ss = 0.0;
-        for (int64_t j = 0; j < N; ++j) ss += (double)x[j] * (double)x[j];
-        float var = (float)(ss / (double)N);
-        float r = 1.0f / sqrtf(var + eps);
-        float *y = out + m * N;
-        for (int64_t j = 0; j < N; ++j) y[j] = w[j] * (x[j] * r);
+        specgram_rmsnorm_row(x, w, eps, out + m * N, N);
     }
 }
 
@@ -50,10 +56,10 @@ void specgram_silu_mul_rows(const float *gu, float *out, int64_t m0, int64_t m1,
     }
 }
 
-void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
-                          int64_t N, int nthreads) {
+void specgram_add_rmsnorm(float *h, const float *delta, float scale, const float *w, float eps, float *out,
+                          int64_t M, int64_t N, int nthreads) {
     _Pragma("omp parallel for schedule(static) num_threads(nthreads) if(M * N >= SERIAL_WORK)")
-    for (int64_t m = 0; m < M; ++m) specgram_add_rmsnorm_rows(h, delta, w, eps, out, m, m + 1, N);
+    for (int64_t m = 0; m < M; ++m) specgram_add_rmsnorm_rows(h, delta, scale, w, eps, out, m, m + 1, N);
 }
 
 void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads) {

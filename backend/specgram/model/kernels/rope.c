@@ -2,8 +2,11 @@
  * the cache):
  *
  *   qkv   [N, (H + 2*Hkv) * D] fp32   the fused projection output; q | k | v per token, heads contiguous
- *   cos, sin [N, D] fp32              rotary tables at each token's position (transformers' rotary_emb); the
- *                                     rows function takes a [P, D] table by position too (by_position)
+ *   cos, sin [N, R] fp32              rotary tables at each token's position (transformers' rotary_emb), R =
+ *                                     `rotary` dimensions of each head (D, or fewer: partial rotary, the rest
+ *                                     passes through; 0: no rotary); the rows function takes [P, R] tables by
+ *                                     position too (by_position)
+ *   q_norm, k_norm [D] or NULL        an RMSNorm over each q and k head before rotary (qwen3), eps qk_eps
  *   kc [S, Hkv, D, P]                 this layer's K cache, positions last, float32 or (kv_bf16) bfloat16
  *   vc [S, Hkv, P, D]                 this layer's V cache, the same type
  *   slots, positions [N] int64        token n goes to slot slots[n] in [0, S) at position positions[n] in [0, P)
@@ -24,11 +27,16 @@
 #include "team.h"
 
 
-/* y[j] = rotary(x)[j] for j < D (D even): the second half rotated into the first with a minus sign. */
-static inline void rope(const float *x, const float *c, const float *s, float *y, int64_t D) {
-    int64_t h = D / 2;
+/* One head of D values: normed (norm NULL: as it is), then its first R values rotated (R even: the second half
+ * of those rotated into the first with a minus sign), the rest passed through. */
+static inline void head_in(const float *x, const float *norm, float eps, const float *c, const float *s, int64_t R,
+                           float *y, int64_t D) {
+    float normed[D];
+    if (norm != NULL) specgram_rmsnorm_row(x, norm, eps, normed, D), x = normed;
+    int64_t h = R / 2;
     for (int64_t j = 0; j < h; ++j) y[j] = x[j] * c[j] + (-x[j + h]) * s[j];
-    for (int64_t j = h; j < D; ++j) y[j] = x[j] * c[j] + x[j - h] * s[j];
+    for (int64_t j = h; j < R; ++j) y[j] = x[j] * c[j] + x[j - h] * s[j];
+    for (int64_t j = R; j < D; ++j) y[j] = x[j];
 }
 
 /* float -> bfloat16, rounded to nearest even as torch's conversion does (NaN stays a quiet NaN). */
@@ -53,19 +61,20 @@ static inline void store_kv(void *cache, int bf16, int64_t at, int64_t stride, c
 /* Tokens n0 .. n1 - 1 (forward.c's team shares tokens out; the entry point below loops over all of them). */
 void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, int by_position, void *kc, void *vc,
                         int kv_bf16, const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S,
-                        int64_t H, int64_t Hkv, int64_t D, int64_t P, float *q_out) {
+                        int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t rotary, const float *q_norm,
+                        const float *k_norm, float qk_eps, float *q_out) {
     (void)S;                                                       /* read by the debug build's asserts only */
     const int64_t width = (H + 2 * Hkv) * D;
     float k[D];
     for (int64_t n = n0; n < n1; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
-        const int64_t at = (by_position ? positions[n] : n) * D;
+        const int64_t at = (by_position ? positions[n] : n) * rotary;
         const float *row = qkv + n * width, *c = cos + at, *s = sin + at;
-        for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, q_out + (n * H + h) * D, D);
+        for (int64_t h = 0; h < H; ++h) head_in(row + h * D, q_norm, qk_eps, c, s, rotary, q_out + (n * H + h) * D, D);
         for (int64_t h = 0; h < Hkv; ++h) {
             int64_t head = slots[n] * Hkv + h;
-            rope(row + (H + h) * D, c, s, k, D);
+            head_in(row + (H + h) * D, k_norm, qk_eps, c, s, rotary, k, D);
             store_kv(kc, kv_bf16, head * D * P + positions[n], P, k, D);              /* positions last */
             store_kv(vc, kv_bf16, (head * P + positions[n]) * D, 1, row + (H + Hkv + h) * D, D);
         }
@@ -74,9 +83,11 @@ void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, in
 
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
                                const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
-                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads) {
-    assert(D % 2 == 0 && H >= 1 && Hkv >= 1 && nthreads >= 1);
+                               int64_t Hkv, int64_t D, int64_t P, int64_t rotary, const float *q_norm,
+                               const float *k_norm, float qk_eps, float *q_out, int nthreads) {
+    assert(rotary % 2 == 0 && rotary <= D && H >= 1 && Hkv >= 1 && nthreads >= 1);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if(N * (H + 2 * Hkv) * D >= SERIAL_WORK)
     for (int64_t n = 0; n < N; ++n)
-        specgram_rope_rows(qkv, cos, sin, 0, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, q_out);
+        specgram_rope_rows(qkv, cos, sin, 0, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, rotary,
+                           q_norm, k_norm, qk_eps, q_out);
 }

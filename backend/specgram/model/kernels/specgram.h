@@ -39,6 +39,9 @@ typedef struct {
     specgram_linear qkv, o, gate_up, down;
     const float *w_post, *w_next;   /* the post-attention norm; the next layer's input norm (the final norm last) */
     float eps_post, eps_next;
+    const float *q_norm, *k_norm;   /* [D] RMSNorm weights over each q and k head before rotary, or NULL: none */
+    float qk_eps;
+    int32_t rope;                   /* 1: this layer's q and k rotate; 0: not (a layer without position encoding) */
 } specgram_layer;
 
 typedef struct {
@@ -49,6 +52,9 @@ typedef struct {
     const void *embed;              /* the embedding [vocab, E], float32 or (embed_bf16) bfloat16 */
     int64_t vocab;
     int32_t embed_bf16;
+    int64_t rotary;                 /* the dimensions of each head that rotate (the tables' row width): D or fewer */
+    float embed_scale;              /* the embedding rows times this */
+    float residual_scale;           /* each branch's output times this as it is added to the residual stream */
 } specgram_decoder;
 
 /* isa.c: the instruction set of this build ("avx512" or "avx2"); sizeof of each struct above, in order. */
@@ -72,12 +78,13 @@ int specgram_i8a8_built(void);
 /* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
                                const int64_t *slots, const int64_t *positions, int64_t N, int64_t S, int64_t H,
-                               int64_t Hkv, int64_t D, int64_t P, float *q_out, int nthreads);
+                               int64_t Hkv, int64_t D, int64_t P, int64_t rotary, const float *q_norm,
+                               const float *k_norm, float qk_eps, float *q_out, int nthreads);
 void specgram_attention(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *slots,
                         const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                         int64_t P, int64_t window, float scale, float *out, int nthreads);
-void specgram_add_rmsnorm(float *h, const float *delta, const float *w, float eps, float *out, int64_t M,
-                          int64_t N, int nthreads);
+void specgram_add_rmsnorm(float *h, const float *delta, float scale, const float *w, float eps, float *out,
+                          int64_t M, int64_t N, int nthreads);
 void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads);
 
 /* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
