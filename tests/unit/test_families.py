@@ -97,7 +97,9 @@ def test_an_unknown_model_type_is_refused_with_the_families(tmp_path):
 def test_each_family_reads_what_differs():
     arch = {name: families.describe(build_family(name).config) for name in NAMES}
     assert arch["qwen3"].qk_norm and arch["gemma3_text"].qk_norm and not arch["llama"].qk_norm
-    assert arch["gemma3_text"].windows == (8, 8, 8, None) and arch["gemma3_text"].rope_tables == 2
+    assert arch["gemma3_text"].windows == (8, 8, 8, None) and arch["gemma3_text"].window == 8
+    assert arch["gemma3_text"].rope_types == ("full_attention", "sliding_attention")
+    assert arch["gemma3_text"].layer_tables == (1, 1, 1, 0)
     assert arch["gemma3_text"].norm_offset == 1.0 and arch["gemma3_text"].embed_scale == 64**0.5
     assert arch["smollm3"].rope_layers == (True, True, True, False)
     assert arch["phi4_mini"].rotary_fraction == 0.75 and arch["phi3"].fused_projections

@@ -27,35 +27,37 @@ def kernel_by_kernel(native, cache, tokens, slots, positions, window):
     lib, nt, bf16 = native.lib, torch.get_num_threads(), int(cache.k.dtype == torch.bfloat16)
     N, E, H, Hkv, D = tokens.shape[0], native.E, native.H, native.Hkv, native.D
     S, P = cache.v.shape[1], cache.v.shape[3]
-    h = native.embed(tokens).float().contiguous()
-    cos, sin = native.rotary(h[None], position_ids=positions[None])
-    cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+    h = (native._embed_weight[tokens].float() * native.arch.embed_scale).contiguous()
+    cos, sin = native._tables(positions[None])  # [tables x N, rotary]
     x, q, att, act = torch.empty(N, E), torch.empty(N, H * D), torch.empty(N, H * D), torch.empty(N, native.inter)
     qkv, o, gu, down = (torch.empty(N, n) for n in ((H + 2 * Hkv) * D, E, 2 * native.inter, E))
     p = lambda t: t.data_ptr()  # noqa: E731
     addr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    res, act_code = native.arch.residual_scale, native._decoder.act
     first = native.layers[0]
-    h *= native.arch.embed_scale
-    res = native.arch.residual_scale
-    lib.specgram_add_rmsnorm(p(h), None, 1.0, p(first.w_in), first.eps_in, p(x), N, E, nt)
+    lib.specgram_add_rmsnorm(p(h), None, None, 0.0, 1.0, p(first.w_in), first.eps_in, p(x), N, E, nt)
     for i, L in enumerate(native.layers):
         k, v = cache.k[i], cache.v[i]
         L.qkv.into(x, qkv)
         rotary, qk = (native.rotary_dims if L.rope else 0), (addr(L.q_norm), addr(L.k_norm), L.qk_eps)
+        c, s = cos[L.table * N :], sin[L.table * N :]
         lib.specgram_rope_cache_write(
-            p(qkv), p(cos), p(sin), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, rotary, *qk, p(q), nt
+            p(qkv), p(c), p(s), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, rotary, *qk, p(q), nt
         )
+        w = (window or 0) if L.sliding else 0
         lib.specgram_attention(
-            p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, window or 0, native.scaling, p(att), nt
+            p(q), p(k), p(v), bf16, p(slots), p(positions), N, S, H, Hkv, D, P, w, native.scaling, p(att), nt
         )
         L.o.into(att, o)
-        lib.specgram_add_rmsnorm(p(h), p(o), res, p(L.w_post), L.eps_post, p(x), N, E, nt)
+        branch = (addr(L.w_attn_out), L.eps_attn_out, res)
+        lib.specgram_add_rmsnorm(p(h), p(o), *branch, p(L.w_post), L.eps_post, p(x), N, E, nt)
         L.gate_up.into(x, gu)
-        lib.specgram_silu_mul(p(gu), p(act), N, native.inter, nt)
+        lib.specgram_act_mul(p(gu), p(act), N, native.inter, act_code, nt)
         L.down.into(act, down)
         nxt = native.layers[i + 1] if i + 1 < len(native.layers) else None
         w, eps = (nxt.w_in, nxt.eps_in) if nxt is not None else (native.w_final, native.eps_final)
-        lib.specgram_add_rmsnorm(p(h), p(down), res, p(w), eps, p(x), N, E, nt)
+        branch = (addr(L.w_mlp_out), L.eps_mlp_out, res)
+        lib.specgram_add_rmsnorm(p(h), p(down), *branch, p(w), eps, p(x), N, E, nt)
     return x
 
 

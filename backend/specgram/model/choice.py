@@ -21,7 +21,7 @@ from . import families, kernels
 from .families import describe
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
-SUPPORTED_ACTS = ("silu",)  # the native MLP's activation (kernels/norm.c)
+SUPPORTED_ACTS = ("silu", "gelu_tanh")  # the native MLP's activations (kernels/norm.c)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # weights the native products read as they are
 
 

@@ -29,7 +29,9 @@ class Arch:
     sandwich_norms: bool = False  # norms on the attention and MLP outputs before the residual add (gemma3)
     rope_layers: tuple[bool, ...] = ()  # per layer: whether rotary is applied (smollm3 skips every 4th)
     rotary_fraction: float = 1.0  # the share of each head that rotates (phi-4-mini: 0.75)
-    rope_tables: int = 1  # distinct rotary tables (gemma3: a local and a global theta)
+    rope_types: tuple[str | None, ...] = (None,)  # the rotary tables: each one's layer type (gemma3: a local and
+    # a global base, in transformers' order); None: the model's one table
+    layer_tables: tuple[int, ...] = ()  # per layer: the index of its rotary table
     windows: tuple[int | None, ...] = ()  # per layer: its sliding window, or None (full attention)
     embed_scale: float = 1.0  # the embedding rows times this (gemma: sqrt(hidden); granite: its multiplier)
     residual_scale: float = 1.0  # each branch's output times this before the residual add (granite)
@@ -41,10 +43,11 @@ class Arch:
 
     @property
     def window(self) -> int | None:
-        """The one sliding window of every layer (None: none), where all layers share it; else ValueError."""
-        if len(set(self.windows)) > 1:
+        """The sliding window of the layers that have one (None: no layer has); ValueError where they differ."""
+        sizes = set(self.windows) - {None}
+        if len(sizes) > 1:
             raise ValueError(f"{self.family}: layers differ in their sliding window")
-        return self.windows[0] if self.windows else None
+        return sizes.pop() if sizes else None
 
 
 def _windows(cfg, n: int) -> tuple[int | None, ...]:
@@ -60,7 +63,9 @@ def _windows(cfg, n: int) -> tuple[int | None, ...]:
 
 def _base(cfg, **kw) -> Arch:
     n = cfg.num_hidden_layers
-    fields = dict(family=cfg.model_type, layers=n, windows=_windows(cfg, n), rope_layers=(True,) * n)
+    fields = dict(
+        family=cfg.model_type, layers=n, windows=_windows(cfg, n), rope_layers=(True,) * n, layer_tables=(0,) * n
+    )
     fields.update(kw)
     return Arch(**fields)
 
@@ -74,14 +79,15 @@ def _qwen3(cfg) -> Arch:
 
 
 def _gemma3(cfg) -> Arch:
-    types = set(getattr(cfg, "layer_types", None) or ())
+    types = tuple(sorted(set(cfg.layer_types)))  # transformers' order of its rotary tables
     return _base(
         cfg,
         act={"gelu_pytorch_tanh": "gelu_tanh"}.get(cfg.hidden_activation, cfg.hidden_activation),
         norm_offset=1.0,
         qk_norm=True,
         sandwich_norms=True,
-        rope_tables=max(len(types), 1),
+        rope_types=types,
+        layer_tables=tuple(types.index(t) for t in cfg.layer_types),
         embed_scale=math.sqrt(cfg.hidden_size),
         attn_scale=cfg.query_pre_attn_scalar**-0.5,
         logit_softcap=cfg.final_logit_softcapping,
@@ -140,11 +146,8 @@ def describe(cfg) -> Arch:
 def native_gap(arch: Arch) -> str | None:
     """None where the native CPU forward computes this Arch, else the first thing it lacks."""
     gaps = (
-        (arch.act != "silu", f"activation {arch.act}"),
-        (arch.norm_offset != 0, "norms scaled by (1 + weight)"),
-        (arch.sandwich_norms, "norms on the branch outputs"),
-        (arch.rope_tables != 1, "rotary tables per layer type"),
-        (len(set(arch.windows)) > 1, "sliding windows per layer"),
+        (arch.act not in ("silu", "gelu_tanh"), f"activation {arch.act}"),
+        (len(set(arch.windows) - {None}) > 1, "sliding windows of several sizes"),
         (arch.attn_softcap is not None, "attention soft-capping"),
         (arch.logit_softcap is not None, "a soft-capped head"),
     )

@@ -175,18 +175,25 @@ class NativeForward(PackedDecoder):
         return ValueError("a logits row outside the batch" if code == abi.BAD_HEAD_ROW else f"bad batch ({code})")
 
     def _rotary(self, positions, P: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """-> cos, sin and whether they are tables by position ([P, D], built once per cache length with the
-        checkpoint's own rotary module: a position's rows do not depend on the call, tests/unit/test_rotary.py) or
-        the tokens' own rows ([N, D]: rope types whose tables change with the sequence length)."""
+        """-> cos, sin and whether they are tables by position ([tables x P, rotary], built once per cache length
+        with the checkpoint's own rotary module: a position's rows do not depend on the call,
+        tests/unit/test_rotary.py) or the tokens' own rows ([tables x N, rotary]: rope types whose tables change
+        with the sequence length). One table per rotary the family has (gemma3: its global and local bases)."""
         if self._rope_per_call:
             pos = positions if isinstance(positions, torch.Tensor) else torch.tensor(list(positions))
-            cos, sin = self.rotary(torch.empty(1, 1, 1), position_ids=pos[None])
-            return cos[0].float().contiguous(), sin[0].float().contiguous(), False
+            return *self._tables(pos[None]), False
         tables = self._rope_tables.get(P)
         if tables is None:
-            cos, sin = self.rotary(torch.empty(1, 1, 1), position_ids=torch.arange(P)[None])
-            tables = self._rope_tables[P] = (cos[0].float().contiguous(), sin[0].float().contiguous())
+            tables = self._rope_tables[P] = self._tables(torch.arange(P)[None])
         return *tables, True
+
+    def _tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, cos, sin = torch.empty(1, 1, 1), [], []
+        for layer_type in self.arch.rope_types:
+            c, s = self.rotary(x, position_ids=position_ids, **({"layer_type": layer_type} if layer_type else {}))
+            cos.append(c[0].float())
+            sin.append(s[0].float())
+        return torch.cat(cos).contiguous(), torch.cat(sin).contiguous()
 
     def layers_forward(
         self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, window: int | None

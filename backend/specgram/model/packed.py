@@ -18,28 +18,19 @@ from .linear import make_linear
 
 
 class _Layer:
-    __slots__ = (
-        "qkv",
-        "o",
-        "gate_up",
-        "down",
-        "w_in",
-        "eps_in",
-        "w_post",
-        "eps_post",
-        "q_norm",
-        "k_norm",
-        "qk_eps",
-        "rope",
-    )
+    """One layer's packed products (qkv, o, gate_up, down) and norm weights, set by PackedDecoder."""
 
 
 def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _norm_weight(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
-    return norm.weight.detach().float().contiguous(), float(norm.variance_epsilon)
+def _norm_weight(norm: torch.nn.Module, offset: float = 0.0) -> tuple[torch.Tensor, float]:
+    """An RMSNorm's weight as the kernels scale by it (gemma's (1 + w), summed in float32 as gemma does) and its
+    epsilon (transformers names it variance_epsilon or eps)."""
+    w = norm.weight.detach().float()
+    eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+    return (w + offset if offset else w).contiguous(), float(eps)
 
 
 class PackedDecoder:
@@ -63,8 +54,9 @@ class PackedDecoder:
         self.scaling = float(inner.layers[0].self_attn.scaling)
         arch = self.arch = describe(cfg)
         self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
+        norm = lambda m: _norm_weight(m, arch.norm_offset)  # noqa: E731
         self.layers = []
-        for layer, rope in zip(inner.layers, arch.rope_layers, strict=True):
+        for i, layer in enumerate(inner.layers):
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
             qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]  # fused: phi3
             L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
@@ -72,14 +64,20 @@ class PackedDecoder:
             gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
             L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
             L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
-            L.w_in, L.eps_in = _norm_weight(layer.input_layernorm)
-            L.w_post, L.eps_post = _norm_weight(layer.post_attention_layernorm)
+            L.w_in, L.eps_in = norm(layer.input_layernorm)
+            (L.w_attn_out, L.eps_attn_out), (L.w_mlp_out, L.eps_mlp_out) = (None, 0.0), (None, 0.0)
+            if arch.sandwich_norms:  # gemma3: the branch outputs normed; the MLP's input norm is its own
+                L.w_attn_out, L.eps_attn_out = norm(layer.post_attention_layernorm)
+                L.w_post, L.eps_post = norm(layer.pre_feedforward_layernorm)
+                L.w_mlp_out, L.eps_mlp_out = norm(layer.post_feedforward_layernorm)
+            else:
+                L.w_post, L.eps_post = norm(layer.post_attention_layernorm)
             L.q_norm, L.k_norm, L.qk_eps = None, None, 0.0
-            if arch.qk_norm:  # qwen3: an RMSNorm over each head of q and k before rotary
-                (L.q_norm, L.qk_eps), (L.k_norm, _) = _norm_weight(a.q_norm), _norm_weight(a.k_norm)
-            L.rope = rope
+            if arch.qk_norm:  # qwen3, gemma3: an RMSNorm over each head of q and k before rotary
+                (L.q_norm, L.qk_eps), (L.k_norm, _) = norm(a.q_norm), norm(a.k_norm)
+            L.rope, L.table, L.sliding = arch.rope_layers[i], arch.layer_tables[i], arch.windows[i] is not None
             self.layers.append(L)
-        self.w_final, self.eps_final = _norm_weight(inner.norm)
+        self.w_final, self.eps_final = norm(inner.norm)
         self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
         self._layer_structs, self._decoder = self._describe()
         self._head = self.lm_head.descriptor()
@@ -95,15 +93,17 @@ class PackedDecoder:
             )
             products = (L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor())
             norms = (L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
-            qk = (_address(L.q_norm), _address(L.k_norm), L.qk_eps, int(L.rope))
-            structs[i] = abi.Layer(*products, *norms, *qk)
+            qk = (_address(L.q_norm), _address(L.k_norm), L.qk_eps, int(L.rope), L.table, int(L.sliding))
+            branch = (_address(L.w_attn_out), _address(L.w_mlp_out), L.eps_attn_out, L.eps_mlp_out)
+            structs[i] = abi.Layer(*products, *norms, *qk, *branch)
         first = self.layers[0]
         emb = self._embed_weight
         shape = (n, self.E, self.H, self.Hkv, self.D, self.inter)
         first_norm = (first.w_in.data_ptr(), first.eps_in)
         embed = (emb.data_ptr(), emb.shape[0], int(emb.dtype == torch.bfloat16))
         scales = (self.arch.embed_scale, self.arch.residual_scale)
-        decoder = abi.Decoder(*shape, *first_norm, self.scaling, structs, *embed, self.rotary_dims, *scales)
+        act = abi.ACT_GELU_TANH if self.arch.act == "gelu_tanh" else abi.ACT_SILU
+        decoder = abi.Decoder(*shape, *first_norm, self.scaling, structs, *embed, self.rotary_dims, *scales, act)
         return structs, decoder
 
     def linear_layers(self) -> list[torch.nn.Module]:

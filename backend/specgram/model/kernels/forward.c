@@ -3,7 +3,8 @@
  *   tokens [N] int64   the new tokens' ids: their rows of the embedding (float32 or bfloat16, widened exactly)
  *                      start the residual stream
  *   x [N, E]           out (or NULL): the final-normed hidden states (the lm_head's input)
- *   cos, sin           rotary tables: [P, D] by position (by_position), else [N, D] per token
+ *   cos, sin           rotary tables, d->rotary wide: [tables, P, rotary] by position (by_position), else
+ *                      [tables, N, rotary] per token; layer l rotates by its table (specgram_layer.table)
  *   kc, vc             the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D], float32 or
  *                      (kv_bf16) bfloat16
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
@@ -15,9 +16,10 @@
  *
  * Per layer, the same kernels as their own entry points, in the same order:
  *   qkv = x W_qkv -> q/k head norms (if any) + rotary (all, part or none of each head) + cache write
- *   -> attention -> h += att W_o (times residual_scale); x = rmsnorm(h) -> gu = x W_gate|up
- *   -> act = silu(gate) * up -> h += act W_down (times residual_scale); x = rmsnorm(h) with the next layer's
- *   (or the final) norm. The embedding rows start the residual stream times embed_scale.
+ *   -> attention (within the window on sliding layers) -> h += att W_o (normed first where the layer norms its
+ *   branch outputs; times residual_scale); x = rmsnorm(h) -> gu = x W_gate|up -> act = silu or gelu(gate) * up
+ *   -> h += act W_down (the same way); x = rmsnorm(h) with the next layer's (or the final) norm.
+ *   The embedding rows start the residual stream times embed_scale.
  * Why one region: a decode step of a small model is ~8 kernels x 30 layers, and each separate call paid for a
  * ctypes call, Python glue and an OpenMP fork and join (about 1 ms of a 5 ms int8 decode at 135M). Here the phases
  * are separated by team barriers, and the elementwise phases that are too small to share (one decode row) run on
@@ -94,13 +96,14 @@ static inline void prepare(const specgram_linear *L, const float *x, int64_t m0,
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
 }
 
-/* h += delta * scale; x = rmsnorm(h) * w: this thread's share of the N rows of width E, then those rows of x as product
- * `next` reads them (NULL: no product follows here). */
-static inline void add_norm_rows(float *h, const float *delta, float scale, const float *w, float eps, float *x,
-                                 int64_t N, int64_t E, const specgram_linear *next, uint8_t *u, float *xs) {
+/* One residual add of d's stream h, this thread's share of its N rows: h += norm_dw(delta) * residual_scale (dw
+ * NULL: delta as it is), then x = norm_w(h), as product `next` reads it (NULL: no product follows here). */
+static inline void add_norm_rows(const specgram_decoder *d, float *h, const float *delta, const float *dw, float deps,
+                                 const float *w, float eps, float *x, int64_t N, const specgram_linear *next,
+                                 uint8_t *u, float *xs) {
     int64_t m0, m1;
-    share(N, E, &m0, &m1);
-    specgram_add_rmsnorm_rows(h, delta, scale, w, eps, x, m0, m1, E);
+    share(N, d->E, &m0, &m1);
+    specgram_add_rmsnorm_rows(h, delta, dw, deps, d->residual_scale, w, eps, x, m0, m1, d->E);
     if (next != NULL) prepare(next, x, m0, m1, u, xs);
 }
 
@@ -163,6 +166,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
     const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
     const int64_t esz = kv_bf16 ? 2 : 4;                                    /* bytes per cache element */
+    const int64_t table = (by_position ? P : N) * d->rotary;                /* one rotary table's floats */
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
@@ -213,7 +217,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
         } while (0)
         share(N, E, &m0, &m1);
         embed_rows(d, tokens, m0, m1, h);
-        specgram_add_rmsnorm_rows(h, NULL, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
+        specgram_add_rmsnorm_rows(h, NULL, NULL, 0.0f, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
         prepare(lin[0], x, m0, m1, u, xs);
         WAIT(0);
         for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
@@ -222,10 +226,12 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
             WAIT(j + 1);
             share(N, width, &m0, &m1);
-            specgram_rope_rows(qkv, cos, sin, by_position, kl, vl, kv_bf16, slots, positions, m0, m1, S, H, Hkv, D,
-                               P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm, L->qk_eps, q);
+            specgram_rope_rows(qkv, cos + L->table * table, sin + L->table * table, by_position, kl, vl, kv_bf16, slots,
+                               positions, m0, m1, S, H, Hkv, D, P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm,
+                               L->qk_eps, q);
             WAIT(j + 1);
-            specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, window, d->scaling, att);
+            specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, L->sliding ? window : 0,
+                                    d->scaling, att);
             WAIT(j + 1);
             if (L->o.kind == SPECGRAM_LIN_I8A8) {
                 share(N, H * D, &m0, &m1);
@@ -234,18 +240,18 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             }
             linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
-            add_norm_rows(h, delta, d->residual_scale, L->w_post, L->eps_post, x, N, E, &L->gate_up, u, xs);
+            add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
             share(N, I, &m0, &m1);
-            specgram_silu_mul_rows(gu, act, m0, m1, I);
+            specgram_act_mul_rows(gu, act, m0, m1, I, d->act);
             prepare(&L->down, act, m0, m1, u, xs);
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
-            add_norm_rows(h, delta, d->residual_scale, L->w_next, L->eps_next, x, N, E, l + 1 < Lc ? lin[j + 4] : NULL,
-                          u, xs);
+            add_norm_rows(d, h, delta, L->w_mlp_out, L->eps_mlp_out, L->w_next, L->eps_next, x, N,
+                          l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
             WAIT(j + 4);
         }
         if (R > 0) {

@@ -19,6 +19,10 @@
 #define SPECGRAM_LIN_I8 2
 #define SPECGRAM_LIN_I8A8 3
 
+/* specgram_decoder.act: the MLP's activation of its gate */
+#define SPECGRAM_ACT_SILU 0
+#define SPECGRAM_ACT_GELU_TANH 1
+
 /* specgram_decoder_forward's return codes: what is wrong with the batch (nothing has been written) */
 #define SPECGRAM_BAD_TOKEN 1
 #define SPECGRAM_BAD_SLOT 2
@@ -42,6 +46,11 @@ typedef struct {
     const float *q_norm, *k_norm;   /* [D] RMSNorm weights over each q and k head before rotary, or NULL: none */
     float qk_eps;
     int32_t rope;                   /* 1: this layer's q and k rotate; 0: not (a layer without position encoding) */
+    int32_t table;                  /* which rotary table its q and k rotate by (gemma3: local or global base) */
+    int32_t sliding;                /* 1: it attends within the call's window; 0: to every earlier position */
+    const float *w_attn_out, *w_mlp_out;  /* norms of the attention and MLP outputs before the residual add
+                                           * (gemma3), or NULL: none */
+    float eps_attn_out, eps_mlp_out;
 } specgram_layer;
 
 typedef struct {
@@ -55,6 +64,7 @@ typedef struct {
     int64_t rotary;                 /* the dimensions of each head that rotate (the tables' row width): D or fewer */
     float embed_scale;              /* the embedding rows times this */
     float residual_scale;           /* each branch's output times this as it is added to the residual stream */
+    int32_t act;                    /* the MLP's activation: SPECGRAM_ACT_* */
 } specgram_decoder;
 
 /* isa.c: the instruction set of this build ("avx512" or "avx2"); sizeof of each struct above, in order. */
@@ -83,9 +93,9 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
 void specgram_attention(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *slots,
                         const int64_t *positions, int64_t N, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                         int64_t P, int64_t window, float scale, float *out, int nthreads);
-void specgram_add_rmsnorm(float *h, const float *delta, float scale, const float *w, float eps, float *out,
-                          int64_t M, int64_t N, int nthreads);
-void specgram_silu_mul(const float *gu, float *out, int64_t M, int64_t I, int nthreads);
+void specgram_add_rmsnorm(float *h, const float *delta, const float *dw, float deps, float scale, const float *w,
+                          float eps, float *out, int64_t M, int64_t N, int nthreads);
+void specgram_act_mul(const float *gu, float *out, int64_t M, int64_t I, int act, int nthreads);
 
 /* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
 int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
