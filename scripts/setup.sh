@@ -5,6 +5,7 @@
 #   library symlinks for perf_analyzer (build/lib), and the default model (models/SmolLM2-135M-Instruct).
 # Re-running when everything is in place takes a few seconds.
 # Env: FORCE_PIP=1 reinstalls the requirements even if the marker says they are satisfied.
+#      SPECGRAM_MODEL=gemma3-270m also builds that model (models/gemma-3-270m; scripts/fetch_model.py lists them).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -133,6 +134,9 @@ fi
 log "perf_analyzer: ok ($(LD_LIBRARY_PATH="$REPO/build/lib" "$VENV/bin/perf_analyzer" --version 2>&1 | head -1))"
 
 # ---------------------------------------------------------------- default model
-"$PY" scripts/fetch_default_model.py
+"$PY" scripts/fetch_model.py
+if [[ -n "${SPECGRAM_MODEL:-}" && "${SPECGRAM_MODEL}" != smollm2 ]]; then
+  "$PY" scripts/fetch_model.py --model "$SPECGRAM_MODEL"
+fi
 
 log "done. Next: source scripts/env.sh; scripts/serve.sh"
