@@ -7,7 +7,7 @@
 # (serving, speculation, guides, the contract fuzz). Extra args go to the first pytest run.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$REPO/scripts/setup.sh"
+SPECGRAM_MODEL="${SPECGRAM_MODEL:-gemma3-270m}" bash "$REPO/scripts/setup.sh"  # Gemma 3 270M: tests/e2e/test_models.py
 source "$REPO/scripts/env.sh"
 cd "$REPO"
 python -m ruff check .
