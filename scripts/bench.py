@@ -53,6 +53,7 @@ SCENARIOS = (
     "genai_perf",
     "soak",
     "compare",
+    "models",
     "gpu",
 )
 
