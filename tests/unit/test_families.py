@@ -16,11 +16,12 @@ from specgram.model.choice import choose_for
 from specgram.model.runner import ModelRunner, checkpoint_config
 from specgram.request import SamplingParams
 
+from ..conftest import TEST_DEVICE
 from .helpers import assert_rows_bitwise_independent, run_to_end
 from .tiny import FAMILY_CONFIGS, build_family, save_family
 
 NAMES = list(FAMILY_CONFIGS)
-TOL = dict(rtol=1e-4, atol=1e-4)
+TOL = dict(rtol=1e-4, atol=1e-4) if TEST_DEVICE == "cpu" else dict(rtol=1e-3, atol=1e-3)  # CUDA: other kernels
 # two prompts of different lengths (the longer past every sliding window and llama3's original context)
 PROMPTS = [torch.randint(3, 259, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (45, 13)]
 
@@ -28,23 +29,23 @@ PROMPTS = [torch.randint(3, 259, (n,), generator=torch.Generator().manual_seed(n
 def reference(model, ids: list[int]) -> torch.Tensor:
     """transformers' own forward of one sequence -> float32 logits [len, V]."""
     with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
+        return model(torch.tensor([ids], device=model.device)).logits[0].float().cpu()
 
 
 def check_rows(runner: ModelRunner, model) -> None:
     """A ragged batched prefill, then a verify row of 3 beside a decode row of 1, against each sequence alone."""
-    got = runner.forward_rows(PROMPTS, [0, 1], [0, 0], last_only=False)
+    got = runner.forward_rows(PROMPTS, [0, 1], [0, 0], last_only=False).cpu()
     for b, ids in enumerate(PROMPTS):
         torch.testing.assert_close(got[b, : len(ids)], reference(model, ids), **TOL)
     rows = [[7, 8, 9], [11]]
-    got = runner.forward_rows(rows, [0, 1], [len(p) for p in PROMPTS], last_only=False)
+    got = runner.forward_rows(rows, [0, 1], [len(p) for p in PROMPTS], last_only=False).cpu()
     for b, (ids, row) in enumerate(zip(PROMPTS, rows, strict=True)):
         torch.testing.assert_close(got[b, : len(row)], reference(model, ids + row)[len(ids) :], **TOL)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_pytorch_forward_computes_what_transformers_computes(name):
-    model = build_family(name, seed=1)
+    model = build_family(name, seed=1).to(TEST_DEVICE)  # scripts/gpu_check.sh: on CUDA
     check_rows(ModelRunner(model, 2, 96, choose_for(model, linear="torch")), model)
 
 
@@ -71,8 +72,10 @@ def test_greedy_output_is_transformers_greedy_with_speculation_on_and_off(name, 
     ids = list(prompt)
     for _ in range(n):  # transformers' greedy continuation, without a cache
         ids.append(int(reference(model, ids)[-1].argmax()))
+    # the int8 copy drafts on CPU; on CUDA (scripts/gpu_check.sh) the checkpoint drafts for itself
+    draft = dict(draft_quantization="int8") if TEST_DEVICE == "cpu" else dict(draft_checkpoint=str(path))
     engine = Engine.from_config(
-        EngineConfig(checkpoint=str(path), max_slots=2, max_seq_len=96, draft_quantization="int8")
+        EngineConfig(checkpoint=str(path), max_slots=2, max_seq_len=96, device=TEST_DEVICE, dtype="float32", **draft)
     )
     try:
         outs = {}
