@@ -62,7 +62,7 @@ def build_inputs(values: dict[str, Any]):
         if name not in INPUT_DTYPES:
             raise KeyError(f"unknown input {name!r}: pass a numpy array to send it anyway")
         dtype = INPUT_DTYPES[name]
-        if name in ("sampling_parameters", "messages") and not isinstance(value, (str, bytes)):
+        if name in ("sampling_parameters", "messages", "chat_template_kwargs") and not isinstance(value, (str, bytes)):
             value = json.dumps(value)
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if dtype == "BYTES":
@@ -121,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sampling-parameters", help="JSON object with the same keys as the inputs (or @file)")
     ap.add_argument("--chat", action="store_true", help="apply_chat_template=true")
     ap.add_argument("--messages", help='JSON list of {"role", "content"} (or @file)')
+    ap.add_argument(
+        "--chat-template-kwargs", help="JSON object of chat-template variables, e.g. '{\"enable_thinking\": false}'"
+    )
     s = ap.add_mutually_exclusive_group()
     s.add_argument("--stream", dest="stream", action="store_true", default=None, help="stream=true (default)")
     s.add_argument("--no-stream", dest="stream", action="store_false", help="stream=false: one response")
@@ -131,6 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.prompt = sys.stdin.read()
     args.sampling_parameters = _arg_json(args.sampling_parameters, dict, "--sampling-parameters")
     args.messages = _arg_json(args.messages, list, "--messages")
+    args.chat_template_kwargs = _arg_json(args.chat_template_kwargs, dict, "--chat-template-kwargs")
     args.guide = _arg_text(args.guide)
     if args.prompt is None and args.messages is None:
         ap.error("a prompt or --messages is required")
@@ -160,6 +164,7 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
         "sampling_parameters": args.sampling_parameters,
         "apply_chat_template": True if args.chat else None,
         "messages": args.messages,
+        "chat_template_kwargs": args.chat_template_kwargs,
         # vllm_backend's switches: the model sends these outputs only when asked
         "return_finish_reason": True,
         "return_num_input_tokens": True,

@@ -1,4 +1,5 @@
 import json
+from contextlib import closing
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from specgram.config import EngineConfig
 from specgram.engine.settings import dtype_of
 from specgram.errors import InvalidRequest, ModelLoadError
+from specgram.request import SamplingParams
 from specgram.serving.protocol import parse
 
 
@@ -327,3 +329,34 @@ def test_vllm_json_flags_change_the_grammar(make_engine):
     assert accepts((), '{ "a": 1 }') and not accepts(compact, '{ "a"') and not accepts(compact, '{"a":  1')
     assert accepts(compact, '{"a": 1}')
     assert accepts((), '{"a": 1, "b"') and not accepts((("json_strict", True),), '{"a": 1, "b"')
+
+
+def test_chat_template_kwargs_reach_the_chat_template(make_engine):
+    """vLLM's chat_template_kwargs as an input, in sampling_parameters or as a request parameter: the template's
+    variables (a thinking switch here); refused where it is not an object, names a template-call argument, or
+    comes without a chat prompt."""
+    off = {"enable_thinking": False}
+    for inputs, rp in (
+        ({"chat_template_kwargs": json.dumps(off)}, {}),
+        ({"sampling_parameters": json.dumps({"chat_template_kwargs": off})}, {}),
+        ({}, {"chat_template_kwargs": json.dumps(off)}),
+    ):
+        assert parse({"text_input": "hi", **inputs}, rp).template_kwargs == off
+    with closing(make_engine()) as engine:
+        tok = engine.tokenizer
+
+        def prompt(**kw) -> str:
+            req = engine.make_request(SamplingParams(max_tokens=1), text="hi", chat=True, **kw)
+            return tok.decode(req.prompt_ids)
+
+        assert prompt().endswith("assistant: ") and prompt(template_kwargs=off).endswith("assistant: <think></think>")
+        assert prompt(template_kwargs={"enable_thinking": True}) == prompt()
+        with pytest.raises(InvalidRequest, match="applies to chat prompts"):
+            engine.make_request(SamplingParams(max_tokens=1), text="hi", template_kwargs=off)
+    for bad, needle in (
+        ("[1]", "must be a JSON object"),
+        ('{"tokenize": true}', "may not set tokenize"),
+        ("{", "must be a JSON object"),
+    ):
+        with pytest.raises(InvalidRequest, match=needle):
+            parse({"text_input": "hi", "chat_template_kwargs": bad})

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
-CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (  # a thinking model's switch: enable_thinking false opens the answer with an empty think block
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
 )
 
 

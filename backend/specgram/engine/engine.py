@@ -113,7 +113,8 @@ class Engine:
     # ---- requests in and out ----------------------------------------------------------------------------
 
     def make_request(self, params: SamplingParams, **prompt) -> Request:
-        """Validate and tokenize (Intake.make_request: the prompt as text=, messages= with chat=, or prompt_ids=);
+        """Validate and tokenize (Intake.make_request: the prompt as text=, messages= with chat= and
+        template_kwargs=, or prompt_ids=);
         raises InvalidRequest with a user-facing message. Thread-safe."""
         return self.intake.make_request(params, **prompt)
 

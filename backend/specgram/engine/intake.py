@@ -36,6 +36,7 @@ class Intake:
         messages: list[dict] | None = None,
         chat: bool = False,
         prompt_ids: list[int] | None = None,
+        template_kwargs: dict | None = None,
     ) -> Request:
         config = self.config
         if params.num_draft_tokens is None:
@@ -56,7 +57,7 @@ class Intake:
             )
         if prompt_ids is None:
             with self._tokenizing:
-                prompt_ids = build_prompt_ids(self.tokenizer, text, messages, chat)
+                prompt_ids = build_prompt_ids(self.tokenizer, text, messages, chat, template_kwargs)
         ids = prompt_ids
         if not ids:
             raise InvalidRequest("the prompt is empty")

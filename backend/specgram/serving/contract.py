@@ -28,6 +28,7 @@ from .values import (
     to_str,
     to_str_list,
     to_structured,
+    to_template_kwargs,
 )
 
 # ---- the tables -------------------------------------------------------------------------------------------
@@ -119,6 +120,8 @@ INPUTS: tuple[Field, ...] = (
           "false", convert=to_bool),
     Field("messages", "STRING", (1,), 'JSON list of `{"role", "content"}` rendered with the chat template', "",
           convert=to_messages),
+    Field("chat_template_kwargs", "STRING", (1,), "JSON object of extra chat-template variables (vLLM's key), e.g. "
+          '`{"enable_thinking": false}` for a thinking model; chat prompts only', "none", convert=to_template_kwargs),
     # vllm_backend's switches for its additional outputs (Triton's OpenAI frontend sends them): each output is sent
     # only when its switch is true, as vllm_backend does
     Field("return_finish_reason", "BOOL", (1,), "send `finish_reason`", "false", convert=to_bool, option=False),

@@ -55,6 +55,7 @@ class ClientRequest:
     exclude_input_in_output: bool
     params: SamplingParams
     outputs: frozenset[str] = frozenset()  # the outputs sent only when asked (contract switch) that were asked
+    template_kwargs: dict | None = None  # chat_template_kwargs: extra variables of the chat template
 
 
 def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = None) -> ClientRequest:
@@ -105,6 +106,7 @@ def parse(inputs: dict[str, Any], request_parameters: dict[str, Any] | None = No
         exclude_input_in_output=values.get("exclude_input_in_output", stream),
         params=params,
         outputs=frozenset(f.name for f in OUTPUTS if f.switch in asked),
+        template_kwargs=values.get("chat_template_kwargs"),
     )
 
 

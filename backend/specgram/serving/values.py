@@ -125,6 +125,12 @@ def to_structured(name: str, v: Any) -> tuple[str, str, tuple] | None:
     return guide_of(name.rsplit(".", 1)[-1], v)
 
 
+def to_template_kwargs(name: str, v: Any) -> dict:
+    from ..engine.prompt import parse_template_kwargs
+
+    return parse_template_kwargs(v if isinstance(v, str) else json.dumps(v))
+
+
 def to_messages(name: str, v: Any) -> list[dict]:
     from ..engine.prompt import parse_messages
 

@@ -173,7 +173,13 @@ class TritonPythonModel:
             try:
                 creq = parse(read_inputs(request), read_parameters(request))
                 timeout_s = read_timeout(request)
-                req = self.engine.make_request(creq.params, text=creq.text, messages=creq.messages, chat=creq.chat)
+                req = self.engine.make_request(
+                    creq.params,
+                    text=creq.text,
+                    messages=creq.messages,
+                    chat=creq.chat,
+                    template_kwargs=creq.template_kwargs,
+                )
             except InvalidRequest as e:
                 self._send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
