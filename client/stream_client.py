@@ -105,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="llm", help="model name (default %(default)s)")
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--min-tokens", type=int, help="tokens before EOS or a stop string may end the output")
+    ap.add_argument(
+        "--max-reasoning-chars", type=int, help="a thinking model's reasoning before a guided answer, in characters"
+    )
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--top-p", type=float)
     ap.add_argument("--top-k", type=int)
@@ -150,6 +153,7 @@ def request_values(args: argparse.Namespace) -> dict[str, Any]:
         "stream": stream,
         "max_tokens": args.max_tokens,
         "min_tokens": args.min_tokens,
+        "max_reasoning_chars": args.max_reasoning_chars,
         "temperature": args.temperature,
         "top_p": args.top_p,
         "top_k": args.top_k,

@@ -94,6 +94,9 @@ class EngineConfig:
     request_timeout_s: int = 0  # a request running longer ends with finish_reason timeout (0 = no limit);
     # a client's own Triton request timeout can only shorten it
     shutdown_grace_s: int = 5  # on unload, running requests may finish for this long before they are cut
+    reasoning_end: str = "auto"  # a thinking model's end of reasoning: a guided chat request's guide holds after
+    # it (the reasoning before it is free text); auto = "</think>" where the tokenizer has that token and the chat
+    # template opens a <think> block, "none" = off, else the marker itself (engine/settings.py)
     max_stop_chars: int = 1000  # the longest stop string and bad word a request may give (each is searched
     # for in the output's text at every commit)
 

@@ -56,6 +56,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # also end the output (kept, like EOS)
     bad_words: list[str] = field(default_factory=list)  # never generated (penalties.py)
     allowed_token_ids: list[int] | None = None  # only these (None: every token)
+    max_reasoning_chars: int | None = None  # a thinking model's reasoning before a guided answer, at most this many
+    # characters (None: no bound); then the grammar forces the end marker (grammar/compile.py, reasoning_prefix)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -132,6 +134,8 @@ class SamplingParams:
                 raise InvalidRequest(
                     f"{name}: an entry has {longest} characters; at most {max_stop_chars} (config max_stop_chars)"
                 )
+        if self.max_reasoning_chars is not None and not 0 <= self.max_reasoning_chars <= INT32_MAX:
+            raise InvalidRequest(f"max_reasoning_chars must be in [0, {INT32_MAX}], got {self.max_reasoning_chars!r}")
         if not isinstance(self.num_draft_tokens, int) or not AUTO_DRAFT <= self.num_draft_tokens <= max_draft_len:
             raise InvalidRequest(
                 f"num_draft_tokens must be -1 (auto) or an integer in [0, {max_draft_len}] "

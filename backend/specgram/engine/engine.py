@@ -38,7 +38,7 @@ from .logprobs import LogprobTaker
 from .output import Outputs
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
-from .settings import Settings, resolve
+from .settings import Settings, reasoning_end_of, resolve
 from .step import StepPlan, StepResult
 from .verify import Verifier
 
@@ -81,7 +81,15 @@ class Engine:
             queue_limit=config.grammar_compile_queue,
             unsupported_keywords=config.json_unsupported_keywords,
         )
-        self.intake = Intake(config, settings.drafter, tokenizer, self.grammar, all_drafters, target.vocab_size)
+        self.intake = Intake(
+            config,
+            settings.drafter,
+            tokenizer,
+            self.grammar,
+            all_drafters,
+            target.vocab_size,
+            reasoning_end_of(config.reasoning_end, tokenizer),
+        )
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.faults = Faults()  # the requests whose own work failed in the phase that is running
         self.planner = DraftPlanner(

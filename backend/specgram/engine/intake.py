@@ -20,9 +20,18 @@ from .prompt import prompt_ids as build_prompt_ids
 
 class Intake:
     def __init__(
-        self, config: EngineConfig, drafter: str, tokenizer, grammar: GrammarCompiler, drafters: dict, vocab_size: int
+        self,
+        config: EngineConfig,
+        drafter: str,
+        tokenizer,
+        grammar: GrammarCompiler,
+        drafters: dict,
+        vocab_size: int,
+        reasoning_end: str = "",
     ):
-        """drafter: a request's drafter when it names none (settings.Settings.drafter)."""
+        """drafter: a request's drafter when it names none (settings.Settings.drafter); reasoning_end: a thinking
+        model's end of reasoning ("": none; settings.reasoning_end_of)."""
+        self.reasoning_end = reasoning_end
         self.config, self.grammar, self.default_drafter = config, grammar, drafter
         self.tokenizer = copy.deepcopy(tokenizer)
         self._tokenizing = threading.Lock()
@@ -55,6 +64,7 @@ class Intake:
             raise InvalidRequest(
                 f"unknown or unconfigured drafter {params.drafter!r}; available: {sorted(self.drafters)}"
             )
+        chat_prompt = prompt_ids is None and (chat or messages is not None)  # rendered by the chat template here
         if prompt_ids is None:
             with self._tokenizing:
                 prompt_ids = build_prompt_ids(self.tokenizer, text, messages, chat, template_kwargs)
@@ -78,9 +88,24 @@ class Intake:
             if params.speculates and params.looks_up and params.guide:
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
+            if self._reasons(ids, chat_prompt):
+                params.guide_options += (
+                    ("reasoning_end", self.reasoning_end),
+                    ("reasoning_max_chars", params.max_reasoning_chars),
+                )
             # compiles off the step loop; last, so that nothing after it can refuse the request
             req.pending_grammar = self.grammar.submit(kind, params.guide, params.guide_options)
         return req
+
+    def _reasons(self, ids: list[int], chat: bool) -> bool:
+        """Whether a guided request's answer comes after reasoning: a thinking model (reasoning_end), a chat prompt,
+        and a prompt that does not already close the reasoning (a template told not to think ends the prompt with
+        an empty reasoning block)."""
+        if not self.reasoning_end or not chat:
+            return False
+        with self._tokenizing:
+            tail = self.tokenizer.decode(ids[-32:])
+        return not tail.rstrip().endswith(self.reasoning_end)
 
 
 def bad_word_ids(tokenizer, words: list[str]) -> list[list[int]]:

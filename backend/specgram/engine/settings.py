@@ -14,6 +14,8 @@ weights are loaded.
                              draft_checkpoint is named, else none
   drafter auto               draft_model where a draft model is loaded, else ngram
   prefix_cache auto          on where reused KV is bitwise what a prefill writes (the native forward)
+  reasoning_end auto         "</think>" where the tokenizer has it and the chat template opens <think> (resolved
+                             with the tokenizer: reasoning_end_of)
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ class Settings:
     draft: DraftChoice | None  # None: no draft model
     drafter: str  # a request's drafter when it names none: "draft_model" | "ngram" | "grammar"
     prefix_cache: bool
+
+
+THINK_END = "</think>"
+
+
+def reasoning_end_of(setting: str, tokenizer) -> str:
+    """config.reasoning_end on this checkpoint's tokenizer: the marker that ends a thinking model's reasoning, or
+    "" (none)."""
+    if setting in ("none", ""):
+        return ""
+    if setting != "auto":
+        return setting
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    return THINK_END if THINK_END in tokenizer.get_vocab() and "<think>" in template else ""
 
 
 def device_of(config: EngineConfig) -> torch.device:

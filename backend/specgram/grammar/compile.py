@@ -55,10 +55,58 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-def compile_guide(compiler, kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
-    """One compile with an xgrammar GrammarCompiler (in the engine process and in the workers alike).
+REASONING_OPTIONS = ("reasoning_end", "reasoning_max_chars")  # compile options of any kind (the rest: JSON schema)
+
+
+def reasoning_prefix(end: str, max_chars: int | None):
+    """The grammar of a thinking model's reasoning: any text without `end` (at most max_chars characters; None:
+    no bound), then `end` itself. A character bound, not a token one: xgrammar's token budget is not restored when
+    the matcher rolls back rejected drafts, so it would make the output depend on speculation; its character
+    count is."""
+    import xgrammar as xgr
+
+    free = {"type": "any_text", "excludes": [end], **({} if max_chars is None else {"max_chars": max_chars})}
+    fmt = {"type": "sequence", "elements": [free, {"type": "const_string", "value": end}]}
+    return xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
+
+
+def guide_grammar(kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
+    """The guide as an xgrammar Grammar (not compiled)."""
+    import xgrammar as xgr
+
+    if kind == GuideType.JSON:
+        return xgr.Grammar.builtin_json_grammar()
+    if kind == GuideType.JSON_SCHEMA:
+        return xgr.Grammar.from_json_schema(guide, any_whitespace=json_any_whitespace, strict_mode=json_strict)
+    if kind == GuideType.REGEX:
+        return xgr.Grammar.from_regex(guide)
+    if kind == GuideType.EBNF:
+        return xgr.Grammar.from_ebnf(guide)
+    if kind == GuideType.CHOICE:
+        return xgr.Grammar.from_ebnf(choice_grammar(choices_of(guide)))
+    return xgr.Grammar.from_structural_tag(guide)
+
+
+def compile_guide(
+    compiler,
+    kind: GuideType,
+    guide: str,
+    json_strict: bool,
+    json_any_whitespace: bool,
+    reasoning_end: str = "",
+    reasoning_max_chars: int | None = None,
+):
+    """One compile with an xgrammar GrammarCompiler (in the engine process and in the workers alike). With
+    reasoning_end: the guide holds after a thinking model's reasoning (reasoning_prefix), which is free text.
     Raises InvalidRequest with xgrammar's reason."""
     try:
+        if reasoning_end:
+            import xgrammar as xgr
+
+            grammar = guide_grammar(kind, guide, json_strict, json_any_whitespace)
+            return compiler.compile_grammar(
+                xgr.Grammar.concat(reasoning_prefix(reasoning_end, reasoning_max_chars), grammar)
+            )
         if kind == GuideType.JSON:
             return compiler.compile_builtin_json_grammar()
         if kind == GuideType.JSON_SCHEMA:

@@ -25,7 +25,14 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest, Overloaded
-from .compile import UNSUPPORTED_KEYWORDS, GuideType, choices_of, compile_guide, normalize_guide_type
+from .compile import (
+    REASONING_OPTIONS,
+    UNSUPPORTED_KEYWORDS,
+    GuideType,
+    choices_of,
+    compile_guide,
+    normalize_guide_type,
+)
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
 
@@ -132,9 +139,10 @@ class GrammarCompiler:
     def submit(self, kind: GuideType, guide: str, options: tuple = ()) -> "PendingGrammar":
         """Start compiling (or find) the guide; raises Overloaded when too many guides wait for a worker.
         options: the request's (name, value) overrides of the compile options, sorted (part of the cache key)."""
-        if kind == GuideType.JSON:
+        # the JSON-schema options matter to JSON schemas only; a thinking model's reasoning prefix to every kind
+        options = tuple(sorted(o for o in options if kind == GuideType.JSON_SCHEMA or o[0] in REASONING_OPTIONS))
+        if kind == GuideType.JSON and not options:
             return PendingGrammar(_done(self.builtin_json))
-        options = tuple(sorted(options)) if kind == GuideType.JSON_SCHEMA else ()
         key = (kind, guide, options)
         pool = self.pool  # started here on first use, outside self._lock
         with self._lock:

@@ -122,6 +122,9 @@ INPUTS: tuple[Field, ...] = (
           convert=to_messages),
     Field("chat_template_kwargs", "STRING", (1,), "JSON object of extra chat-template variables (vLLM's key), e.g. "
           '`{"enable_thinking": false}` for a thinking model; chat prompts only', "none", convert=to_template_kwargs),
+    Field("max_reasoning_chars", "INT32", (1,), "a thinking model's guided chat request: its reasoning (free "
+          "text before config `reasoning_end`) takes at most this many characters, then the end is forced", "no bound",
+          convert=to_int, param="max_reasoning_chars"),
     # vllm_backend's switches for its additional outputs (Triton's OpenAI frontend sends them): each output is sent
     # only when its switch is true, as vllm_backend does
     Field("return_finish_reason", "BOOL", (1,), "send `finish_reason`", "false", convert=to_bool, option=False),
