@@ -1,7 +1,8 @@
-"""A second real model served: Gemma 3 270M (gemma3_text: local and global layers, q/k norms, a 262,144-token
-vocabulary) through its own tritonserver, on the native CPU forward: greedy output equals transformers' generate
-on the same checkpoint, at every draft length; a guided JSON answer parses and validates. Set-up builds the
-checkpoint (scripts/test.sh sets SPECGRAM_MODEL=gemma3-270m)."""
+"""Model families served, each through its own tritonserver on the native CPU forward: a second real model, Gemma
+3 270M (gemma3_text: local and global layers, q/k norms, a 262,144-token vocabulary): greedy output equals
+transformers' generate on the same checkpoint at every draft length, and a guided JSON answer validates (set-up
+builds the checkpoint: scripts/test.sh sets SPECGRAM_MODEL=gemma3-270m); and a tiny random checkpoint of every
+listed family: greedy ids and raw logprobs equal transformers'."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import jsonschema
 import pytest
 from collect import errors_of, ids_of, last_value, stream_infer, text_of
 from triton_server import REPO, TritonServer, model_repository_with
+
+from tests.unit.tiny import FAMILY_CONFIGS, build_family, build_tokenizer, save_family
 
 GEMMA = REPO / "models" / "gemma-3-270m"
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -88,3 +91,52 @@ def test_a_guided_json_answer_validates(gemma_server):
     assert last_value(plain, "finish_reason") == "stop", text_of(plain)
     jsonschema.validate(json.loads(text_of(plain)), schema)
     assert ids_of(spec) == ids_of(plain)
+
+
+# ---- every family, served: tiny random checkpoints of each family's distinguishing config -----------------------
+
+FAMILY_PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILY_CONFIGS))
+def family_server(request, tmp_path_factory):
+    """(family name, its tiny checkpoint's transformers model, a tritonserver serving that checkpoint)."""
+    name = request.param
+    path = save_family(tmp_path_factory.mktemp(name) / "ckpt", name, seed=3)
+    repo = model_repository_with({"checkpoint": str(path)}, tmp_path_factory.mktemp(f"{name}-repo") / "repo")
+    server = TritonServer(model_repository=repo, model="llm", log_path=path.parent / "tritonserver.log")
+    server.start()
+    try:
+        yield name, build_family(name, seed=3), server
+    finally:
+        server.stop()
+
+
+def test_each_family_serves_transformers_greedy_ids_and_raw_logprobs(family_server):
+    """Greedy ids equal transformers' own greedy continuation and each token's raw logprob equals its
+    log-softmax there, at num_draft_tokens 0, 4 and auto."""
+    import torch
+
+    name, model, server = family_server
+    tok = build_tokenizer()
+    ids = tok(FAMILY_PROMPT)["input_ids"]
+    with torch.inference_mode():
+        for _ in range(N):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        want = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [len, V]
+    n_prompt = len(ids) - N
+    for k in (0, 4, -1):
+        resps = complete(
+            server,
+            FAMILY_PROMPT,
+            num_draft_tokens=k,
+            ignore_eos=True,
+            return_logprobs=True,
+            sampling_parameters=json.dumps({"logprobs": 0}),
+        )
+        assert not errors_of(resps), (name, k, errors_of(resps))
+        assert ids_of(resps) == ids[n_prompt:], (name, k)
+        rows = [row for r in resps if r["outputs"] for row in json.loads(r["outputs"]["logprobs"][0])]
+        for i, (t, row) in enumerate(zip(ids[n_prompt:], rows, strict=True)):
+            got = row[str(t)]["logprob"]
+            assert abs(got - want[n_prompt + i - 1, t].item()) < 1e-4, (name, k, i)
