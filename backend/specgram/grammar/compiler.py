@@ -25,14 +25,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest, Overloaded
-from .compile import (
-    REASONING_OPTIONS,
-    UNSUPPORTED_KEYWORDS,
-    GuideType,
-    choices_of,
-    compile_guide,
-    normalize_guide_type,
-)
+from .compile import REASONING_OPTIONS, UNSUPPORTED_KEYWORDS, GuideType, choices_of, compile_guide, normalize_guide_type
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
 
