@@ -54,6 +54,7 @@ SCENARIOS = (
     "soak",
     "compare",
     "models",
+    "vocab",
     "gpu",
 )
 
