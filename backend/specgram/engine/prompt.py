@@ -7,14 +7,19 @@ import json
 from ..errors import InvalidRequest
 
 
+def _json(raw: str, name: str, what: str):
+    """raw parsed as JSON; InvalidRequest naming the input (`name must be <what>`) where it is not."""
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # json.JSONDecodeError, and an integer too long to convert
+        raise InvalidRequest(f"{name} must be {what}: {e}") from None
+    except RecursionError:
+        raise InvalidRequest(f"{name} is nested too deeply to parse") from None
+
+
 def parse_messages(raw: str) -> list[dict]:
     """`messages` input: a JSON list of {"role": str, "content": str}."""
-    try:
-        messages = json.loads(raw)
-    except ValueError as e:  # json.JSONDecodeError, and an integer too long to convert
-        raise InvalidRequest(f"messages must be a JSON list of {{role, content}} objects: {e}") from None
-    except RecursionError:
-        raise InvalidRequest("messages is nested too deeply to parse") from None
+    messages = _json(raw, "messages", "a JSON list of {role, content} objects")
     if (
         not isinstance(messages, list)
         or not messages
@@ -37,12 +42,7 @@ _RESERVED = frozenset(
 def parse_template_kwargs(raw: str) -> dict:
     """`chat_template_kwargs` input (vLLM's key): a JSON object of extra variables for the chat template, e.g.
     {"enable_thinking": false} for the thinking models' templates."""
-    try:
-        kwargs = json.loads(raw)
-    except ValueError as e:
-        raise InvalidRequest(f"chat_template_kwargs must be a JSON object: {e}") from None
-    except RecursionError:
-        raise InvalidRequest("chat_template_kwargs is nested too deeply to parse") from None
+    kwargs = _json(raw, "chat_template_kwargs", "a JSON object")
     if not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be a JSON object of template variables")
     reserved = sorted(_RESERVED & set(kwargs))

@@ -98,15 +98,7 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     dtype = dtype_of(config.dtype, device)
     target_cfg = target_cfg if target_cfg is not None else _hf_config(config.checkpoint)
     static = config.max_draft_len + 1 if config.cuda_graphs else 0  # widest graphed forward: a verify
-    target = choose(
-        target_cfg,
-        device,
-        dtype,
-        config.linear,
-        "int8" if config.weights == "int8" else "auto",
-        config.kv_cache_dtype,
-        static,
-    )
+    target = choose(target_cfg, device, dtype, config.linear, config.weights, config.kv_cache_dtype, static)
     if config.weights == "int8":
         target = dataclasses.replace(target, weights=int8_form(target.lib))
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
@@ -148,7 +140,7 @@ def _draft(
     if quantization == "none":
         return DraftChoice(source, base, "none", forward, False)
     if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
-        return DraftChoice(source, base, "torch", dataclasses.replace(forward, kind="torch", lib=None), False)
+        return DraftChoice(source, base, "torch", forward, False)
     # the target's own native copy attends to the target's K and V of every committed token (closer drafts than
     # its own int8 ones: docs/performance.md, "The copy shares the target's KV cache"); a copy of another
     # checkpoint keeps a bfloat16 cache of its own (a draft may be lossy, the target verifies)

@@ -100,24 +100,12 @@ def compile_guide(
     reasoning_end: the guide holds after a thinking model's reasoning (reasoning_prefix), which is free text.
     Raises InvalidRequest with xgrammar's reason."""
     try:
+        grammar = guide_grammar(kind, guide, json_strict, json_any_whitespace)
         if reasoning_end:
             import xgrammar as xgr
 
-            grammar = guide_grammar(kind, guide, json_strict, json_any_whitespace)
-            return compiler.compile_grammar(
-                xgr.Grammar.concat(reasoning_prefix(reasoning_end, reasoning_max_chars), grammar)
-            )
-        if kind == GuideType.JSON:
-            return compiler.compile_builtin_json_grammar()
-        if kind == GuideType.JSON_SCHEMA:
-            return compiler.compile_json_schema(guide, any_whitespace=json_any_whitespace, strict_mode=json_strict)
-        if kind == GuideType.REGEX:
-            return compiler.compile_regex(guide)
-        if kind == GuideType.EBNF:
-            return compiler.compile_grammar(guide)
-        if kind == GuideType.CHOICE:
-            return compiler.compile_grammar(choice_grammar(choices_of(guide)))
-        return compiler.compile_structural_tag(guide)
+            grammar = xgr.Grammar.concat(reasoning_prefix(reasoning_end, reasoning_max_chars), grammar)
+        return compiler.compile_grammar(grammar)
     except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types with a useful message
         raise InvalidRequest(f"cannot compile the {kind} guide: {xgrammar_reason(e)[:500]}") from None
 

@@ -21,7 +21,6 @@ from . import families, kernels
 from .families import describe
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
-SUPPORTED_ACTS = ("silu", "gelu_tanh")  # the native MLP's activations (kernels/norm.c)
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # weights the native products read as they are
 
 
@@ -37,8 +36,6 @@ class ForwardChoice:
 def native_gap(cfg, dtype: torch.dtype) -> str | None:
     """None if the native forward covers a model of this HF config loaded in `dtype`, else what it lacks."""
     arch = describe(cfg)
-    if arch.act not in SUPPORTED_ACTS:
-        return f"activation {arch.act!r}"
     gap = families.native_gap(arch)
     if gap is not None:
         return gap

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..errors import ModelLoadError
 
 DOCS = "docs/models.md"
+NATIVE_ACTS = ("silu", "gelu_tanh")  # the native MLP's activations (kernels/norm.c)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def describe(cfg) -> Arch:
 def native_gap(arch: Arch) -> str | None:
     """None where the native CPU forward computes this Arch, else the first thing it lacks."""
     gaps = (
-        (arch.act not in ("silu", "gelu_tanh"), f"activation {arch.act}"),
+        (arch.act not in NATIVE_ACTS, f"activation {arch.act!r}"),
         (len(set(arch.windows) - {None}) > 1, "sliding windows of several sizes"),
         (arch.attn_softcap is not None, "attention soft-capping"),
         (arch.logit_softcap is not None, "a soft-capped head"),

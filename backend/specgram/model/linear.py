@@ -26,6 +26,11 @@ BLOCK = 32  # outputs per packed block (NB in gemm.c)
 DIGITS = {"int16": 2, "int8": 1}  # quantized activations: base-256 digits per activation (gemm_i8a8.c)
 
 
+def data_ptr(t: torch.Tensor | None) -> int | None:
+    """A tensor's address for the kernels' structs (specgram.h); None (NULL) for none."""
+    return None if t is None else t.data_ptr()
+
+
 def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """weight [N, K] -> packed [ceil(N / 32), K, 32] of `dtype` (float32, bfloat16, or int8 for a weight that is
     int8 already), contiguous; element [b, k, j] = weight[32 b + j, k], zero past N."""
@@ -126,27 +131,12 @@ class NativeLinear(torch.nn.Module):
     def descriptor(self) -> abi.Linear:
         """This product as forward.c's specgram_linear: its kind and the addresses of its buffers (valid while the
         module keeps them)."""
-        b = self._buffers
-        addr = lambda k: b[k].data_ptr() if b[k] is not None else None  # noqa: E731
-        kind = (
-            abi.LIN_I8A8
-            if self.activations in DIGITS
-            else abi.LIN_I8
-            if self.weight_dtype == torch.int8
-            else abi.LIN_BF16
-            if self.weight_dtype == torch.bfloat16
-            else abi.LIN_F32
-        )
-        return abi.Linear(
-            kind,
-            DIGITS.get(self.activations, 0),
-            self.in_features,
-            self.out_features,
-            addr("packed"),
-            addr("scale"),
-            addr("colsum"),
-            addr("bias"),
-        )
+        if self.activations in DIGITS:
+            kind = abi.LIN_I8A8
+        else:
+            kind = {torch.int8: abi.LIN_I8, torch.bfloat16: abi.LIN_BF16}.get(self.weight_dtype, abi.LIN_F32)
+        buffers = (data_ptr(self._buffers[k]) for k in ("packed", "scale", "colsum", "bias"))
+        return abi.Linear(kind, DIGITS.get(self.activations, 0), self.in_features, self.out_features, *buffers)
 
 
 def make_linear(

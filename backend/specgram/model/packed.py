@@ -14,15 +14,11 @@ import torch
 from .families import describe
 from .int8 import ACTIVATIONS
 from .kernels import abi
-from .linear import make_linear
+from .linear import data_ptr, make_linear
 
 
 class _Layer:
     """One layer's packed products (qkv, o, gate_up, down) and norm weights, set by PackedDecoder."""
-
-
-def _address(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _norm_weight(norm: torch.nn.Module, offset: float = 0.0) -> tuple[torch.Tensor, float]:
@@ -93,8 +89,8 @@ class PackedDecoder:
             )
             products = (L.qkv.descriptor(), L.o.descriptor(), L.gate_up.descriptor(), L.down.descriptor())
             norms = (L.w_post.data_ptr(), w_next.data_ptr(), L.eps_post, eps_next)
-            qk = (_address(L.q_norm), _address(L.k_norm), L.qk_eps, int(L.rope), L.table, int(L.sliding))
-            branch = (_address(L.w_attn_out), _address(L.w_mlp_out), L.eps_attn_out, L.eps_mlp_out)
+            qk = (data_ptr(L.q_norm), data_ptr(L.k_norm), L.qk_eps, int(L.rope), L.table, int(L.sliding))
+            branch = (data_ptr(L.w_attn_out), data_ptr(L.w_mlp_out), L.eps_attn_out, L.eps_mlp_out)
             structs[i] = abi.Layer(*products, *norms, *qk, *branch)
         first = self.layers[0]
         emb = self._embed_weight

@@ -21,6 +21,8 @@ from .families import Arch
 from .kv_cache import KVCache, WriteIndex
 
 ATTENTION = "specgram_slots"
+# a 4D attention mask tells transformers' mask builders to build none; ours are built by the attention function
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
 
 def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | None) -> torch.Tensor:
@@ -101,8 +103,7 @@ def plug(model: torch.nn.Module) -> None:
 
 def hidden(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
     """tokens, positions [B, T] -> the final-normed hidden states [B, T, E], the rows' KV written on the way."""
-    skip = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=tokens.device)  # a 4D mask: transformers builds none
-    inputs = dict(input_ids=tokens, position_ids=positions, attention_mask=skip, cache=batch, use_cache=False)
+    inputs = dict(input_ids=tokens, position_ids=positions, attention_mask=_NO_MASK, cache=batch, use_cache=False)
     return model.model(**inputs, specgram_batch=batch).last_hidden_state
 
 
