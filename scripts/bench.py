@@ -55,6 +55,7 @@ SCENARIOS = (
     "compare",
     "models",
     "vocab",
+    "draft_vocab",
     "gpu",
 )
 

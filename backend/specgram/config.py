@@ -51,6 +51,11 @@ class EngineConfig:
     # PyTorch's dynamic quantization elsewhere; CPU only. "auto": the target's
     # int8 copy where the native forward runs the target (no draft_checkpoint,
     # weights not int8 already), else none
+    draft_vocab: int = -1  # the int8 copy drafts over this many vocabulary entries, the most frequent in
+    # draft_vocab_corpus (speculation/draft_vocab.py; the target verifies over all); -1 or "auto" = 32768 where the
+    # vocabulary is larger than 65536, else all; 0 or "full" = all
+    draft_vocab_corpus: str = ""  # a text file or folder like the traffic served, which ranks the vocabulary for
+    # draft_vocab; "" = the English reference text shipped with Python
     default_num_draft_tokens: int = 0  # k for requests that do not set num_draft_tokens; -1 or "auto" = the
     # engine chooses k per request per step (adaptive.py)
     default_num_draft_tokens_guided: int = 0  # ... the same for requests with a guide (structured output)
@@ -161,6 +166,8 @@ class EngineConfig:
             raise ModelLoadError(
                 f"json_unsupported_keywords must be error or ignore, got {self.json_unsupported_keywords!r}"
             )
+        if self.draft_vocab < -1:
+            raise ModelLoadError(f"draft_vocab must be auto (-1), full (0) or a count, got {self.draft_vocab}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ModelLoadError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         self._check_device()
@@ -181,8 +188,11 @@ class EngineConfig:
                     raise ModelLoadError(f"engine parameter {key} must be 0, 1, true or false; got {raw!r}")
                 kwargs[key] = text in _TRUE
                 continue
-            if key.startswith("default_num_draft_tokens") and str(raw).strip().lower() == "auto":
+            word = str(raw).strip().lower()
+            if (key.startswith("default_num_draft_tokens") or key == "draft_vocab") and word == "auto":
                 raw = "-1"
+            if key == "draft_vocab" and word == "full":
+                raw = "0"
             try:
                 kwargs[key] = int(raw) if kind == "int" else str(raw)
             except ValueError:

@@ -14,6 +14,7 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
+from ..speculation import draft_vocab
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter
 from .settings import Settings
@@ -76,8 +77,18 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
             base = model  # an int8 copy shares the loaded model (int8.py packs its own)
         if d.int8 == "torch":
             base = quantize_dynamic_int8(base)
-        draft = ModelRunner(
-            base, config.max_slots, config.max_seq_len, d.forward, cache=target.cache if d.shares_cache else None
-        )
+        cache = target.cache if d.shares_cache else None
+        head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
+        draft = ModelRunner(base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head)
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     return target, tokenizer, drafters
+
+
+def _draft_head(config: EngineConfig, tokenizer, model, size: int):
+    """The draft's reduced vocabulary (speculation/draft_vocab.py): its `size` most frequent ids."""
+    try:
+        corpus = draft_vocab.read_corpus(config.draft_vocab_corpus) if config.draft_vocab_corpus else None
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not read draft_vocab_corpus {config.draft_vocab_corpus!r}: {e}") from e
+    keep = eos_ids(tokenizer, model.generation_config, model.config)
+    return draft_vocab.head_ids(tokenizer, model.config.vocab_size, size, corpus or draft_vocab.builtin_corpus(), keep)

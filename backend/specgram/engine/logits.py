@@ -105,6 +105,10 @@ class LogitsProcessor:
                 self.faults.add(reqs[j], DeadEnd())
         positions = [len(r.output_ids) + o for r, o in zip(reqs, offsets, strict=True)]
         ids, probs = sampling.pick(logits, reqs, positions, self.noise, want_probs=tentative and not self.coupled)
+        if tentative:  # a draft row may hold no token (a reduced draft vocabulary lacking all the grammar allows):
+            # then the pick is a -inf entry, as only then (one gather, not a scan of every row); the draft ends there
+            chosen = logits.gather(1, ids.to(logits.device)[:, None]).squeeze(1)
+            dead |= {j for j, empty in enumerate(torch.isneginf(chosen).tolist()) if empty}
         for j, r in enumerate(reqs):
             if j in dead or self.faults.has(r):
                 ids[j] = NO_TOKEN

@@ -13,6 +13,8 @@ weights are loaded.
   draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
                              draft_checkpoint is named, else none
   drafter auto               draft_model where a draft model is loaded, else ngram
+  draft_vocab auto           32768 entries where the vocabulary is larger than 65536 and the draft runs on the
+                             native forward, else all
   prefix_cache auto          on where reused KV is bitwise what a prefill writes (the native forward)
   reasoning_end auto         "</think>" where the tokenizer has it and the chat template opens <think> (resolved
                              with the tokenizer: reasoning_end_of)
@@ -30,6 +32,7 @@ from ..config import DTYPES, EngineConfig
 from ..errors import ModelLoadError
 from ..model.choice import ForwardChoice, choose, int8_form
 from ..model.runner import checkpoint_config
+from ..speculation import draft_vocab
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class DraftChoice:
     int8: str  # "none" | "native" (int8 weights on the native forward) | "torch" (dynamic quantization)
     forward: ForwardChoice
     shares_cache: bool  # reads and writes the target's KV cache (the target's native int8 copy)
+    vocab: int = 0  # the vocabulary entries its head computes (draft_vocab); 0: all of them
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,9 @@ def _draft(
     else:
         cfg, base = target_cfg, dtype
     forward = choose(cfg, device, base, config.linear, static_width=static)
+    vocab = _draft_vocab(config, cfg, forward)
     if quantization == "none":
-        return DraftChoice(source, base, "none", forward, False)
+        return DraftChoice(source, base, "none", forward, False, vocab)
     if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
         return DraftChoice(source, base, "torch", forward, False)
     # the target's own native copy attends to the target's K and V of every committed token (closer drafts than
@@ -146,7 +151,22 @@ def _draft(
     # checkpoint keeps a bfloat16 cache of its own (a draft may be lossy, the target verifies)
     shares = source == "target" and target.kind == "native"
     forward = dataclasses.replace(forward, weights=int8_form(forward.lib), kv_dtype="auto" if shares else "bfloat16")
-    return DraftChoice(source, base, "native", forward, shares)
+    return DraftChoice(source, base, "native", forward, shares, vocab)
+
+
+def _draft_vocab(config: EngineConfig, cfg, forward: ForwardChoice) -> int:
+    """The entries a draft's head computes (0: all): a reduced vocabulary runs on the native forward only."""
+    size = draft_vocab.size_of(config.draft_vocab, cfg.vocab_size)
+    if size >= cfg.vocab_size:
+        return 0
+    if forward.kind != "native":
+        if config.draft_vocab > 0:
+            raise ModelLoadError(
+                f"draft_vocab {config.draft_vocab} runs on the native CPU forward only, which does not run the draft "
+                "here (use draft_vocab auto or full)"
+            )
+        return 0
+    return size
 
 
 def _hf_config(path: str):

@@ -57,8 +57,8 @@ class NativeForward(PackedDecoder):
     """A model's forward on the kernels: its packed weights and structs (PackedDecoder) and the calls into
     forward.c, with the rotary tables by cache length."""
 
-    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
-        super().__init__(model, lib, weights)
+    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto", head_ids: torch.Tensor | None = None):
+        super().__init__(model, lib, weights, head_ids)
         inner = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         rope_type = str(getattr(self.rotary, "rope_type", "default"))

@@ -32,11 +32,13 @@ def _norm_weight(norm: torch.nn.Module, offset: float = 0.0) -> tuple[torch.Tens
 class PackedDecoder:
     """The weights, norms and structs of one model as forward.c reads them."""
 
-    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto"):
+    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto", head_ids: torch.Tensor | None = None):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
         matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
         "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
-        kernels.has_vnni)."""
+        kernels.has_vnni). head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only,
+        in this order (a draft's reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's
+        entry (a row of the product, its own per-channel scale)."""
         cfg = model.config
         inner = model.model
         wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
@@ -74,7 +76,10 @@ class PackedDecoder:
             L.rope, L.table, L.sliding = arch.rope_layers[i], arch.layer_tables[i], arch.windows[i] is not None
             self.layers.append(L)
         self.w_final, self.eps_final = norm(inner.norm)
-        self.lm_head = linear([model.lm_head.weight], [model.lm_head.bias])
+        head_w, head_b = model.lm_head.weight, model.lm_head.bias
+        if head_ids is not None:
+            head_w, head_b = head_w[head_ids], None if head_b is None else head_b[head_ids]
+        self.lm_head = linear([head_w], [head_b])
         self._layer_structs, self._decoder = self._describe()
         self._head = self.lm_head.descriptor()
 

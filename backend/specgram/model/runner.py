@@ -72,6 +72,7 @@ class ModelRunner:
         max_seq_len: int,
         forward: ForwardChoice | None = None,
         cache: KVCache | None = None,
+        head_ids: torch.Tensor | None = None,
     ):
         """forward: which forward runs the model, with its weights, KV dtype and static width (choice.py; None =
         choose_for(model), every setting auto). The native CPU forward keeps activations and the KV cache in
@@ -84,7 +85,9 @@ class ModelRunner:
         cache: another runner's KV cache to read and write instead of a cache of its own (the native forward only;
         the int8 draft copy of its target: the same layers, heads and slots, so the copy attends to the target's
         own K and V of every committed token, and the target's verify overwrites what the copy wrote past them).
-        kv_dtype is then that cache's."""
+        kv_dtype is then that cache's.
+        head_ids [V'] long: the native forward's logits are those of these vocabulary entries only, in this order
+        (a draft's reduced vocabulary); the PyTorch forward computes the whole vocabulary (self.head_ids None)."""
         forward = forward or choose_for(model)
         self.model = model.eval()
         cfg = model.config
@@ -97,12 +100,13 @@ class ModelRunner:
         if kind == "native":
             from .native import NativeForward
 
-            self.native = NativeForward(model, forward.lib, weights)
+            self.native = NativeForward(model, forward.lib, weights, head_ids)
             self.dtype = torch.float32  # activations (and the KV cache unless kv_dtype says)
         kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
         self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype
         self.fuse_steps = self.native is not None  # forward_step: prompt chunks and verify rows in one pass
         self.vocab_size = cfg.vocab_size
+        self.head_ids = head_ids if self.native is not None else None  # logits [.., V'] of these ids (None: all)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

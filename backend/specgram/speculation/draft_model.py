@@ -26,8 +26,12 @@ from ..sample.sampling import one_hot_rows
 from .drafter import Drafter, PickFn, Proposal
 
 
-def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Draft logits [B, Vd] -> [B, vocab]: extra draft entries dropped, missing ones at -inf (never drafted)."""
+def fit_vocab(logits: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft logits [B, Vd] -> [B, vocab]: extra draft entries dropped, missing ones at -inf (never drafted). ids
+    [Vd]: the vocabulary entry of each draft column (a reduced draft vocabulary, draft_vocab.py); the rest -inf."""
+    if ids is not None:
+        out = logits.new_full((logits.shape[0], vocab), float("-inf"))
+        return out.index_copy_(1, ids, logits)
     if logits.shape[-1] >= vocab:
         return logits[:, :vocab]
     pad = logits.new_full((logits.shape[0], vocab - logits.shape[-1]), float("-inf"))
@@ -44,7 +48,7 @@ class DraftModelDrafter(Drafter):
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
         logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, last_only=True)
-        return fit_vocab(logits, self.vocab)
+        return fit_vocab(logits, self.vocab, self.runner.head_ids)
 
     def admit(self, reqs: list[Request], now: bool = True) -> None:
         """The requests' prompts go into the draft cache now, in one forward; now=False (native runners only,

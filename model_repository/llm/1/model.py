@@ -132,8 +132,8 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
         params["draft_checkpoint"] = os.environ.get("SPECGRAM_DRAFT_CHECKPOINT", params.get("draft_checkpoint", ""))
-        for key in ("checkpoint", "draft_checkpoint"):  # relative paths: from this model's folder
-            if params[key] and not Path(params[key]).is_absolute():
+        for key in ("checkpoint", "draft_checkpoint", "draft_vocab_corpus"):  # relative paths: from this model's folder
+            if params.get(key) and not Path(params[key]).is_absolute():
                 params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
         try:
             params["device"] = resolve_device(
