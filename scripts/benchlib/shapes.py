@@ -101,7 +101,7 @@ def random_model(name: str, dtype="float32", seed: int = 0):
 
     model_type, shape = SHAPES[name]
     cfg = AutoConfig.for_model(
-        model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True, **shape
+        model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, **shape
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), attn_implementation="eager").eval()
