@@ -99,6 +99,11 @@ class EngineConfig:
     request_timeout_s: int = 0  # a request running longer ends with finish_reason timeout (0 = no limit);
     # a client's own Triton request timeout can only shorten it
     shutdown_grace_s: int = 5  # on unload, running requests may finish for this long before they are cut
+    enable_lora: bool = False  # serve the LoRA adapters of lora_adapters, chosen per request by lora_name
+    lora_adapters: str = ""  # a multi_lora.json: {"<name>": "<PEFT adapter folder>"} (the model's version folder's
+    # multi_lora.json when served)
+    max_lora_rank: int = 64  # the largest adapter rank accepted at load (at most 256)
+    max_loras: int = 8  # adapters loaded at most
     reasoning_end: str = "auto"  # a thinking model's end of reasoning: a guided chat request's guide holds after
     # it (the reasoning before it is free text); auto = "</think>" where the tokenizer has that token and the chat
     # template opens a <think> block, "none" = off, else the marker itself (engine/settings.py)
@@ -166,6 +171,10 @@ class EngineConfig:
             raise ModelLoadError(
                 f"json_unsupported_keywords must be error or ignore, got {self.json_unsupported_keywords!r}"
             )
+        if not 1 <= self.max_lora_rank <= 256 or self.max_loras < 1:
+            raise ModelLoadError("max_lora_rank must be in [1, 256] and max_loras >= 1")
+        if self.enable_lora and not self.lora_adapters:
+            raise ModelLoadError("enable_lora needs lora_adapters (a multi_lora.json of the adapters to serve)")
         if self.draft_vocab < -1:
             raise ModelLoadError(f"draft_vocab must be auto (-1), full (0) or a count, got {self.draft_vocab}")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -56,6 +56,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # also end the output (kept, like EOS)
     bad_words: list[str] = field(default_factory=list)  # never generated (penalties.py)
     allowed_token_ids: list[int] | None = None  # only these (None: every token)
+    lora_name: str | None = None  # a LoRA adapter the engine loaded (config enable_lora); None: the base model
     max_reasoning_chars: int | None = None  # a thinking model's reasoning before a guided answer, at most this many
     # characters (None: no bound); then the grammar forces the end marker (grammar/compile.py, reasoning_prefix)
 
@@ -266,6 +267,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
     cache_len: int = 0
+    adapter: int = -1  # its LoRA adapter's index in the engine's (lora_name); -1: the base model
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused from the cache, not prefilled
     seed: int = 0  # the sampling noise's key (sample/noise.py): params.seed, or drawn at
     # admission when the client gave none

@@ -172,7 +172,13 @@ def test_specgram_h_is_the_whole_contract_and_its_mirrors_match_the_compiler(isa
     assert {name: c for name, (c, _) in abi.sizes(lib).items()} == {
         name: py for name, (_, py) in abi.sizes(lib).items()
     }
-    assert set(abi.STRUCTS) == {"specgram_linear", "specgram_layer", "specgram_decoder"}
+    assert set(abi.STRUCTS) == {
+        "specgram_linear",
+        "specgram_layer",
+        "specgram_decoder",
+        "specgram_lora_part",
+        "specgram_lora",
+    }
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("no nm to list the library's exported symbols")
@@ -183,11 +189,12 @@ def test_specgram_h_is_the_whole_contract_and_its_mirrors_match_the_compiler(isa
 
 def test_the_declared_signatures_are_read_as_ctypes_types():
     restype, args = abi.FUNCTIONS["specgram_decoder_forward"]
-    assert restype is ctypes.c_int and len(args) == 20 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
+    assert restype is ctypes.c_int and len(args) == 22 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
     assert abi.FUNCTIONS["specgram_isa"] == (ctypes.c_char_p, [])
     assert abi.FUNCTIONS["specgram_attention"][1][13] is ctypes.c_float  # the score scale
     assert dict(abi.Layer._fields_)["eps_next"] is ctypes.c_float
     assert dict(abi.Decoder._fields_)["layer"] == ctypes.POINTER(abi.Layer)
+    assert dict(abi.Lora._fields_)["parts"] == ctypes.POINTER(abi.LoraPart) and abi.LORA_MAX_RANK == 256
     assert (abi.LIN_F32, abi.LIN_I8A8, abi.BAD_TOKEN, abi.BAD_HEAD_ROW) == (0, 3, 1, 5)
 
 

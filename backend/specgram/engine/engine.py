@@ -89,6 +89,7 @@ class Engine:
             all_drafters,
             target.vocab_size,
             reasoning_end_of(config.reasoning_end, tokenizer),
+            target.adapters.index if target.adapters is not None else None,
         )
         masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
         self.faults = Faults()  # the requests whose own work failed in the phase that is running
@@ -215,6 +216,7 @@ class Engine:
             req.finish_reason = FinishReason.ERROR
             outputs.append(self._finish(req, self.output.final(req, [], "", error, ErrorKind.INVALID)))
         for req in admitted:
+            self.target.slot_adapters[req.slot] = req.adapter  # its tokens' LoRA adapter, by slot
             self.faults.guard(req, self.output.start, req)
         return outputs + self._end_failed()
 

@@ -28,10 +28,12 @@ class Intake:
         drafters: dict,
         vocab_size: int,
         reasoning_end: str = "",
+        adapters: dict[str, int] | None = None,
     ):
         """drafter: a request's drafter when it names none (settings.Settings.drafter); reasoning_end: a thinking
         model's end of reasoning ("": none; settings.reasoning_end_of)."""
         self.reasoning_end = reasoning_end
+        self.adapters = adapters or {}  # LoRA adapter name -> index (lora.Adapters.index)
         self.config, self.grammar, self.default_drafter = config, grammar, drafter
         self.tokenizer = copy.deepcopy(tokenizer)
         self._tokenizing = threading.Lock()
@@ -80,7 +82,7 @@ class Intake:
                 f"(max_seq_len {config.max_seq_len} minus one token to generate)"
             )
         params.check_token_ids(self.vocab_size)
-        req = Request(prompt_ids=list(ids), params=params)
+        req = Request(prompt_ids=list(ids), params=params, adapter=self._adapter(params.lora_name))
         if params.bad_words:
             with self._tokenizing:
                 req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
@@ -96,6 +98,16 @@ class Intake:
             # compiles off the step loop; last, so that nothing after it can refuse the request
             req.pending_grammar = self.grammar.submit(kind, params.guide, params.guide_options)
         return req
+
+    def _adapter(self, name: str | None) -> int:
+        """A request's lora_name -> its adapter's index (-1: none); InvalidRequest where it names none loaded."""
+        if name is None:
+            return -1
+        if not self.adapters:
+            raise InvalidRequest(f"lora_name {name!r}: this model serves no LoRA adapters (config enable_lora)")
+        if name not in self.adapters:
+            raise InvalidRequest(f"unknown LoRA adapter {name!r}; loaded: {sorted(self.adapters)}")
+        return self.adapters[name]
 
     def _reasons(self, ids: list[int], chat: bool) -> bool:
         """Whether a guided request's answer comes after reasoning: a thinking model (reasoning_end), a chat prompt,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import ModelLoadError
+from ..model import lora
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
 from ..speculation import draft_vocab
@@ -66,6 +67,8 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     path = str(Path(config.checkpoint))
     model = load_model(path, settings.device, settings.dtype)
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target)
+    if config.enable_lora:
+        target.attach_lora(load_adapters(config, model))
     tokenizer = load_tokenizer(path)
     drafters: dict[str, Drafter] = {}
     d = settings.draft
@@ -92,3 +95,14 @@ def _draft_head(config: EngineConfig, tokenizer, model, size: int):
         raise ModelLoadError(f"could not read draft_vocab_corpus {config.draft_vocab_corpus!r}: {e}") from e
     keep = eos_ids(tokenizer, model.generation_config, model.config)
     return draft_vocab.head_ids(tokenizer, model.config.vocab_size, size, corpus or draft_vocab.builtin_corpus(), keep)
+
+
+def load_adapters(config: EngineConfig, model) -> lora.Adapters:
+    """The LoRA adapters of config.lora_adapters (a multi_lora.json), read for `model`; ModelLoadError naming the
+    first that does not fit, or where there are more than max_loras."""
+    folders = lora.read_multi_lora(config.lora_adapters)
+    if not folders:
+        raise ModelLoadError(f"{config.lora_adapters!r} lists no adapters")
+    if len(folders) > config.max_loras:
+        raise ModelLoadError(f"{config.lora_adapters!r} lists {len(folders)} adapters; max_loras is {config.max_loras}")
+    return lora.Adapters([lora.read_adapter(n, p, model, config.max_lora_rank) for n, p in folders.items()])

@@ -64,6 +64,23 @@ class NativeForward(PackedDecoder):
         rope_type = str(getattr(self.rotary, "rope_type", "default"))
         self._rope_per_call = any(t in rope_type for t in PER_CALL_ROPE)
         self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by cache length
+        self._lora, self._lora_keep, self._slot_adapters = None, None, None
+
+    def attach_lora(self, adapters, slot_adapters: list[int]) -> None:
+        """LoRA adapters (lora.Adapters) applied from now on to each token by its slot's entry of slot_adapters
+        (the runner's list, read at every call; -1: none)."""
+        self._lora, self._lora_keep = adapters.native_table(len(self.layers))
+        self._slot_adapters = slot_adapters
+
+    def _lora_args(self, slots) -> tuple:
+        """-> (the adapters' table, each token's adapter) for forward.c; (None, None) where no token has one."""
+        if self._lora is None:
+            return None, None
+        table = self._slot_adapters
+        per_token = [table[s] for s in (slots.tolist() if isinstance(slots, torch.Tensor) else slots)]
+        if max(per_token, default=-1) < 0:
+            return None, None
+        return ctypes.byref(self._lora), _int64s(per_token)
 
     @torch.inference_mode()
     def __call__(
@@ -243,6 +260,7 @@ class NativeForward(PackedDecoder):
             rows_ptr,
             R,
             None if logits is None else logits.data_ptr(),
+            *self._lora_args(slots),
             torch.get_num_threads(),
         )
         if code:

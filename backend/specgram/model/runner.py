@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
-from . import torch_forward
+from . import lora, torch_forward
 from .choice import ForwardChoice, choose_for, projections
 from .families import DOCS, FAMILIES, describe
 from .kv_cache import KVCache, WriteIndex, make_write_index
@@ -134,11 +134,23 @@ class ModelRunner:
         else:
             self.cache = KVCache(*shape, kv, self.device, k_positions_last=self.native is not None)
             self.shares_cache = False
+        self.slot_adapters = [-1] * shape[1]  # each slot's request's LoRA adapter (-1: none); attach_lora
+        self.lora_hooks, self.adapters = None, None  # attach_lora
         self.graphed = None
         if static_width:
             from .cuda_graphs import GraphedForward
 
             self.graphed = GraphedForward(self, max_slots, static_width)
+
+    def attach_lora(self, adapters) -> None:
+        """Apply LoRA adapters (lora.Adapters) from now on: each token under its slot's adapter (slot_adapters)."""
+        if self.graphed is not None:
+            raise ModelLoadError("LoRA adapters do not run on the CUDA-graph path (set cuda_graphs off)")
+        self.adapters = adapters
+        if self.native is not None:
+            self.native.attach_lora(adapters, self.slot_adapters)
+        else:
+            self.lora_hooks = lora.TorchHooks(self.model, adapters)
 
     def linear_layers(self) -> list[torch.nn.Module]:
         """Every weight matmul of one forward, in order (the lm_head last), as this runner calls them."""
@@ -216,9 +228,15 @@ class ModelRunner:
         positions = positions.clamp_max(self.max_seq_len - 1)  # padding stays in range
         if widx is None:
             widx = make_write_index(slots, starts, num_new, T)
-        h = torch_forward.hidden(
-            self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length)
-        )
+        if self.lora_hooks is not None:  # each row's adapter, by its slot
+            self.lora_hooks.rows = torch.tensor(self.slot_adapters, device=self.device)[slots]
+        try:
+            h = torch_forward.hidden(
+                self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length)
+            )
+        finally:
+            if self.lora_hooks is not None:
+                self.lora_hooks.rows = None
         if last_only:
             h = h[torch.arange(B, device=self.device), num_new - 1]  # [B, hidden]
         return torch_forward.head(self.model, self.arch, h)

@@ -91,6 +91,9 @@ INPUTS: tuple[Field, ...] = (
           "(grammar-forced tokens only)",
           "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
           param="drafter"),
+    Field("lora_name", "STRING", (1,),
+          "a LoRA adapter of the model's `multi_lora.json` (config `enable_lora`); an unknown name is an error",
+          "the base model", convert=to_str, param="lora_name"),
     Field("guided_decoding_guide_type", "STRING", (1,),
           "`json` (any JSON; guide may be empty), `json_schema`, `regex`, `ebnf` (xgrammar EBNF/GBNF), "
           "`structural_tag` (xgrammar's JSON format), `choice` (the guide is a JSON list of strings: exactly one of "

@@ -132,7 +132,10 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
         params["draft_checkpoint"] = os.environ.get("SPECGRAM_DRAFT_CHECKPOINT", params.get("draft_checkpoint", ""))
-        for key in ("checkpoint", "draft_checkpoint", "draft_vocab_corpus"):  # relative paths: from this model's folder
+        if params.get("enable_lora", "").strip().lower() in ("1", "true") and not params.get("lora_adapters"):
+            # vllm_backend's layout: the adapters' list in the version folder
+            params["lora_adapters"] = str(Path(args["model_repository"]) / args["model_version"] / "multi_lora.json")
+        for key in ("checkpoint", "draft_checkpoint", "draft_vocab_corpus", "lora_adapters"):  # relative: this folder
             if params.get(key) and not Path(params[key]).is_absolute():
                 params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
         try:

@@ -10,6 +10,9 @@
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
  *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of the final hidden rows head_rows (all
  *                      N where head_rows is NULL), in the same region; head NULL: none
+ *   lora, adapters [N] optional: LoRA adapters (lora.c) and each token's (-1: none); lora NULL: none. Each
+ *                      product's updates are added to its output rows by the threads of the phase that reads
+ *                      them next, over the same rows, before they read them (no extra barrier)
  * -> 0, or before anything is written, the first of: SPECGRAM_BAD_TOKEN (an id outside the embedding),
  *    SPECGRAM_BAD_SLOT (outside [0, S)), SPECGRAM_BAD_POSITION (outside [0, P)), SPECGRAM_BAD_ROW (one slot's
  *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)).
@@ -156,7 +159,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
                              const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
                              const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
                              const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
-                             int nthreads) {
+                             const specgram_lora *lora, const int64_t *adapters, int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
     assert(d->rotary >= 0 && d->rotary <= d->D && d->rotary % 2 == 0);
     assert(head == NULL || (R >= 0 && (head_rows != NULL || R == N) && head->K == d->E));
@@ -226,6 +229,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
             WAIT(j + 1);
             share(N, width, &m0, &m1);
+            if (lora) specgram_lora_rows(lora, adapters, Lc, l, 0, x, E, qkv, width, m0, m1);
             specgram_rope_rows(qkv, cos + L->table * table, sin + L->table * table, by_position, kl, vl, kv_bf16, slots,
                                positions, m0, m1, S, H, Hkv, D, P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm,
                                L->qk_eps, q);
@@ -240,16 +244,19 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             }
             linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
+            if (lora) share(N, E, &m0, &m1), specgram_lora_rows(lora, adapters, Lc, l, 1, att, H * D, delta, E, m0, m1);
             add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
             share(N, I, &m0, &m1);
+            if (lora) specgram_lora_rows(lora, adapters, Lc, l, 2, x, E, gu, 2 * I, m0, m1);
             specgram_act_mul_rows(gu, act, m0, m1, I, d->act);
             prepare(&L->down, act, m0, m1, u, xs);
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
+            if (lora) share(N, E, &m0, &m1), specgram_lora_rows(lora, adapters, Lc, l, 3, act, I, delta, E, m0, m1);
             add_norm_rows(d, h, delta, L->w_mlp_out, L->eps_mlp_out, L->w_next, L->eps_next, x, N,
                           l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
             WAIT(j + 4);

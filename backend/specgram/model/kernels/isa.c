@@ -10,4 +10,6 @@ void specgram_abi_sizes(int64_t *sizes) {
     sizes[0] = (int64_t)sizeof(specgram_linear);
     sizes[1] = (int64_t)sizeof(specgram_layer);
     sizes[2] = (int64_t)sizeof(specgram_decoder);
+    sizes[3] = (int64_t)sizeof(specgram_lora_part);
+    sizes[4] = (int64_t)sizeof(specgram_lora);
 }

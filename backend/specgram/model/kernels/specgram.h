@@ -23,6 +23,9 @@
 #define SPECGRAM_ACT_SILU 0
 #define SPECGRAM_ACT_GELU_TANH 1
 
+/* the largest LoRA rank the kernels take (lora.c's per-row scratch) */
+#define SPECGRAM_LORA_MAX_RANK 256
+
 /* specgram_decoder_forward's return codes: what is wrong with the batch (nothing has been written) */
 #define SPECGRAM_BAD_TOKEN 1
 #define SPECGRAM_BAD_SLOT 2
@@ -97,9 +100,30 @@ void specgram_add_rmsnorm(float *h, const float *delta, const float *dw, float d
                           float eps, float *out, int64_t M, int64_t N, int nthreads);
 void specgram_act_mul(const float *gu, float *out, int64_t M, int64_t I, int act, int nthreads);
 
+/* One LoRA update of a product's output columns [col, col + out): A [rank, in], B [out, rank], float32 row-major,
+ * times scale (lora.c). */
+typedef struct {
+    const float *a, *b;
+    int64_t rank, in, col, out;
+    float scale;
+} specgram_lora_part;
+
+/* Every adapter's updates: adapter a's on layer l's product p (0 q|k|v, 1 o, 2 gate|up, 3 down) are parts
+ * first[i] .. first[i + 1] - 1, i = (a * layers + l) * 4 + p. */
+typedef struct {
+    const specgram_lora_part *parts;
+    const int64_t *first;           /* [adapters * layers * 4 + 1] */
+    int64_t adapters;
+} specgram_lora;
+
+/* lora.c: rows [m0, m1) of product p's output y (row stride ldy) of layer l += their adapters' updates of input x
+ * (row stride ldx); adapters [rows] (-1: none). */
+void specgram_lora_rows(const specgram_lora *lora, const int64_t *adapters, int64_t layers, int64_t l, int32_t p,
+                        const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m0, int64_t m1);
+
 /* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
 int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
                              const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
                              const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
                              const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
-                             int nthreads);
+                             const specgram_lora *lora, const int64_t *adapters, int nthreads);
