@@ -16,6 +16,6 @@ python -m pytest tests -q -rs "$@"
 SPECGRAM_TEST_LINEAR=torch python -m pytest -q -p no:cacheprovider \
   tests/unit/test_engine.py tests/unit/test_speculative.py tests/unit/test_min_tokens.py \
   tests/unit/test_seed_invariance.py tests/unit/test_adaptive.py tests/unit/test_penalties.py tests/unit/test_logprobs.py \
-  tests/unit/test_containment.py
+  tests/unit/test_containment.py tests/unit/test_lora.py
 E2E_ENGINE_SETTINGS=linear=torch,draft_quantization=int8 SPECGRAM_FUZZ_N=120 python -m pytest -q -p no:cacheprovider \
   tests/e2e/test_serving.py tests/e2e/test_speculative_serving.py tests/e2e/test_guided_serving.py tests/e2e/test_fuzz.py

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -100,6 +101,7 @@ def served(tmp_path_factory):
     }
     (root / "multi_lora.json").write_text(json.dumps({"json-a": "adapters/a", "json-b": str(root / "adapters" / "b")}))
     config = dict(checkpoint=str(path), max_slots=4, max_seq_len=96, device=TEST_DEVICE, dtype="float32")
+    config["linear"] = os.environ.get("SPECGRAM_TEST_LINEAR", "auto")  # scripts/test.sh: also the PyTorch forward
     draft = dict(draft_quantization="int8") if TEST_DEVICE == "cpu" else {}
     engine = Engine.from_config(
         EngineConfig(**config, **draft, enable_lora=True, lora_adapters=str(root / "multi_lora.json"))

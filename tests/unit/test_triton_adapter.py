@@ -2,6 +2,7 @@
 
 import gc
 import json
+import re
 import sys
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from specgram.serving import contract
 
 from . import fake_pb_utils as pb
-from .helpers import config_parameters, initialize_args, load_model_py
+from .helpers import MODEL_DIR, config_parameters, initialize_args, load_model_py
 
 
 @pytest.fixture(scope="module")
@@ -471,3 +472,22 @@ def test_vllm_backends_outputs_only_when_asked(model):
     total = sum(row[str(t)]["logprob"] for row, t in zip(rows, ids, strict=True))
     assert abs(float(asked_resps[-1].output_tensors["cumulative_logprob"][0]) - total) < 1e-3
     assert all(set(r.output_tensors) == {f.name for f in contract.OUTPUTS if f.switch is None} for r in plain_resps)
+
+
+def test_enable_lora_reads_the_version_folders_multi_lora_json(tiny_ckpt):
+    """vllm_backend's layout: with enable_lora and no lora_adapters, the list is <version folder>/multi_lora.json
+    (the shipped model has none: the load fails naming that file)."""
+    previous = sys.modules.get("triton_python_backend_utils")
+    try:
+        module = load_model_py("llm_model_lora")
+        params = config_parameters()
+        params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+        params["enable_lora"] = {"string_value": "1"}
+        wanted = str(MODEL_DIR / "1" / "multi_lora.json")
+        with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
+            module.TritonPythonModel().initialize(initialize_args(params))
+    finally:
+        if previous is None:
+            del sys.modules["triton_python_backend_utils"]
+        else:
+            sys.modules["triton_python_backend_utils"] = previous

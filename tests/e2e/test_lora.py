@@ -1,0 +1,103 @@
+"""LoRA adapters served through tritonserver: a tiny random checkpoint with two random PEFT adapters listed in a
+multi_lora.json; a request's `lora_name` (an input, or a key of sampling_parameters as vllm_backend's clients send
+it) gets PEFT's greedy continuation at every draft length, requests of both adapters and the base sent together
+get what each gets alone, and an unknown name is that request's error."""
+
+from __future__ import annotations
+
+import copy
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from collect import errors_of, ids_of, stream_infer
+from triton_server import TritonServer, model_repository_with
+
+from tests.unit.tiny import build_family, build_tokenizer, save_family
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+N = 16
+
+
+def _adapter(model, path, r: int, seed: int, modules):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False)
+    peft = get_peft_model(copy.deepcopy(model), cfg).eval()
+    peft.save_pretrained(str(path))
+    return peft
+
+
+def _greedy(model, ids: list[int]) -> list[int]:
+    import torch
+
+    ids = list(ids)
+    with torch.inference_mode():
+        for _ in range(N):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-N:]
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory):
+    """(tritonserver, {adapter name or None: transformers / PEFT greedy ids of PROMPT})."""
+    root = tmp_path_factory.mktemp("lora-e2e")
+    path = save_family(root / "ckpt", "llama", seed=3)
+    model = build_family("llama", seed=3)
+    pefts = {
+        "all-linear": _adapter(model, root / "a", 8, 1, "all-linear"),
+        "attention": _adapter(model, root / "b", 4, 2, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    }
+    (root / "multi_lora.json").write_text(json.dumps({"all-linear": "a", "attention": "b"}))
+    settings = {"checkpoint": str(path), "enable_lora": "1", "lora_adapters": str(root / "multi_lora.json")}
+    server = TritonServer(
+        model_repository=model_repository_with(settings, root / "repo"),
+        model="llm",
+        log_path=root / "tritonserver.log",
+    )
+    ids = build_tokenizer()(PROMPT)["input_ids"]
+    expected = {None: _greedy(model, ids), **{name: _greedy(p, ids) for name, p in pefts.items()}}
+    server.start()
+    try:
+        yield server, expected
+    finally:
+        server.stop()
+
+
+def complete(server, lora_name=None, in_sampling_parameters=False, **extra):
+    inputs = {"text_input": PROMPT, "stream": True, "max_tokens": N, "ignore_eos": True, **extra}
+    if lora_name is not None and in_sampling_parameters:
+        inputs["sampling_parameters"] = json.dumps({"lora_name": lora_name})
+    elif lora_name is not None:
+        inputs["lora_name"] = lora_name
+    return stream_infer(server.grpc_url, inputs)
+
+
+def test_each_adapter_serves_pefts_greedy_ids_at_every_draft_length(lora_server):
+    server, expected = lora_server
+    assert len({tuple(v) for v in expected.values()}) == 3  # the adapters change the output
+    for name, want in expected.items():
+        for k in (0, 4, -1):
+            resps = complete(server, name, num_draft_tokens=k)
+            assert not errors_of(resps), (name, k, errors_of(resps))
+            assert ids_of(resps) == want, (name, k)
+    resps = complete(server, "attention", in_sampling_parameters=True)
+    assert ids_of(resps) == expected["attention"]
+
+
+def test_adapters_and_the_base_together_get_what_each_gets_alone(lora_server):
+    server, expected = lora_server
+    names = [None, "all-linear", "attention", "all-linear", None, "attention"]
+    with ThreadPoolExecutor(len(names)) as pool:
+        got = list(pool.map(lambda n: complete(server, n, num_draft_tokens=-1), names))
+    assert [ids_of(r) for r in got] == [expected[n] for n in names]
+
+
+def test_an_unknown_adapter_is_that_requests_error(lora_server):
+    server, expected = lora_server
+    with ThreadPoolExecutor(2) as pool:
+        bad, good = pool.map(lambda n: complete(server, n), ["nope", "attention"])
+    assert errors_of(bad) and "unknown LoRA adapter 'nope'" in errors_of(bad)[0]
+    assert not errors_of(good) and ids_of(good) == expected["attention"]
