@@ -5,7 +5,6 @@ get what each gets alone, and an unknown name is that request's error."""
 
 from __future__ import annotations
 
-import copy
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,21 +12,10 @@ import pytest
 from collect import errors_of, ids_of, stream_infer
 from triton_server import TritonServer, model_repository_with
 
-from tests.unit.tiny import build_family, build_tokenizer, save_family
+from tests.unit.tiny import build_tokenizer, save_family_with_loras
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 N = 16
-
-
-def _adapter(model, path, r: int, seed: int, modules):
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False)
-    peft = get_peft_model(copy.deepcopy(model), cfg).eval()
-    peft.save_pretrained(str(path))
-    return peft
 
 
 def _greedy(model, ids: list[int]) -> list[int]:
@@ -44,14 +32,9 @@ def _greedy(model, ids: list[int]) -> list[int]:
 def lora_server(tmp_path_factory):
     """(tritonserver, {adapter name or None: transformers / PEFT greedy ids of PROMPT})."""
     root = tmp_path_factory.mktemp("lora-e2e")
-    path = save_family(root / "ckpt", "llama", seed=3)
-    model = build_family("llama", seed=3)
-    pefts = {
-        "all-linear": _adapter(model, root / "a", 8, 1, "all-linear"),
-        "attention": _adapter(model, root / "b", 4, 2, ["q_proj", "k_proj", "v_proj", "o_proj"]),
-    }
-    (root / "multi_lora.json").write_text(json.dumps({"all-linear": "a", "attention": "b"}))
-    settings = {"checkpoint": str(path), "enable_lora": "1", "lora_adapters": str(root / "multi_lora.json")}
+    loras = {"all-linear": dict(r=8, seed=1), "attention": dict(r=4, seed=2, modules=["q_proj", "k_proj", "v_proj"])}
+    path, model, pefts, listing = save_family_with_loras(root, "llama", 3, loras)
+    settings = {"checkpoint": str(path), "enable_lora": "1", "lora_adapters": str(listing)}
     server = TritonServer(
         model_repository=model_repository_with(settings, root / "repo"),
         model="llm",

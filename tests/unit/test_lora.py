@@ -6,13 +6,11 @@ adapter's keys to another; a bad adapter or name is one clear error."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
@@ -24,21 +22,11 @@ from specgram.request import SamplingParams
 
 from ..conftest import TEST_DEVICE
 from .helpers import run_to_end, tokens_of
-from .tiny import FAMILY_CONFIGS, build_family, save_family
+from .tiny import FAMILY_CONFIGS, build_family, save_family_with_loras, save_lora
 
 TOL = dict(rtol=1e-4, atol=1e-4) if TEST_DEVICE == "cpu" else dict(rtol=1e-3, atol=1e-3)
 PROMPTS = [torch.randint(3, 259, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (45, 13, 20)]
 native_only = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
-
-
-def peft_adapter(model, path, r: int, seed: int, modules="all-linear", rslora: bool = False):
-    """A random PEFT LoRA adapter of `model` (A and B both random: every update changes the output), saved at
-    `path` -> the PeftModel (on a copy: `model` stays the base)."""
-    torch.manual_seed(seed)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False, use_rslora=rslora)
-    peft = get_peft_model(copy.deepcopy(model), cfg).eval()
-    peft.save_pretrained(str(path))
-    return peft
 
 
 def reference(model, ids: list[int]) -> torch.Tensor:
@@ -56,7 +44,7 @@ def test_each_family_with_an_adapter_computes_what_peft_computes(name, linear, t
     if linear == "native" and kernels.load() is None:
         pytest.skip("native kernels unavailable")
     model = build_family(name, seed=1).to(TEST_DEVICE if linear == "torch" else "cpu")
-    peft = peft_adapter(model, tmp_path / "a", r=4, seed=3)
+    peft = save_lora(model, tmp_path / "a", r=4, seed=3)
     runner = ModelRunner(model, 3, 96, choose_for(model, linear=linear))
     with_adapters(runner, model, [tmp_path / "a"])
     runner.slot_adapters[0], runner.slot_adapters[1] = 0, -1  # slot 0 under the adapter, slot 1 the base
@@ -73,8 +61,8 @@ def test_each_family_with_an_adapter_computes_what_peft_computes(name, linear, t
 @pytest.mark.parametrize("weights", ["auto", "int8"])
 def test_mixed_adapters_in_one_batch_are_bitwise_each_alone(tmp_path, weights):
     model = build_family("llama", seed=1)
-    peft_adapter(model, tmp_path / "a", r=4, seed=3)
-    peft_adapter(model, tmp_path / "b", r=8, seed=4, modules=["q_proj", "v_proj", "down_proj"], rslora=True)
+    save_lora(model, tmp_path / "a", r=4, seed=3)
+    save_lora(model, tmp_path / "b", r=8, seed=4, modules=["q_proj", "v_proj", "down_proj"], rslora=True)
     runner = ModelRunner(model, 4, 96, choose_for(model, linear="native", weights=weights))
     with_adapters(runner, model, [tmp_path / "a", tmp_path / "b"])
     runner.slot_adapters[:3] = [0, 1, -1]
@@ -93,19 +81,12 @@ def test_mixed_adapters_in_one_batch_are_bitwise_each_alone(tmp_path, weights):
 def served(tmp_path_factory):
     """A tiny llama checkpoint, two adapters in a multi_lora.json, and an engine serving them."""
     root = tmp_path_factory.mktemp("lora")
-    path = save_family(root / "base", "llama", seed=2)
-    model = build_family("llama", seed=2)
-    pefts = {
-        "json-a": peft_adapter(model, root / "adapters" / "a", r=4, seed=5),
-        "json-b": peft_adapter(model, root / "adapters" / "b", r=16, seed=6, modules=["o_proj", "gate_proj"]),
-    }
-    (root / "multi_lora.json").write_text(json.dumps({"json-a": "adapters/a", "json-b": str(root / "adapters" / "b")}))
+    loras = {"json-a": dict(r=4, seed=5), "json-b": dict(r=16, seed=6, modules=["o_proj", "gate_proj"])}
+    path, model, pefts, listing = save_family_with_loras(root, "llama", 2, loras)
     config = dict(checkpoint=str(path), max_slots=4, max_seq_len=96, device=TEST_DEVICE, dtype="float32")
     config["linear"] = os.environ.get("SPECGRAM_TEST_LINEAR", "auto")  # scripts/test.sh: also the PyTorch forward
     draft = dict(draft_quantization="int8") if TEST_DEVICE == "cpu" else {}
-    engine = Engine.from_config(
-        EngineConfig(**config, **draft, enable_lora=True, lora_adapters=str(root / "multi_lora.json"))
-    )
+    engine = Engine.from_config(EngineConfig(**config, **draft, enable_lora=True, lora_adapters=str(listing)))
     yield engine, model, pefts, root, config
     engine.close()
 
@@ -180,8 +161,8 @@ def test_a_model_without_adapters_refuses_a_lora_name(make_engine):
 def test_adapters_that_do_not_fit_are_load_errors(served, tmp_path):
     _, model, _, root, config = served
     big = build_family("llama", seed=2, hidden=96)  # other shapes
-    peft_adapter(big, tmp_path / "other", r=4, seed=1)
-    peft_adapter(model, tmp_path / "wide", r=128, seed=1, modules=["q_proj"])
+    save_lora(big, tmp_path / "other", r=4, seed=1)
+    save_lora(model, tmp_path / "wide", r=128, seed=1, modules=["q_proj"])
     cases = {
         "other": "do not fit this model",
         "wide": "rank 128 is above max_lora_rank 64",
@@ -190,7 +171,7 @@ def test_adapters_that_do_not_fit_are_load_errors(served, tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps({name: str(tmp_path / name)}))
         with pytest.raises(ModelLoadError, match=message):
             Engine.from_config(EngineConfig(**config, enable_lora=True, lora_adapters=str(tmp_path / f"{name}.json")))
-    (tmp_path / "many.json").write_text(json.dumps({f"x{i}": str(root / "adapters" / "a") for i in range(3)}))
+    (tmp_path / "many.json").write_text(json.dumps({f"x{i}": str(root / "adapters" / "json-a") for i in range(3)}))
     with pytest.raises(ModelLoadError, match="lists 3 adapters; max_loras is 2"):
         Engine.from_config(
             EngineConfig(**config, enable_lora=True, max_loras=2, lora_adapters=str(tmp_path / "many.json"))

@@ -7,6 +7,7 @@ across batch shapes instead of resting on near-ties.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -129,3 +130,29 @@ def save_family(path: Path, name: str, seed: int = 0, **overrides) -> Path:
     build_family(name, seed, **overrides).save_pretrained(path)
     build_tokenizer().save_pretrained(path)
     return path
+
+
+def save_lora(model, path: Path, r: int, seed: int, modules="all-linear", rslora: bool = False):
+    """A random PEFT LoRA adapter of `model` (A and B both random: every update changes the output), saved at
+    `path` -> the PeftModel (on a copy: `model` stays the base)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False, use_rslora=rslora)
+    peft = get_peft_model(copy.deepcopy(model), cfg).eval()
+    peft.save_pretrained(str(path))
+    return peft
+
+
+def save_family_with_loras(root: Path, name: str, seed: int, loras: dict[str, dict]):
+    """A tiny checkpoint of family `name` at root/ckpt and one random adapter per entry of `loras` (name ->
+    save_lora's r, seed and modules) at root/adapters/<name>, listed in root/multi_lora.json (relative folders)
+    -> (checkpoint path, its transformers model, {adapter name: PeftModel}, the multi_lora.json path)."""
+    path = save_family(root / "ckpt", name, seed=seed)
+    model = build_family(name, seed=seed)
+    pefts = {n: save_lora(model, root / "adapters" / n, **kw) for n, kw in loras.items()}
+    listing = root / "multi_lora.json"
+    listing.write_text(json.dumps({n: f"adapters/{n}" for n in loras}))
+    return path, model, pefts, listing
