@@ -44,7 +44,7 @@ class Part:
     col: int  # the first output column of the product that it updates
     module: str  # the transformers module it updates, "<layer>.self_attn.q_proj"
     a: torch.Tensor  # [r, in] float32
-    b: torch.Tensor  # [out, r] float32
+    bt: torch.Tensor  # B [out, r] transposed: [r, out] float32 (the native kernels' layout; lora.c)
     scale: float
 
 
@@ -57,7 +57,7 @@ class Adapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.numel() * 4 + p.b.numel() * 4 for p in self.parts)
+        return sum(p.a.numel() * 4 + p.bt.numel() * 4 for p in self.parts)
 
 
 def read_multi_lora(path: str) -> dict[str, str]:
@@ -126,7 +126,7 @@ def read_adapter(name: str, path: str, model: torch.nn.Module, max_rank: int) ->
         product, part = PRODUCTS[module]
         scale = alpha / math.sqrt(r) if rslora else alpha / r
         col = _columns(model.config, product, part)
-        adapter.parts.append(Part(layer, product, col, f"{layer}.{block}.{module}", a, b, scale))
+        adapter.parts.append(Part(layer, product, col, f"{layer}.{block}.{module}", a, b.T.contiguous(), scale))
         adapter.rank = max(adapter.rank, r)
     if not adapter.parts:
         raise ModelLoadError(f"{where}: no LoRA weights")
@@ -154,7 +154,7 @@ class Adapters:
         structs = (abi.LoraPart * max(1, len(parts)))()
         for i, p in enumerate(parts):
             structs[i] = abi.LoraPart(
-                p.a.data_ptr(), p.b.data_ptr(), p.a.shape[0], p.a.shape[1], p.col, p.b.shape[0], p.scale
+                p.a.data_ptr(), p.bt.data_ptr(), p.a.shape[0], p.a.shape[1], p.col, p.bt.shape[1], p.scale
             )
         firsts = (ctypes.c_int64 * len(first))(*first)
         return abi.Lora(structs, ctypes.addressof(firsts), len(self.all)), [structs, firsts, parts]
@@ -175,7 +175,7 @@ class TorchHooks:
         for name, updates in by_module.items():
             layer, block, module = name.split(".")
             target = getattr(getattr(model.model.layers[int(layer)], block), module)
-            moved = [(i, p.a.to(device), p.b.to(device), p.scale) for i, p in updates]
+            moved = [(i, p.a.to(device), p.bt.to(device), p.scale) for i, p in updates]
             self.handles.append(target.register_forward_hook(self._hook(moved)))
 
     def _hook(self, updates):
@@ -184,11 +184,11 @@ class TorchHooks:
             if rows is None:
                 return output
             x = inputs[0]  # [B, T, in]
-            for i, a, b, scale in updates:
+            for i, a, bt, scale in updates:
                 sel = (rows == i).nonzero().flatten()
                 if len(sel):
                     xs = x[sel].to(a.dtype)
-                    output[sel] += ((xs @ a.T) @ b.T * scale).to(output.dtype)
+                    output[sel] += ((xs @ a.T) @ bt * scale).to(output.dtype)
             return output
 
         return add

@@ -11,8 +11,8 @@
  *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of the final hidden rows head_rows (all
  *                      N where head_rows is NULL), in the same region; head NULL: none
  *   lora, adapters [N] optional: LoRA adapters (lora.c) and each token's (-1: none); lora NULL: none. Each
- *                      product's updates are added to its output rows by the threads of the phase that reads
- *                      them next, over the same rows, before they read them (no extra barrier)
+ *                      product's updates are added to its output by the whole team (lora_share), between the
+ *                      product and the phase that reads it (one more barrier per product)
  * -> 0, or before anything is written, the first of: SPECGRAM_BAD_TOKEN (an id outside the embedding),
  *    SPECGRAM_BAD_SLOT (outside [0, S)), SPECGRAM_BAD_POSITION (outside [0, P)), SPECGRAM_BAD_ROW (one slot's
  *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)).
@@ -129,6 +129,17 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
     }
 }
 
+/* Product p's LoRA updates of its output y, this thread's share: rows where there are many (4 a thread), else
+ * each row's output blocks (every thread computes the row's A x, the same sums, for its share of the outputs). */
+static inline void lora_share(const specgram_lora *lora, const int64_t *adapters, int64_t layers, int64_t l, int32_t p,
+                              const float *x, int64_t ldx, float *y, int64_t ldy, int64_t N) {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    if (N >= 4 * nt)
+        specgram_lora_rows(lora, adapters, layers, l, p, x, ldx, y, ldy, N * id / nt, N * (id + 1) / nt, 0, 1);
+    else
+        specgram_lora_rows(lora, adapters, layers, l, p, x, ldx, y, ldy, 0, N, id, nt);
+}
+
 #ifndef PULL_MAX
 #define PULL_MAX (256 * 1024)   /* bytes of a product that a waiting thread prefetches at most (of a 1 MB L2) */
 #endif
@@ -218,6 +229,14 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             if (pulling != (j)) pulling = (j), ahead = pull_of(lin[j], rg[j], nthreads);                        \
             team_wait(&bar, nt, &epoch, &ahead);                                                                 \
         } while (0)
+/* every thread: product p's LoRA updates of its output y (input x), this thread's share, then a barrier */
+#define LORA(p, x_in, ldx, y_out, ldy, j)                                                                        \
+        do {                                                                                                     \
+            if (lora) {                                                                                          \
+                lora_share(lora, adapters, Lc, l, p, x_in, ldx, y_out, ldy, N);                                  \
+                WAIT(j);                                                                                         \
+            }                                                                                                    \
+        } while (0)
         share(N, E, &m0, &m1);
         embed_rows(d, tokens, m0, m1, h);
         specgram_add_rmsnorm_rows(h, NULL, NULL, 0.0f, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
@@ -228,8 +247,8 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             char *kl = (char *)kc + l * kv_layer * esz, *vl = (char *)vc + l * kv_layer * esz;
             linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
             WAIT(j + 1);
+            LORA(0, x, E, qkv, width, j + 1);
             share(N, width, &m0, &m1);
-            if (lora) specgram_lora_rows(lora, adapters, Lc, l, 0, x, E, qkv, width, m0, m1);
             specgram_rope_rows(qkv, cos + L->table * table, sin + L->table * table, by_position, kl, vl, kv_bf16, slots,
                                positions, m0, m1, S, H, Hkv, D, P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm,
                                L->qk_eps, q);
@@ -244,19 +263,19 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             }
             linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
-            if (lora) share(N, E, &m0, &m1), specgram_lora_rows(lora, adapters, Lc, l, 1, att, H * D, delta, E, m0, m1);
+            LORA(1, att, H * D, delta, E, j + 2);
             add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
+            LORA(2, x, E, gu, 2 * I, j + 3);
             share(N, I, &m0, &m1);
-            if (lora) specgram_lora_rows(lora, adapters, Lc, l, 2, x, E, gu, 2 * I, m0, m1);
             specgram_act_mul_rows(gu, act, m0, m1, I, d->act);
             prepare(&L->down, act, m0, m1, u, xs);
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
-            if (lora) share(N, E, &m0, &m1), specgram_lora_rows(lora, adapters, Lc, l, 3, act, I, delta, E, m0, m1);
+            LORA(3, act, I, delta, E, j + 4);
             add_norm_rows(d, h, delta, L->w_mlp_out, L->eps_mlp_out, L->w_next, L->eps_next, x, N,
                           l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
             WAIT(j + 4);
@@ -269,6 +288,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(4 * Lc);
             linear(head, head_x, R, u, xs, logits, rg[4 * Lc], nthreads);
         }
+#undef LORA
 #undef WAIT
     }
     return 0;

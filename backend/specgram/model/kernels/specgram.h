@@ -100,8 +100,8 @@ void specgram_add_rmsnorm(float *h, const float *delta, const float *dw, float d
                           float eps, float *out, int64_t M, int64_t N, int nthreads);
 void specgram_act_mul(const float *gu, float *out, int64_t M, int64_t I, int act, int nthreads);
 
-/* One LoRA update of a product's output columns [col, col + out): A [rank, in], B [out, rank], float32 row-major,
- * times scale (lora.c). */
+/* One LoRA update of a product's output columns [col, col + out): a = A [rank, in] and b = B transposed,
+ * [rank, out], float32 row-major, times scale (lora.c). */
 typedef struct {
     const float *a, *b;
     int64_t rank, in, col, out;
@@ -117,9 +117,10 @@ typedef struct {
 } specgram_lora;
 
 /* lora.c: rows [m0, m1) of product p's output y (row stride ldy) of layer l += their adapters' updates of input x
- * (row stride ldx); adapters [rows] (-1: none). */
+ * (row stride ldx), share `part` of `parts` of each update's outputs; adapters [rows] (-1: none). */
 void specgram_lora_rows(const specgram_lora *lora, const int64_t *adapters, int64_t layers, int64_t l, int32_t p,
-                        const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m0, int64_t m1);
+                        const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m0, int64_t m1, int32_t part,
+                        int32_t parts);
 
 /* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
 int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,

@@ -1,0 +1,115 @@
+"""LoRA adapters: throughput with 0, 1 and 4 distinct adapters in the batch against the base model alone, in
+process, one run.
+
+    python scripts/bench.py lora                     # 8 JME prompts, 64 tokens, c = 1 and 8, rank 16, 3 rounds
+    python scripts/bench.py lora --rank 64 --concurrency 8
+    python scripts/bench.py lora --quick
+
+Adapters: random PEFT LoRA adapters of the model (every attention and MLP projection, rank --rank, A and B both
+random), written to a temporary folder and served from a multi_lora.json by one engine (enable_lora). Workload: JME
+extraction prompts (chat template, greedy, unguided), num_draft_tokens --k. Rows per concurrency:
+  base        no request names an adapter (the same engine: adapters loaded, none used)
+  1 adapter   every request names the same adapter
+  4 adapters  requests name 4 adapters in turn (a batch of 8 holds each twice)
+The rows run interleaved, --repeat times (medians); tok/s ÷ base is the cost of the adapters' updates.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from .. import report
+from ..run import cpu_engine, run_engine
+from ..workload import select_cases
+
+SHARED = {"prompts": 8, "max_tokens": 64, "concurrency": [1, 8], "repeat": 3}
+QUICK = {"prompts": 2, "max_tokens": 16, "concurrency": [1, 2], "repeat": 1}
+QUICK_HELP = "2 prompts, 16 tokens, concurrency 1 and 2, one round"
+ROWS = {"base": 0, "1 adapter": 1, "4 adapters": 4}
+
+
+def add_options(ap) -> None:
+    ap.add_argument("--rank", type=int, default=16, help="the adapters' rank")
+    ap.add_argument("--k", type=int, default=0, help="num_draft_tokens of every request (-1: auto)")
+
+
+def _adapters(model_path: str, folder: Path, rank: int, n: int) -> Path:
+    """n random PEFT adapters of the checkpoint in `folder`, and their multi_lora.json -> its path."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    for i in range(n):
+        torch.manual_seed(i)
+        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", init_lora_weights=False)
+        get_peft_model(copy.deepcopy(base), cfg).save_pretrained(str(folder / f"a{i}"))
+    listing = folder / "multi_lora.json"
+    listing.write_text(json.dumps({f"a{i}": f"a{i}" for i in range(n)}))
+    return listing
+
+
+def run(args) -> None:
+    from specgram.engine.generate import generate
+    from specgram.engine.loading import load_tokenizer
+    from specgram.request import SamplingParams
+
+    tok = load_tokenizer(args.model)
+    cases = select_cases(tok, args.prompts, 256)  # any JME prompt: unguided, the answer need not fit
+    longest = max(len(c["prompt_ids"]) for c in cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = _adapters(args.model, Path(tmp), args.rank, max(ROWS.values()))
+        engine = cpu_engine(
+            args.model,
+            max(args.concurrency),
+            longest + args.max_tokens + 16,
+            args.max_tokens,
+            enable_lora=True,
+            lora_adapters=str(listing),
+            max_lora_rank=max(64, args.rank),
+        )
+    adapter_mb = sum(a.nbytes for a in engine.target.adapters.all) / len(engine.target.adapters.all) / 1e6
+
+    def one(row: str, c: int) -> dict:
+        """One closed-loop run of every case at concurrency c, the requests naming ROWS[row] adapters in turn."""
+        n = ROWS[row]
+        reqs = [
+            engine.make_request(
+                SamplingParams(
+                    max_tokens=args.max_tokens, num_draft_tokens=args.k, lora_name=f"a{i % n}" if n else None
+                ),
+                prompt_ids=case["prompt_ids"],
+            )
+            for i, case in enumerate(cases)
+        ]
+        out = generate(engine, reqs, c)
+        return {"tok_s": sum(len(g.token_ids) for g in out.generations) / out.wall_s}
+
+    run_engine(engine, cases[:2], 8, 2)  # warm-up
+    results = {(row, c): [] for row in ROWS for c in args.concurrency}
+    for r in range(args.repeat):
+        for c in args.concurrency:
+            for row in ROWS:
+                results[(row, c)].append(one(row, c))
+        report.log(f"round {r + 1} done")
+    rows = []
+    for c in args.concurrency:
+        base = statistics.median(x["tok_s"] for x in results[("base", c)])
+        for row in ROWS:
+            rate = statistics.median(x["tok_s"] for x in results[(row, c)])
+            rows.append([c, row, f"{rate:.1f}", f"{rate / base:.2f}×"])
+    lines = report.header(
+        "LoRA adapters",
+        args,
+        f"{len(cases)} JME prompts, up to {args.max_tokens} tokens, greedy, unguided, num_draft_tokens {args.k}; "
+        f"random adapters of rank {args.rank} on every projection ({adapter_mb:.1f} MB each); median of "
+        f"{args.repeat} interleaved rounds",
+    )
+    lines += report.table(["concurrency", "requests", "output tok/s", "÷ base"], rows)
+    report.write(args, lines, {f"{row} | c={c}": recs for (row, c), recs in results.items()})
+    engine.close()
