@@ -129,12 +129,12 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
     }
 }
 
-/* Product p's LoRA updates of its output y, this thread's share: rows where there are many (4 a thread), else
- * each row's output blocks (every thread computes the row's A x, the same sums, for its share of the outputs). */
+/* Product p's LoRA updates of its output y, this thread's share: rows where there are many (a prefill), else its
+ * share of the adapters or of each update's output blocks (specgram_lora_rows). */
 static inline void lora_share(const specgram_lora *lora, const int64_t *adapters, int64_t layers, int64_t l, int32_t p,
                               const float *x, int64_t ldx, float *y, int64_t ldy, int64_t N) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    if (N >= 4 * nt)
+    if (N >= 32 * nt)
         specgram_lora_rows(lora, adapters, layers, l, p, x, ldx, y, ldy, N * id / nt, N * (id + 1) / nt, 0, 1);
     else
         specgram_lora_rows(lora, adapters, layers, l, p, x, ldx, y, ldy, 0, N, id, nt);

@@ -117,7 +117,8 @@ typedef struct {
 } specgram_lora;
 
 /* lora.c: rows [m0, m1) of product p's output y (row stride ldy) of layer l += their adapters' updates of input x
- * (row stride ldx), share `part` of `parts` of each update's outputs; adapters [rows] (-1: none). */
+ * (row stride ldx), share `part` of `parts` of that work (by adapter or by output block); adapters [rows] (-1:
+ * none). */
 void specgram_lora_rows(const specgram_lora *lora, const int64_t *adapters, int64_t layers, int64_t l, int32_t p,
                         const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m0, int64_t m1, int32_t part,
                         int32_t parts);
