@@ -5,6 +5,8 @@
 #       num_input_tokens, num_output_tokens, streamed and not (1,458 cases, pytest)
 #   ci/L0_backend_vllm/accuracy_test/accuracy_test.py          greedy text, and structured outputs (`choice`)
 #   ci/L0_backend_vllm/metrics_test/vllm_metrics_test.py       the cases that do not need vLLM's own metrics
+#   ci/L0_multi_gpu_vllm/multi_lora/multi_lora_test.py         LoRA adapters by `lora_name`, and an unknown one's
+#       error (2 cases, unittest); and its test.sh's two generate-endpoint checks (a valid and an unknown adapter)
 # They are copied into a temporary folder and changed only where they cannot apply to another model and
 # server, each change made with sed and printed:
 #   - the gRPC and metrics ports (localhost:8001, :8002) -> the free ports this server uses;
@@ -15,20 +17,26 @@
 #       accuracy: its two baseline files, which the test makes with an in-process vLLM engine, are made from
 #         this server's answers to the same requests (greedy, 16 tokens). vLLM is not needed: its imports,
 #         used only by the baseline modes, are satisfied by an import-only stand-in.
+#       multi-LoRA: the adapters `doll` and `sheep` (Gemma-2B fine-tunes there) are two random PEFT adapters of
+#         this checkpoint, written here; the two expected answers are transformers + PEFT's greedy continuations
+#         (16 tokens) of the test's prompts under them, computed in this script, not by this server.
 # The server: this checkout's model_repository/llm, copied as `vllm_opt` with an absolute checkpoint and
 # default_max_tokens 16 (vLLM's default max_tokens, which the tests rely on; a server setting, not a test
-# change), run like client/triton_server.py runs it, on free ports; stopped at the end.
+# change), and once more as `vllm_llama_multi_lora` with enable_lora and the adapters' multi_lora.json in its
+# version folder; run like client/triton_server.py runs it, on free ports; stopped at the end.
 # The unittest-based files (accuracy, metrics) run as their own test.sh runs them, `python3 <file>`, with
 # test.sh's result check (test_results.txt: that many tests, no errors, no failures): their
 # TestResultCollector.run() reads result.testsRun, which pytest's result object lacks, so pytest cannot host them.
 # Not run, because they test vLLM itself: test_vllm_metrics (vllm:* metric names and OPT token counts),
 # test_custom_sampling_params (passes only when vllm:request_params_n_* exists; its n=2 is also refused by this
 # model, which generates one sequence per request), the REPORT_CUSTOM_METRICS / model.json variants (vLLM
-# settings), and the suites for engine arguments, multi-LoRA, multi-GPU and GPU memory.
+# settings), multi-LoRA's run without enable_lora (its message, "LoRA feature is not enabled.", is this model's
+# too: tests/unit/test_lora.py), and the suites for engine arguments, multi-GPU and GPU memory.
 #
 #   scripts/vllm_backend_suites.sh VLLM_BACKEND [REV]
 #     VLLM_BACKEND  a vllm_backend checkout, or its bare git dir (files are read at REV, default HEAD)
 #   Env: PYTEST_ARGS (default -q; e.g. "-x -q"), KEEP_WORK=1 keeps the temporary folder,
+#        SUITES (default "additional_outputs accuracy metrics multi_lora": the suites to run),
 #        SPECGRAM_CHECKPOINT (another checkpoint). Exit status: 0 when every suite passed.
 set -euo pipefail
 
@@ -38,10 +46,14 @@ REV=${2:-HEAD}
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 PY="$VENV/bin/python"
 MODEL=vllm_opt
+LORA_MODEL=vllm_llama_multi_lora
+SUITES=${SUITES:-additional_outputs accuracy metrics multi_lora}
+want() { [[ " $SUITES " == *" $1 "* ]]; }
 FILES=(ci/common/test_util.py
        ci/L0_additional_outputs_vllm/additional_outputs_test.py
        ci/L0_backend_vllm/accuracy_test/accuracy_test.py
-       ci/L0_backend_vllm/metrics_test/vllm_metrics_test.py)
+       ci/L0_backend_vllm/metrics_test/vllm_metrics_test.py
+       ci/L0_multi_gpu_vllm/multi_lora/multi_lora_test.py)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vllm_backend_suites.XXXXXX")
 SERVER_PID=""
@@ -84,6 +96,41 @@ sed -e "s|^name: \"llm\"|name: \"$MODEL\"|" \
     "$REPO/model_repository/llm/config.pbtxt" >"$CFG"
 grep -q "^name: \"$MODEL\"" "$CFG" && grep -q 'key: "default_max_tokens", value: { string_value: "16" }' "$CFG" \
   || { echo "[suites] could not set name / default_max_tokens in $CFG" >&2; exit 1; }
+# the same model with LoRA adapters, as vllm_backend's multi-LoRA test serves it: two random PEFT adapters of this
+# checkpoint under the test's names, listed in the version folder's multi_lora.json; the expected answers are
+# transformers + PEFT's
+mkdir -p "$WORK/models/$LORA_MODEL/1"
+cp "$REPO/model_repository/llm/1/model.py" "$WORK/models/$LORA_MODEL/1/model.py"
+sed -e "s|^name: \"$MODEL\"|name: \"$LORA_MODEL\"|" "$CFG" >"$WORK/models/$LORA_MODEL/config.pbtxt"
+echo 'parameters { key: "enable_lora", value: { string_value: "1" } }' >>"$WORK/models/$LORA_MODEL/config.pbtxt"
+"$PY" - "$ckpt" "$WORK" "$LORA_MODEL" <<'EOF'
+import copy, json, sys
+from pathlib import Path
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+ckpt, work, model_name = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+tok = AutoTokenizer.from_pretrained(ckpt)
+base = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+prompts = {"doll": "Instruct: What do you think of Computer Science?\nOutput:",   # the test's prompt per adapter
+           "sheep": "Instruct: Tell me more about soccer\nOutput:"}
+expected, listing = {}, {}
+for seed, (name, prompt) in enumerate(prompts.items()):
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=8, lora_alpha=2, target_modules="all-linear", init_lora_weights=False)  # a mild change
+    peft = get_peft_model(copy.deepcopy(base), cfg).eval()
+    folder = work / "weights" / "loras" / name
+    peft.save_pretrained(str(folder))
+    listing[name] = str(folder)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = peft.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    expected[name] = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    print(f"  {name}: PEFT greedy {expected[name]!r}", file=sys.stderr)
+(work / "models" / model_name / "1" / "multi_lora.json").write_text(json.dumps(listing))
+(work / "lora_expected.json").write_text(json.dumps(expected))
+EOF
+log "multi-LoRA: adapters doll and sheep written; expected answers from transformers + PEFT (above)"
 
 read -r HTTP GRPC METRICS < <("$PY" -c "import sys; sys.path.insert(0, '$REPO/client')
 from triton_server import free_ports; print(*free_ports(3))")
@@ -102,7 +149,9 @@ start_server() {     # extra tritonserver args
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then
       tail -40 "$WORK/tritonserver.log"; echo "[suites] tritonserver exited" >&2; SERVER_PID=""; return 1
     fi
-    curl -sf "localhost:$HTTP/v2/models/$MODEL/ready" >/dev/null && { log "server ready: grpc $GRPC metrics $METRICS $*"; return 0; }
+    curl -sf "localhost:$HTTP/v2/models/$MODEL/ready" >/dev/null \
+      && curl -sf "localhost:$HTTP/v2/models/$LORA_MODEL/ready" >/dev/null \
+      && { log "server ready: grpc $GRPC metrics $METRICS $*"; return 0; }
     sleep 0.5
   done
   tail -40 "$WORK/tritonserver.log"; echo "[suites] tritonserver not ready after 300 s" >&2; return 1
@@ -119,7 +168,24 @@ subst() {     # file sed-expression what
 AO=ci/L0_additional_outputs_vllm/additional_outputs_test.py
 ACC=ci/L0_backend_vllm/accuracy_test/accuracy_test.py
 MET=ci/L0_backend_vllm/metrics_test/vllm_metrics_test.py
-for f in "$AO" "$ACC" "$MET"; do subst "$f" "s/localhost:8001/localhost:$GRPC/" "gRPC localhost:8001 -> localhost:$GRPC"; done
+LORA=ci/L0_multi_gpu_vllm/multi_lora/multi_lora_test.py
+for f in "$AO" "$ACC" "$MET" "$LORA"; do
+  subst "$f" "s/localhost:8001/localhost:$GRPC/" "gRPC localhost:8001 -> localhost:$GRPC"
+done
+"$PY" - "$WORK/$LORA" "$WORK/lora_expected.json" <<'EOF' || exit 1
+# multi-LoRA: the two expected answers (Gemma-2B's adapters there) -> transformers + PEFT's for these adapters
+import json, sys
+path, expected = sys.argv[1], json.load(open(sys.argv[2]))
+text = open(path).read()
+for name, theirs in (("doll", r" I think it is a very interesting subject.\n\nInstruct: What do you"),
+                     ("sheep", r" I love soccer. I play soccer every day.\nInstruct: Tell me")):
+    old = 'b"' + theirs + '"'
+    if text.count(old) != 1:
+        sys.exit(f"[suites] no single match for the {name} answer in {path}")
+    text = text.replace(old, repr(expected[name].encode()))
+    print(f"[suites] changed multi_lora_test.py: the {name} answer -> {expected[name].encode()!r}")
+open(path, "w").write(text)
+EOF
 subst "$MET" "s#:8002/metrics#:$METRICS/metrics#" "metrics port 8002 -> $METRICS"
 
 # additional outputs: the final finish_reason for the test's own request, streamed and not (must agree)
@@ -220,26 +286,58 @@ sys.exit(not (r['total'] == $n and r['errors'] == 0 and r['failures'] == 0))" "$
   fi
 }
 
-t0=$SECONDS
-log "additional outputs: pytest ${PYTEST_ARGS:--q}"
-# shellcheck disable=SC2086
-if (cd "$WORK/$(dirname "$AO")" && "$PY" -m pytest ${PYTEST_ARGS:--q} -p no:cacheprovider "$(basename "$AO")"); then
-  RESULT[additional_outputs]=passed; else RESULT[additional_outputs]=FAILED; FAILED=1; fi
-log "additional outputs: $((SECONDS - t0)) s"
+if want additional_outputs; then
+  t0=$SECONDS
+  log "additional outputs: pytest ${PYTEST_ARGS:--q}"
+  # shellcheck disable=SC2086
+  if (cd "$WORK/$(dirname "$AO")" && "$PY" -m pytest ${PYTEST_ARGS:--q} -p no:cacheprovider "$(basename "$AO")"); then
+    RESULT[additional_outputs]=passed; else RESULT[additional_outputs]=FAILED; FAILED=1; fi
+  log "additional outputs: $((SECONDS - t0)) s"
+fi
 
-log "accuracy (unittest, as its test.sh runs it)"
-unittest_case accuracy "$ACC_DIR" accuracy_test.py 2
+if want accuracy; then
+  log "accuracy (unittest, as its test.sh runs it)"
+  unittest_case accuracy "$ACC_DIR" accuracy_test.py 2
+fi
 
-MET_DIR="$WORK/$(dirname "$MET")"
-log "metrics: test_vllm_metrics_disabled"
-unittest_case metrics_disabled "$MET_DIR" vllm_metrics_test.py 1 VLLMTritonMetricsTest.test_vllm_metrics_disabled -v
-stop_server
-start_server --allow-metrics=false
-log "metrics: test_vllm_metrics_refused (--allow-metrics=false)"
-unittest_case metrics_refused "$MET_DIR" vllm_metrics_test.py 1 VLLMTritonMetricsTest.test_vllm_metrics_refused -v
+if want multi_lora; then
+  log "multi-LoRA (unittest, as its test.sh runs it, SERVER_ENABLE_LORA=true)"
+  export SERVER_ENABLE_LORA=true  # multi_lora_test.py reads it (test.sh sets it so)
+  unittest_case multi_lora "$WORK/$(dirname "$LORA")" multi_lora_test.py 2
+  log "multi-LoRA: test.sh's generate-endpoint checks"
+  if "$PY" - "localhost:$HTTP" "$LORA_MODEL" "$WORK/lora_expected.json" <<'EOF'; then
+# test.sh: a valid adapter's answer, and an unknown adapter's error, through the HTTP generate endpoint
+import json, sys
+import requests
+url, model, expected = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+failed = False
+for name, want_text, want_error in (("sheep", expected["sheep"], None),
+                                    ("unavailable", None, "LoRA unavailable is not supported, we currently support "
+                                                          "['doll', 'sheep']")):
+    body = {"text_input": "Instruct: Tell me more about soccer\nOutput:",
+            "parameters": {"stream": False, "temperature": 0, "top_p": 1, "lora_name": name,
+                           "exclude_input_in_output": True}}
+    got = requests.post(f"http://{url}/v2/models/{model}/generate", json=body, timeout=300).json()
+    ok = got.get("text_output") == want_text if want_error is None else got.get("error") == want_error
+    print(f"  {name}: {'ok' if ok else 'FAILED'} {got}")
+    failed |= not ok
+sys.exit(failed)
+EOF
+    RESULT[multi_lora_generate]=passed; else RESULT[multi_lora_generate]=FAILED; FAILED=1; fi
+fi
+
+if want metrics; then
+  MET_DIR="$WORK/$(dirname "$MET")"
+  log "metrics: test_vllm_metrics_disabled"
+  unittest_case metrics_disabled "$MET_DIR" vllm_metrics_test.py 1 VLLMTritonMetricsTest.test_vllm_metrics_disabled -v
+  stop_server
+  start_server --allow-metrics=false
+  log "metrics: test_vllm_metrics_refused (--allow-metrics=false)"
+  unittest_case metrics_refused "$MET_DIR" vllm_metrics_test.py 1 VLLMTritonMetricsTest.test_vllm_metrics_refused -v
+fi
 stop_server
 
 log "summary ($SECONDS s):"
-for k in additional_outputs accuracy metrics_disabled metrics_refused; do log "  $k: ${RESULT[$k]}"; done
+for k in "${!RESULT[@]}"; do log "  $k: ${RESULT[$k]}"; done
 log "  not run (vLLM itself): test_vllm_metrics, test_custom_sampling_params, REPORT_CUSTOM_METRICS / model.json variants"
 exit "$FAILED"

@@ -145,15 +145,17 @@ def test_the_prefix_cache_is_keyed_by_adapter(served):
 
 def test_an_unknown_adapter_is_an_error_for_that_request(served):
     engine = served[0]
-    with pytest.raises(InvalidRequest, match=r"unknown LoRA adapter 'nope'; loaded: \['json-a', 'json-b'\]"):
+    with pytest.raises(InvalidRequest) as e:
         _request(engine, PROMPTS[0], "nope")
+    assert str(e.value) == "LoRA nope is not supported, we currently support ['json-a', 'json-b']"  # vllm_backend's
 
 
 def test_a_model_without_adapters_refuses_a_lora_name(make_engine):
     engine = make_engine()
     try:
-        with pytest.raises(InvalidRequest, match="serves no LoRA adapters"):
+        with pytest.raises(InvalidRequest) as e:
             _request(engine, PROMPTS[0], "json-a")
+        assert str(e.value) == "LoRA feature is not enabled."
     finally:
         engine.close()
 

@@ -100,13 +100,14 @@ class Intake:
         return req
 
     def _adapter(self, name: str | None) -> int:
-        """A request's lora_name -> its adapter's index (-1: none); InvalidRequest where it names none loaded."""
+        """A request's lora_name -> its adapter's index (-1: none); InvalidRequest where it names none loaded, in
+        vllm_backend's words (clients written for it compare them)."""
         if name is None:
             return -1
         if not self.adapters:
-            raise InvalidRequest(f"lora_name {name!r}: this model serves no LoRA adapters (config enable_lora)")
+            raise InvalidRequest("LoRA feature is not enabled.")
         if name not in self.adapters:
-            raise InvalidRequest(f"unknown LoRA adapter {name!r}; loaded: {sorted(self.adapters)}")
+            raise InvalidRequest(f"LoRA {name} is not supported, we currently support {list(self.adapters)}")
         return self.adapters[name]
 
     def _reasons(self, ids: list[int], chat: bool) -> bool:
