@@ -64,11 +64,13 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from collect import ASK, stream_infer
 from triton_server import REPO
 
 MODEL = "llm"
 TOKENIZER = REPO / "models" / "SmolLM2-135M-Instruct"  # the frontend's --tokenizer (the served checkpoint)
 DEFAULT_MAX_TOKENS = 16  # the frontend's --default-max-tokens default
+LORA_SEPARATOR = "_lora_"  # the frontend's --lora-separator, as its own LoRA test runs it
 
 # The request models' fields in declaration order (schemas/openai.py) with their defaults: what model_dump keeps.
 # "float" fields are pydantic confloat: a value given as an integer is dumped as a float.
@@ -294,8 +296,12 @@ def _text(*values: str) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
 
 
-def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) -> dict[str, np.ndarray]:
-    """The vLLM-format request (see the module docstring) of the frontend of `release` ("25.10" .. "26.07")."""
+def vllm_inputs(
+    endpoint: str, body: dict, prompt: str, release: str = RELEASE, lora: str | None = None
+) -> dict[str, np.ndarray]:
+    """The vLLM-format request (see the module docstring) of the frontend of `release` ("25.10" .. "26.07"); lora:
+    the adapter that `--lora-separator` split off the request's model name ("llm_lora_<adapter>" with separator
+    "_lora_"), sent as sampling_parameters' lora_name after the logprobs."""
     fields = _CHAT_FIELDS if endpoint == "chat" else _COMPLETION_FIELDS
     excludes = (
         _VLLM_EXCLUDES
@@ -319,6 +325,8 @@ def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) 
     elif body.get("logprobs") is not None and body["logprobs"] > 0:
         sp["logprobs"] = body["logprobs"]
         want_logprobs = True
+    if lora is not None:
+        sp["lora_name"] = lora
     guided = _guided_json(body) if endpoint == "chat" else None
     if guided is not None:
         key, layout = (
@@ -343,10 +351,24 @@ def vllm_inputs(endpoint: str, body: dict, prompt: str, release: str = RELEASE) 
     }
 
 
-def frontend_request(name: str, endpoint: str, body: dict, release: str = RELEASE) -> FrontendRequest:
-    body = {"model": MODEL, **body}
+def frontend_request(
+    name: str, endpoint: str, body: dict, release: str = RELEASE, lora: str | None = None
+) -> FrontendRequest:
+    body = {"model": MODEL if lora is None else f"{MODEL}{LORA_SEPARATOR}{lora}", **body}
     prompt = chat_prompt(body) if endpoint == "chat" else body["prompt"]
-    return FrontendRequest(name, endpoint, body, prompt, vllm_inputs(endpoint, body, prompt, release), release)
+    return FrontendRequest(name, endpoint, body, prompt, vllm_inputs(endpoint, body, prompt, release, lora), release)
+
+
+def send(server, req: FrontendRequest) -> list[dict]:
+    """The request's tensors exactly as built (dtype and shape), and nothing else, over a gRPC stream."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = {name: None for name in ASK}  # stream_infer's own switches: not sent unless the request has them
+    for name, arr in req.inputs.items():
+        inputs[name] = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        inputs[name].set_data_from_numpy(arr)
+    return stream_infer(server.grpc_url, inputs, timeout=120)
 
 
 # ---- the requests ------------------------------------------------------------------------------------------
@@ -384,6 +406,18 @@ TOOLS = [
     },
 ]
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris right now, in celsius?"}]
+
+
+def completion_lora(adapter: str, prompt: str) -> FrontendRequest:
+    """POST /v1/completions {"model": "llm_lora_<adapter>", "prompt": prompt, "temperature": 0, "max_tokens": 16}
+    to the frontend run with `--lora-separator _lora_` (and `<version>/model.json` {"enable_lora": true}, which
+    it reads to list the adapters): the adapter goes in sampling_parameters as lora_name."""
+    return frontend_request(
+        f"completion_lora_{adapter}",
+        "completions",
+        {"prompt": prompt, "temperature": 0, "max_tokens": 16},
+        lora=adapter,
+    )
 
 
 def chat_basic() -> FrontendRequest:

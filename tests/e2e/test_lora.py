@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from collect import errors_of, ids_of, stream_infer
+from openai_frontend_requests import completion_lora, send
 from triton_server import TritonServer, model_repository_with
 
 from tests.unit.tiny import build_tokenizer, save_family_with_loras
@@ -84,3 +85,14 @@ def test_an_unknown_adapter_is_that_requests_error(lora_server):
         bad, good = pool.map(lambda n: complete(server, n), ["nope", "attention"])
     assert errors_of(bad) == ["LoRA nope is not supported, we currently support ['all-linear', 'attention']"]
     assert not errors_of(good) and ids_of(good) == expected["attention"]
+
+
+def test_the_openai_frontends_lora_requests_are_served(lora_server):
+    """The vLLM-format request Triton's OpenAI frontend builds for model "llm_lora_<adapter>" (--lora-separator
+    _lora_): PEFT's greedy continuation, as through our own inputs."""
+    server, expected = lora_server
+    for name in ("all-linear", "attention"):
+        req = completion_lora(name, PROMPT)
+        assert req.sampling_parameters["lora_name"] == name and req.body["model"] == f"llm_lora_{name}"
+        resps = send(server, req)
+        assert not errors_of(resps) and ids_of(resps) == expected[name], name

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import jsonschema
 import numpy as np
 import pytest
-from collect import ASK, errors_of, ids_of, stream_infer
+from collect import errors_of, ids_of
 from openai_frontend_requests import (
     FrontendRequest,
     chat_basic,
@@ -28,6 +28,7 @@ from openai_frontend_requests import (
     completion_min_tokens,
     completion_stream,
     earlier_releases,
+    send,
     tokenizer,
     vllm_requests,
 )
@@ -183,18 +184,6 @@ def frontend_answer(req: FrontendRequest, responses: list[dict]) -> Answer:
 
 
 # ---- sending ------------------------------------------------------------------------------------------------
-
-
-def send(server, req: FrontendRequest) -> list[dict]:
-    """The request's tensors exactly as built (dtype and shape), and nothing else, over a gRPC stream."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    inputs = {name: None for name in ASK}  # stream_infer's own switches: not sent unless the request has them
-    for name, arr in req.inputs.items():
-        inputs[name] = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        inputs[name].set_data_from_numpy(arr)
-    return stream_infer(server.grpc_url, inputs, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -237,23 +237,15 @@ def test_speculative_request_reports_statistics_and_metrics(model):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the load error on a machine without CUDA")
-def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt):
-    previous = sys.modules.get("triton_python_backend_utils")
-    try:
-        module = load_model_py("llm_model_gpu")
-        params = config_parameters()
-        params["checkpoint"] = {"string_value": str(tiny_ckpt)}
-        with pytest.raises(pb.TritonModelException, match=r"'cuda:1' was asked for, but CUDA is not available"):
-            module.TritonPythonModel().initialize(initialize_args(params, "GPU", "1"))
-        params["device"] = {"string_value": "cpu"}  # KIND_GPU + device cpu: the settings disagree
-        args = initialize_args(params, "GPU", "1")
-        with pytest.raises(pb.TritonModelException, match="KIND_GPU places this instance on GPU 1"):
-            module.TritonPythonModel().initialize(args)
-    finally:
-        if previous is None:
-            del sys.modules["triton_python_backend_utils"]
-        else:
-            sys.modules["triton_python_backend_utils"] = previous
+def test_kind_gpu_without_cuda_fails_the_load_with_a_clear_message(tiny_ckpt, model_py):
+    params = config_parameters()
+    params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+    with pytest.raises(pb.TritonModelException, match=r"'cuda:1' was asked for, but CUDA is not available"):
+        model_py.TritonPythonModel().initialize(initialize_args(params, "GPU", "1"))
+    params["device"] = {"string_value": "cpu"}  # KIND_GPU + device cpu: the settings disagree
+    args = initialize_args(params, "GPU", "1")
+    with pytest.raises(pb.TritonModelException, match="KIND_GPU places this instance on GPU 1"):
+        model_py.TritonPythonModel().initialize(args)
 
 
 def test_invalid_utf8_names_the_input(model):
@@ -264,6 +256,17 @@ def test_invalid_utf8_names_the_input(model):
         [[resp]] = finish(model, req)
         assert resp.error.code() == pb.TritonError.INVALID_ARG
         assert f"input {name} is not valid UTF-8" in resp.error.message()
+
+
+@pytest.fixture
+def model_py():
+    """model.py as a module of its own, the fake triton_python_backend_utils restored to what it was after."""
+    previous = sys.modules.get("triton_python_backend_utils")
+    yield load_model_py("llm_model_own")
+    if previous is None:
+        del sys.modules["triton_python_backend_utils"]
+    else:
+        sys.modules["triton_python_backend_utils"] = previous
 
 
 @pytest.fixture
@@ -474,20 +477,25 @@ def test_vllm_backends_outputs_only_when_asked(model):
     assert all(set(r.output_tensors) == {f.name for f in contract.OUTPUTS if f.switch is None} for r in plain_resps)
 
 
-def test_enable_lora_reads_the_version_folders_multi_lora_json(tiny_ckpt):
+def test_enable_lora_reads_the_version_folders_multi_lora_json(tiny_ckpt, model_py):
     """vllm_backend's layout: with enable_lora and no lora_adapters, the list is <version folder>/multi_lora.json
     (the shipped model has none: the load fails naming that file)."""
-    previous = sys.modules.get("triton_python_backend_utils")
-    try:
-        module = load_model_py("llm_model_lora")
-        params = config_parameters()
-        params["checkpoint"] = {"string_value": str(tiny_ckpt)}
-        params["enable_lora"] = {"string_value": "1"}
-        wanted = str(MODEL_DIR / "1" / "multi_lora.json")
-        with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
-            module.TritonPythonModel().initialize(initialize_args(params))
-    finally:
-        if previous is None:
-            del sys.modules["triton_python_backend_utils"]
-        else:
-            sys.modules["triton_python_backend_utils"] = previous
+    params = config_parameters()
+    params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+    params["enable_lora"] = {"string_value": "1"}
+    wanted = str(MODEL_DIR / "1" / "multi_lora.json")
+    with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
+        model_py.TritonPythonModel().initialize(initialize_args(params))
+
+
+def test_a_model_json_with_enable_lora_enables_it(tiny_ckpt, tmp_path, model_py):
+    """vllm_backend's <version>/model.json {"enable_lora": true} (which Triton's OpenAI frontend reads to list the
+    adapters) turns LoRA on: the list is then read from that version folder."""
+    params = config_parameters()
+    params["checkpoint"] = {"string_value": str(tiny_ckpt)}
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.json").write_text('{"enable_lora": true}')
+    args = {**initialize_args(params), "model_repository": str(tmp_path)}
+    wanted = str(tmp_path / "1" / "multi_lora.json")
+    with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
+        model_py.TritonPythonModel().initialize(args)

@@ -124,6 +124,16 @@ class _Stream:
         self.cancel_checked = time.monotonic()  # last is_cancelled() round trip for this stream
 
 
+def _model_json(version: Path) -> dict:
+    """vllm_backend's <version>/model.json, where one is (its enable_lora is read: Triton's OpenAI frontend lists a
+    model's adapters only where it says so); {} where there is none or it is not a JSON object."""
+    try:
+        raw = json.loads((version / "model.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
 class TritonPythonModel:
     def initialize(self, args):
         model_config = json.loads(args["model_config"])
@@ -132,9 +142,11 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         params["checkpoint"] = os.environ.get("SPECGRAM_CHECKPOINT", params.get("checkpoint", ""))
         params["draft_checkpoint"] = os.environ.get("SPECGRAM_DRAFT_CHECKPOINT", params.get("draft_checkpoint", ""))
-        if params.get("enable_lora", "").strip().lower() in ("1", "true") and not params.get("lora_adapters"):
-            # vllm_backend's layout: the adapters' list in the version folder
-            params["lora_adapters"] = str(Path(args["model_repository"]) / args["model_version"] / "multi_lora.json")
+        version = Path(args["model_repository"]) / args["model_version"]
+        if "enable_lora" not in params:  # vllm_backend's model.json switch, which Triton's OpenAI frontend reads too
+            params["enable_lora"] = str(_model_json(version).get("enable_lora", "0")).lower()
+        if params["enable_lora"].strip().lower() in ("1", "true") and not params.get("lora_adapters"):
+            params["lora_adapters"] = str(version / "multi_lora.json")  # vllm_backend's layout
         for key in ("checkpoint", "draft_checkpoint", "draft_vocab_corpus", "lora_adapters"):  # relative: this folder
             if params.get(key) and not Path(params[key]).is_absolute():
                 params[key] = str((Path(args["model_repository"]) / params[key]).resolve())
