@@ -9,9 +9,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 from collect import errors_of, ids_of, stream_infer
 from openai_frontend_requests import completion_lora, send
-from triton_server import TritonServer, model_repository_with
+from triton_server import TritonServer, metric_total, model_repository_with
 
 from tests.unit.tiny import build_tokenizer, save_family_with_loras
 
@@ -96,3 +97,27 @@ def test_the_openai_frontends_lora_requests_are_served(lora_server):
         assert req.sampling_parameters["lora_name"] == name and req.body["model"] == f"llm_lora_{name}"
         resps = send(server, req)
         assert not errors_of(resps) and ids_of(resps) == expected[name], name
+
+
+def test_each_adapter_has_its_counters_and_is_listed(lora_server):
+    """specgram_lora_requests_total / specgram_lora_generated_tokens_total by adapter ("none": the base), and a
+    specgram_lora_adapter series for each adapter served."""
+    server, expected = lora_server
+
+    def scrape() -> str:
+        return requests.get(server.metrics_url, timeout=30).text
+
+    before = scrape()
+    complete(server, "attention")
+    complete(server)
+    after = scrape()
+    for adapter, name in (("attention", "attention"), ("none", None)):
+        got = {
+            m: metric_total(after, m, adapter=adapter) - metric_total(before, m, adapter=adapter)
+            for m in ("specgram_lora_requests_total", "specgram_lora_generated_tokens_total")
+        }
+        assert got == {"specgram_lora_requests_total": 1, "specgram_lora_generated_tokens_total": N}, (name, got)
+    assert {a: metric_total(after, "specgram_lora_adapter", adapter=a) for a in ("all-linear", "attention")} == {
+        "all-linear": 1,
+        "attention": 1,
+    }

@@ -20,10 +20,11 @@ _TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
 class Metrics:
     """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
 
-    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int, forward: str):
+    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int, forward: str, adapters=()):
         """metric_family: Triton's pb_utils.MetricFamily (passed in: this package never imports Triton).
         forward: the target's forward implementation ("native" C kernels or "torch"), exported as a gauge so that
-        a silent fall-back to the slower path shows on the metrics port."""
+        a silent fall-back to the slower path shows on the metrics port. adapters: the LoRA adapters' names, each
+        with its own request and token counters (and a gauge listing it)."""
         F = metric_family
         self._families = []  # a MetricFamily must outlive its Metrics: keep every family referenced
 
@@ -104,6 +105,22 @@ class Metrics:
             gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"),
         )
         self.published: tuple | None = None
+        by_adapter = {
+            name: family(name_, doc, F.COUNTER)
+            for name, name_, doc in (
+                ("requests", "specgram_lora_requests_total", "Finished requests by LoRA adapter (none: the base)"),
+                ("tokens", "specgram_lora_generated_tokens_total", "Output tokens committed by LoRA adapter"),
+            )
+        }
+        names = ["none", *adapters]
+        self.lora_requests = {a: by_adapter["requests"].Metric(labels={**labels, "adapter": a}) for a in names}
+        self.lora_tokens = {a: by_adapter["tokens"].Metric(labels={**labels, "adapter": a}) for a in names}
+        listed = family(
+            "specgram_lora_adapter", "1 for each LoRA adapter this model serves (adapter: its name)", F.GAUGE
+        )
+        self.lora_listed = [listed.Metric(labels={**labels, "adapter": a}) for a in adapters]
+        for m in self.lora_listed:
+            m.set(1)
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
         family(
             "specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)", F.GAUGE
@@ -125,8 +142,11 @@ class Metrics:
 
     def record(self, st, out: RequestOutput) -> None:
         """st: the request's stream state (`arrived`, `first_token_at`: monotonic seconds; the first is set here)."""
+        adapter = getattr(st, "lora_name", None) or "none"
         if out.token_ids:
             self.generated.increment(len(out.token_ids))
+            if adapter in self.lora_tokens:
+                self.lora_tokens[adapter].increment(len(out.token_ids))
             if st.first_token_at is None:
                 st.first_token_at = time.monotonic()
                 self.ttft.observe(st.first_token_at - st.arrived)
@@ -140,6 +160,8 @@ class Metrics:
                 self.queue.observe(out.queue_s)
             reason = out.finish_reason or FinishReason.ERROR
             self.requests[reason].increment(1)
+            if adapter in self.lora_requests:  # an unknown name's request was refused: not counted by name
+                self.lora_requests[adapter].increment(1)
             if reason == FinishReason.ERROR:
                 self.errors[out.error_kind or ErrorKind.INTERNAL].increment(1)
             self.prompt.increment(out.num_input_tokens)

@@ -115,6 +115,7 @@ class _Stream:
         self.stream = creq.stream
         self.outputs = creq.outputs  # the outputs sent only when asked that this request asked for
         self.top_n = creq.params.logprobs  # None: the logprobs output (when asked) is JSON null
+        self.lora_name = creq.params.lora_name  # its LoRA adapter (None: the base model), for the metrics
         self.prefix = prefix  # the prompt text, sent first when the input is included in the output
         self.text: list[str] = []
         self.ids: list[int] = []
@@ -174,6 +175,7 @@ class TritonPythonModel:
             self.engine.config.max_draft_len,
             self.engine.config.max_slots,
             self.engine.target.linear_kind,
+            list(self.engine.target.adapters.index) if self.engine.target.adapters is not None else [],
         )
         self.gauges_at = 0.0  # last time the sender thread looked at the load
         self.streams: dict[int, _Stream] = {}  # owned by the sender thread after submission
