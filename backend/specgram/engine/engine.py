@@ -69,6 +69,8 @@ class Engine:
             "grammar": GrammarOnlyDrafter(),
             **(drafters or {}),
         }
+        runners = [target] + [getattr(d, "runner", None) for d in all_drafters.values()]
+        self.lora_runners = [r for r in runners if r and r.adapters]  # those applying LoRA: each by its slots'
         self.grammar = GrammarCompiler(
             tokenizer,
             target.vocab_size,
@@ -138,8 +140,7 @@ class Engine:
         error: str | None = None,
         error_kind: str | None = None,
     ) -> RequestOutput | None:
-        """Remove a request wherever it is; its slot is free for the next step; its final output carries the text
-        not yet sent. None if it is not here."""
+        """Remove a request wherever it is (its slot free next step) -> its final output (the unsent text), or None."""
         req = self.scheduler.find(request_id)
         if req is None:
             return None
@@ -216,7 +217,8 @@ class Engine:
             req.finish_reason = FinishReason.ERROR
             outputs.append(self._finish(req, self.output.final(req, [], "", error, ErrorKind.INVALID)))
         for req in admitted:
-            self.target.slot_adapters[req.slot] = req.adapter  # its tokens' LoRA adapter, by slot
+            for runner in self.lora_runners:
+                runner.slot_adapters[req.slot] = req.adapter  # its tokens' LoRA adapter, by slot
             self.faults.guard(req, self.output.start, req)
         return outputs + self._end_failed()
 

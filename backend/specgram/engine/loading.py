@@ -67,8 +67,9 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     path = str(Path(config.checkpoint))
     model = load_model(path, settings.device, settings.dtype)
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target)
-    if config.enable_lora:
-        target.attach_lora(load_adapters(config, model))
+    adapters = load_adapters(config, model) if config.enable_lora else None
+    if adapters is not None:
+        target.attach_lora(adapters)
     tokenizer = load_tokenizer(path)
     drafters: dict[str, Drafter] = {}
     d = settings.draft
@@ -83,6 +84,8 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
         cache = target.cache if d.shares_cache else None
         head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
         draft = ModelRunner(base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head)
+        if adapters is not None and config.lora_draft and d.source == "target" and draft.native is not None:
+            draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     return target, tokenizer, drafters
 
