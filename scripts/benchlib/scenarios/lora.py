@@ -61,6 +61,20 @@ def _adapters(model_path: str, folder: Path, rank: int, n: int, alpha: float) ->
     return listing
 
 
+def _engine(args, listing: Path, longest: int, **settings):
+    """An engine serving the adapters of `listing`, sized for the run."""
+    return cpu_engine(
+        args.model,
+        max(args.concurrency),
+        longest + args.max_tokens + 16,
+        args.max_tokens,
+        enable_lora=True,
+        lora_adapters=str(listing),
+        max_lora_rank=max(64, args.rank),
+        **settings,
+    )
+
+
 def run(args) -> None:
     from specgram.engine.generate import generate
     from specgram.engine.loading import load_tokenizer
@@ -73,15 +87,7 @@ def run(args) -> None:
         listing = _adapters(args.model, Path(tmp), args.rank, max(ROWS.values()), args.alpha)
         if args.draft:
             return _draft_run(args, cases, listing, longest)
-        engine = cpu_engine(
-            args.model,
-            max(args.concurrency),
-            longest + args.max_tokens + 16,
-            args.max_tokens,
-            enable_lora=True,
-            lora_adapters=str(listing),
-            max_lora_rank=max(64, args.rank),
-        )
+        engine = _engine(args, listing, longest)
     adapter_mb = sum(a.nbytes for a in engine.target.adapters.all) / len(engine.target.adapters.all) / 1e6
 
     def one(row: str, c: int) -> dict:
@@ -130,17 +136,7 @@ def _draft_run(args, cases: list[dict], listing: Path, longest: int) -> None:
     from specgram.request import SamplingParams
 
     engines = {
-        mode: cpu_engine(
-            args.model,
-            max(args.concurrency),
-            longest + args.max_tokens + 16,
-            args.max_tokens,
-            enable_lora=True,
-            lora_adapters=str(listing),
-            max_lora_rank=max(64, args.rank),
-            draft_quantization="int8",
-            lora_draft=mode == "with adapter",
-        )
+        mode: _engine(args, listing, longest, draft_quantization="int8", lora_draft=mode == "with adapter")
         for mode in ("with adapter", "base copy")
     }
     rows = {"1 adapter": 1, "4 adapters": 4}
