@@ -69,8 +69,8 @@ class Engine:
             "grammar": GrammarOnlyDrafter(),
             **(drafters or {}),
         }
-        runners = [target] + [getattr(d, "runner", None) for d in all_drafters.values()]
-        self.lora_runners = [r for r in runners if r and r.adapters]  # those applying LoRA: each by its slots'
+        runners = [d.runner for d in all_drafters.values() if hasattr(d, "runner")]  # the draft models'
+        self.lora_runners = [r for r in [target, *runners] if r.adapters]  # those applying LoRA, each by its slots'
         self.grammar = GrammarCompiler(
             tokenizer,
             target.vocab_size,
@@ -99,6 +99,7 @@ class Engine:
             all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults
         )
         self.logits = LogitsProcessor(masks, eos, self.faults, coupled=config.speculative_sampling == "coupled")
+        self.logits.reduced_drafts = any(r.head_ids is not None for r in runners)
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
         self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults)
         self.prefix = PrefixCache(target.cache) if settings.prefix_cache else None
@@ -241,8 +242,7 @@ class Engine:
         return StepResult(first, verify, started)
 
     def _prefilled(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """The chunks' prompts advance; each completed prompt gets its first token (from the logits at its last
-        prompt position) and its drafters see it."""
+        """The chunks' prompts advance; a completed prompt gets its first token (its last position's logits)."""
         for r, n in plan.chunks:
             r.cache_len += n
             if self.prefix:

@@ -33,6 +33,7 @@ class LogitsProcessor:
         self.faults = faults if faults is not None else Faults()
         self.eos_ids = eos_ids
         self.coupled = coupled  # coupled verification (sampling.py); False: drafts carry q for rejection
+        self.reduced_drafts = False  # a draft model computes part of the vocabulary (draft_vocab): see pick()
         self.noise = NoiseRows(masks.vocab)  # sampling noise by (seed, position), shared by drafts and verify
 
     def mask_verify(self, reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor) -> list[Proposal]:
@@ -105,8 +106,9 @@ class LogitsProcessor:
                 self.faults.add(reqs[j], DeadEnd())
         positions = [len(r.output_ids) + o for r, o in zip(reqs, offsets, strict=True)]
         ids, probs = sampling.pick(logits, reqs, positions, self.noise, want_probs=tentative and not self.coupled)
-        if tentative:  # a draft row may hold no token (a reduced draft vocabulary lacking all the grammar allows):
-            # then the pick is a -inf entry, as only then (one gather, not a scan of every row); the draft ends there
+        if tentative and self.reduced_drafts:  # a draft row may hold no token (a reduced draft vocabulary lacking
+            # all the grammar allows): then, and only then, the pick is a -inf entry (one gather, not a scan of every
+            # row); the draft ends there
             chosen = logits.gather(1, ids.to(logits.device)[:, None]).squeeze(1)
             dead |= {j for j, empty in enumerate(torch.isneginf(chosen).tolist()) if empty}
         for j, r in enumerate(reqs):
