@@ -20,6 +20,12 @@ PREFIX_MODES = ("auto", "on", "off")  # prefix_cache: auto = on where reuse is b
 # config.pbtxt parameters are strings: these spell a boolean setting
 _TRUE, _FALSE = ("1", "true"), ("0", "false")
 
+
+def truthy(raw) -> bool:
+    """Whether a config.pbtxt string (or a JSON value) spells true: 1 or true, any case and spacing."""
+    return str(raw).strip().lower() in _TRUE
+
+
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -196,7 +202,7 @@ class EngineConfig:
                 text = str(raw).strip().lower()
                 if text not in _TRUE + _FALSE:
                     raise ModelLoadError(f"engine parameter {key} must be 0, 1, true or false; got {raw!r}")
-                kwargs[key] = text in _TRUE
+                kwargs[key] = truthy(text)
                 continue
             word = str(raw).strip().lower()
             if (key.startswith("default_num_draft_tokens") or key == "draft_vocab") and word == "auto":

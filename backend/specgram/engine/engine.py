@@ -242,7 +242,7 @@ class Engine:
         return StepResult(first, verify, started)
 
     def _prefilled(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """The chunks' prompts advance; a completed prompt gets its first token (its last position's logits)."""
+        """Prompts advance by their chunks; a completed one gets its first token, and its drafters see it."""
         for r, n in plan.chunks:
             r.cache_len += n
             if self.prefix:

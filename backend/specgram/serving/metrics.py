@@ -105,16 +105,15 @@ class Metrics:
             gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"),
         )
         self.published: tuple | None = None
-        by_adapter = {
-            name: family(name_, doc, F.COUNTER)
-            for name, name_, doc in (
-                ("requests", "specgram_lora_requests_total", "Finished requests by LoRA adapter (none: the base)"),
-                ("tokens", "specgram_lora_generated_tokens_total", "Output tokens committed by LoRA adapter"),
-            )
-        }
-        names = ["none", *adapters]
-        self.lora_requests = {a: by_adapter["requests"].Metric(labels={**labels, "adapter": a}) for a in names}
-        self.lora_tokens = {a: by_adapter["tokens"].Metric(labels={**labels, "adapter": a}) for a in names}
+
+        def by_adapter(name, doc):  # adapter name ("none": the base model) -> counter
+            fam = family(name, doc, F.COUNTER)
+            return {a: fam.Metric(labels={**labels, "adapter": a}) for a in ["none", *adapters]}
+
+        self.lora_requests = by_adapter(
+            "specgram_lora_requests_total", "Finished requests by LoRA adapter (none: the base)"
+        )
+        self.lora_tokens = by_adapter("specgram_lora_generated_tokens_total", "Output tokens committed by LoRA adapter")
         listed = family(
             "specgram_lora_adapter", "1 for each LoRA adapter this model serves (adapter: its name)", F.GAUGE
         )
@@ -141,8 +140,9 @@ class Metrics:
         gc.collect()
 
     def record(self, st, out: RequestOutput) -> None:
-        """st: the request's stream state (`arrived`, `first_token_at`: monotonic seconds; the first is set here)."""
-        adapter = getattr(st, "lora_name", None) or "none"
+        """st: the request's stream state (`arrived`, `first_token_at`: monotonic seconds, the second set here;
+        `lora_name`: its adapter, None for the base model)."""
+        adapter = st.lora_name or "none"
         if out.token_ids:
             self.generated.increment(len(out.token_ids))
             if adapter in self.lora_tokens:

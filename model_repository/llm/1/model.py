@@ -25,7 +25,7 @@ _SOURCE = Path(__file__).resolve().parents[3] / "backend"
 if (_SOURCE / "specgram" / "serving" / "contract.py").is_file():
     sys.path.insert(0, str(_SOURCE))
 
-from specgram.config import EngineConfig
+from specgram.config import EngineConfig, truthy
 from specgram.engine.engine import Engine
 from specgram.errors import EngineError, InvalidRequest, Overloaded
 from specgram.request import RequestOutput
@@ -146,7 +146,7 @@ class TritonPythonModel:
         version = Path(args["model_repository"]) / args["model_version"]
         if "enable_lora" not in params:  # vllm_backend's model.json switch, which Triton's OpenAI frontend reads too
             params["enable_lora"] = str(_model_json(version).get("enable_lora", "0")).lower()
-        if params["enable_lora"].strip().lower() in ("1", "true") and not params.get("lora_adapters"):
+        if truthy(params["enable_lora"]) and not params.get("lora_adapters"):
             params["lora_adapters"] = str(version / "multi_lora.json")  # vllm_backend's layout
         for key in ("checkpoint", "draft_checkpoint", "draft_vocab_corpus", "lora_adapters"):  # relative: this folder
             if params.get(key) and not Path(params[key]).is_absolute():
