@@ -189,7 +189,7 @@ def test_specgram_h_is_the_whole_contract_and_its_mirrors_match_the_compiler(isa
 
 def test_the_declared_signatures_are_read_as_ctypes_types():
     restype, args = abi.FUNCTIONS["specgram_decoder_forward"]
-    assert restype is ctypes.c_int and len(args) == 22 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
+    assert restype is ctypes.c_int and len(args) == 23 and args[0] is ctypes.c_void_p and args[-1] is ctypes.c_int
     assert abi.FUNCTIONS["specgram_isa"] == (ctypes.c_char_p, [])
     assert abi.FUNCTIONS["specgram_attention"][1][13] is ctypes.c_float  # the score scale
     assert dict(abi.Layer._fields_)["eps_next"] is ctypes.c_float

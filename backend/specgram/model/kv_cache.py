@@ -64,6 +64,16 @@ class KVCache:
             self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
+    def move(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Positions src -> dst of one slot, every layer (a tree row's accepted path, to consecutive positions).
+        The sources are gathered before anything is written, so src and dst may overlap."""
+        s, d = torch.tensor(src, device=self.v.device), torch.tensor(dst, device=self.v.device)
+        if self.k_positions_last:
+            self.k[:, slot, :, :, d] = self.k[:, slot, :, :, s]
+        else:
+            self.k[:, slot, :, d] = self.k[:, slot, :, s]
+        self.v[:, slot, :, d] = self.v[:, slot, :, s]
+
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, idx: WriteIndex) -> None:
         """k_new, v_new: [B, H_kv, T, D]; only the valid (row, step) pairs of idx are stored."""
         self.k[layer][idx.slot_idx, :, idx.pos_idx] = k_new[idx.batch_idx, :, idx.step_idx]

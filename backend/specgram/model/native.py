@@ -36,6 +36,7 @@ from itertools import accumulate
 
 import torch
 
+from . import tree as tree_rows
 from .kernels import abi
 from .packed import PackedDecoder
 
@@ -118,16 +119,26 @@ class NativeForward(PackedDecoder):
 
     @torch.inference_mode()
     def forward_split(
-        self, cache, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int, window: int | None
+        self,
+        cache,
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        n_last: int,
+        window: int | None,
+        trees: list[list[int] | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
         rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
-        what a forward of that row alone gives (the kernels never mix rows)."""
+        what a forward of that row alone gives (the kernels never mix rows). trees: per row its tokens' parents
+        (tree.py; None: a plain row), or None for all plain: a tree token's results are bitwise those of its own
+        path verified as a plain row."""
         lengths = [len(r) for r in rows]
         ends = list(accumulate(lengths))
         n = ends[n_last - 1] if n_last else 0
         head_rows = _int64s([e - 1 for e in ends[:n_last]] + list(range(n, ends[-1] if ends else 0)))
-        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows)
+        masks = tree_rows.flat_masks(trees, lengths)
+        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows, masks)
         return logits[:n_last], self._per_token(logits[n_last:], lengths[n_last:])
 
     @staticmethod
@@ -187,6 +198,8 @@ class NativeForward(PackedDecoder):
         if code == abi.BAD_POSITION:
             bad = next(p for p in positions if not 0 <= p < P)
             return ValueError(f"position {bad} out of range: the cache holds {P} positions")
+        if code == abi.BAD_TREE:
+            return ValueError("a tree token's ancestor mask must include the token itself")
         if code == abi.BAD_ROW:
             return ValueError("tokens of one slot must be adjacent and in consecutive positions")
         return ValueError("a logits row outside the batch" if code == abi.BAD_HEAD_ROW else f"bad batch ({code})")
@@ -218,11 +231,12 @@ class NativeForward(PackedDecoder):
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
         return self._run(cache, tokens, slots, positions, window, head_rows=False)
 
-    def _run(self, cache, tokens, slots, positions, window: int | None, head_rows) -> torch.Tensor:
+    def _run(self, cache, tokens, slots, positions, window: int | None, head_rows, tree=None) -> torch.Tensor:
         """tokens, slots, positions: [N] int64 (ctypes arrays, or contiguous int64 tensors); KV written to `cache`
         -> float32 logits [R, V] at the final hidden rows head_rows [R] (None: all N), or with head_rows False
         the final-normed hidden states [N, E]. The embedding lookup, rotary, every layer and the lm_head in one
-        native call (kernels/forward.c), which checks the indices before it writes anything (ValueError)."""
+        native call (kernels/forward.c), which checks the indices before it writes anything (ValueError).
+        tree: each token's ancestor mask (uint64 [N], tree.flat_masks), or None: causal."""
         self.check_cache(cache)
         N = len(tokens)
         for name, t in (("tokens", tokens), ("slots", slots), ("positions", positions), ("head_rows", head_rows)):
@@ -233,7 +247,7 @@ class NativeForward(PackedDecoder):
                     f"{name}: expected a contiguous int64 tensor of shape ({N},), got {t.dtype} {tuple(t.shape)}"
                 )
         S, P = cache.v.shape[1], cache.v.shape[3]
-        cos, sin, by_position = self._rotary(positions, P)
+        cos, sin, by_position = self._rotary(positions if tree is None else tree_rows.logical(positions, tree), P)
         x = torch.empty(N, self.E) if head_rows is False else None
         head, rows_ptr, R, logits = None, None, 0, None
         if head_rows is not False:
@@ -254,6 +268,7 @@ class NativeForward(PackedDecoder):
             P,
             _address(slots),
             _address(positions),
+            None if tree is None else ctypes.addressof(tree),
             N,
             window or 0,
             head,

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ModelLoadError
 from . import lora, torch_forward
+from . import tree as tree_rows
 from .choice import ForwardChoice, choose_for, projections
 from .families import DOCS, FAMILIES, describe
 from .kv_cache import KVCache, WriteIndex, make_write_index
@@ -158,15 +159,27 @@ class ModelRunner:
             return self.native.linear_layers()
         return projections(self.model)
 
-    def forward_rows(self, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool) -> torch.Tensor:
+    def forward_rows(
+        self,
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        last_only: bool,
+        trees: list[list[int] | None] | None = None,
+    ) -> torch.Tensor:
         """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].
         Everything that depends on the row lengths (padding, the cache write index, the attended length) is
         computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
-        Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on."""
+        Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on.
+        trees: per row its tokens' parents (tree.py: a tree of drafts; None: a plain row), or None."""
+        if trees is not None and all(t is None or tree_rows.is_chain(t) for t in trees):
+            trees = None
         if self.native is not None:
+            if trees is not None and not last_only:
+                return self.native.forward_split(self.cache, rows, slots, starts, 0, self.window, trees)[1]
             return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window)
         width = max(map(len, rows))
-        if self.graphed is not None and self.graphed.handles(len(rows), width):
+        if self.graphed is not None and trees is None and self.graphed.handles(len(rows), width):
             return self.graphed.forward(rows, slots, starts, last_only)
         tokens = right_pad(rows)
         num_new = [len(row) for row in rows]
@@ -182,10 +195,16 @@ class ModelRunner:
             last_only,
             length=max(a + b for a, b in zip(starts, num_new, strict=True)),
             widx=widx,
+            tree=None if trees is None else tree_rows.tensors(trees, width, dev),
         )
 
     def forward_step(
-        self, rows: list[list[int]], slots: list[int], starts: list[int], n_last: int
+        self,
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        n_last: int,
+        trees: list[list[int] | None] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One engine step's forward: rows[:n_last] are prompt chunks -> logits [n_last, V] at each one's last
         token; the other rows are verify rows -> logits [B - n_last, T, V] at every token (T the longest); None
@@ -193,15 +212,27 @@ class ModelRunner:
         are bitwise those of a forward of that row alone) both sides share one pass over the weights, so the
         verify rows ride along a compute-bound prefill for about a millisecond a row. Otherwise each side gets
         a forward of its own: a prompt chunk is never padded to a verify row's shape nor the reverse, and the
-        verify side keeps its small static shapes (CUDA graphs)."""
+        verify side keeps its small static shapes (CUDA graphs). trees: per verify row its tokens' parents (a tree
+        of drafts, tree.py; None: a plain row), or None for all plain."""
         if self.fuse_steps and 0 < n_last < len(rows):
-            return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window)
+            return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window, trees)
         first = rest = None
         if n_last:
             first = self.forward_rows(rows[:n_last], slots[:n_last], starts[:n_last], last_only=True)
         if n_last < len(rows):
-            rest = self.forward_rows(rows[n_last:], slots[n_last:], starts[n_last:], last_only=False)
+            rest = self.forward_rows(
+                rows[n_last:], slots[n_last:], starts[n_last:], last_only=False, trees=trees and trees[n_last:]
+            )
         return first, rest
+
+    def keep_path(self, slot: int, start: int, rows: list[int]) -> None:
+        """After a tree row's verify: the K and V of its tokens `rows` (row indices, in path order, each past the
+        row's first token at `start`) move to positions start + 1, start + 2, ... (the committed path); a chain's
+        accepted tokens are there already (nothing moves)."""
+        src = [start + r for r in rows]
+        dst = list(range(start + 1, start + 1 + len(rows)))
+        if src != dst:
+            self.cache.move(slot, src, dst)
 
     @torch.inference_mode()
     def forward(
@@ -213,26 +244,28 @@ class ModelRunner:
         last_only: bool,
         length: int | None = None,
         widx: WriteIndex | None = None,
+        tree: tuple | None = None,
     ) -> torch.Tensor:
         """tokens: [B, T] (right-padded), slots/starts/num_new: [B] on self.device.
         Writes the new tokens' KV into the cache and returns logits (float32):
         [B, V] at each row's last new token if last_only, else [B, T, V].
         length (max of starts + num_new) and widx (make_write_index) may be given precomputed on the host;
-        computed here they cost a device -> host sync each."""
+        computed here they cost a device -> host sync each. tree: (ancestor masks, depths) [B, T] (tree.tensors):
+        rows that are trees of drafts (the PyTorch forward only)."""
         if self.native is not None:
             return self.native(self.cache, tokens, slots, starts, num_new, last_only, self.window)
         B, T = tokens.shape
         if length is None:
             length = int((starts + num_new).max())
-        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]  # [B, T]
-        positions = positions.clamp_max(self.max_seq_len - 1)  # padding stays in range
+        steps = torch.arange(T, device=self.device)[None, :] if tree is None else tree[1]  # [B, T] depths
+        positions = (starts[:, None] + steps).clamp_max(self.max_seq_len - 1)  # padding stays in range
         if widx is None:
             widx = make_write_index(slots, starts, num_new, T)
         if self.lora_hooks is not None:  # each row's adapter, by its slot
             self.lora_hooks.rows = torch.tensor(self.slot_adapters, device=self.device)[slots]
         try:
             h = torch_forward.hidden(
-                self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length)
+                self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length, tree)
             )
         finally:
             if self.lora_hooks is not None:

@@ -25,15 +25,27 @@ ATTENTION = "specgram_slots"
 _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
 
-def attention_mask(starts: torch.Tensor, width: int, length: int, window: int | None) -> torch.Tensor:
+def attention_mask(
+    starts: torch.Tensor, width: int, length: int, window: int | None, tree: tuple | None = None
+) -> torch.Tensor:
     """-> bool [B, 1, T, L]: query t of row b (absolute position starts[b] + t) sees keys j <= its position
     (and, with a sliding window, j > position - window). Padded queries see garbage keys; their outputs are
-    never used, and key 0 is always visible so no row is all -inf."""
+    never used, and key 0 is always visible so no row is all -inf. tree: (ancestor masks [B, T] int64, the bits of
+    model/tree.py's masks; depths [B, T]): a tree token sees the committed keys and its ancestors only, and its
+    window counts positions by depth."""
     q_pos = starts[:, None] + torch.arange(width, device=starts.device)[None, :]  # [B, T]
     k_pos = torch.arange(length, device=starts.device)  # [L]
     mask = k_pos[None, None, :] <= q_pos[:, :, None]  # [B, T, L]
+    q_at, k_at = q_pos[:, :, None], k_pos[None, None, :]  # the positions the window counts by
+    if tree is not None:
+        bits, depth = tree
+        back = q_pos[:, :, None] - k_pos[None, None, :]  # [B, T, L]: how far back each key is
+        mask &= (back > 63) | ((bits[:, :, None] >> back.clamp(0, 63)) & 1).bool()
+        q_at = (starts[:, None] + depth)[:, :, None]
+        row = (k_pos[None, :] - starts[:, None]).clamp(0, width - 1)  # [B, L] each key's token in the row
+        k_at = torch.where(k_pos[None, :] >= starts[:, None], starts[:, None] + depth.gather(1, row), k_pos)[:, None]
     if window is not None:
-        mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
+        mask &= k_at > q_at - window
         mask[:, :, 0] |= ~mask.any(-1)
     return mask[:, None]
 
@@ -43,10 +55,17 @@ class SlotBatch:
     its new tokens at widx and reads keys 0 .. length - 1 of slot slots[b]."""
 
     def __init__(
-        self, cache: KVCache, slots: torch.Tensor, widx: WriteIndex, starts: torch.Tensor, width: int, length: int
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        widx: WriteIndex,
+        starts: torch.Tensor,
+        width: int,
+        length: int,
+        tree: tuple | None = None,
     ):
         self.cache, self.slots, self.widx, self.starts = cache, slots, widx, starts
-        self.width, self.length = width, length
+        self.width, self.length, self.tree = width, length, tree  # tree: attention_mask's
         self._masks: dict[int | None, torch.Tensor] = {}  # by sliding window: the layers share them
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -56,7 +75,7 @@ class SlotBatch:
 
     def mask(self, window: int | None) -> torch.Tensor:
         if window not in self._masks:
-            self._masks[window] = attention_mask(self.starts, self.width, self.length, window)
+            self._masks[window] = attention_mask(self.starts, self.width, self.length, window, self.tree)
         return self._masks[window]
 
 

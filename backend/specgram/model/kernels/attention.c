@@ -26,6 +26,7 @@
 #include "scratch.h"
 #include "specgram.h"
 #include "team.h"
+#include "tree.h"
 #include "vexp.h"
 
 /* Query vectors per register pass (GMAX: one score vector each, + a K load and a broadcast) and the most that
@@ -200,6 +201,29 @@ static inline int64_t window_lo(int64_t pos, int64_t window) {
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+/* The first position any of tokens n0 .. n0+T-1 attends to: the start of the range their scores share. */
+static int64_t group_lo(const int64_t *positions, const uint64_t *tree, int64_t n0, int64_t T, int64_t window) {
+    int64_t lo = window_lo(positions[n0], window);
+    for (int64_t t = 0; tree && t < T; ++t) {
+        int64_t first = tree_first(tree[n0 + t], positions[n0 + t], window);
+        lo = first < lo ? first : lo;
+    }
+    return lo;
+}
+
+/* A tree token's scores (a row pg of the shared range [lo, lo + len)) -> its softmax over the positions it attends
+ * (tree.h), 0 elsewhere. The attended scores are packed first, so the softmax sees them in the lanes and order it
+ * would for the token's own path verified as a plain row: the token's result is bitwise that row's. */
+static void tree_softmax(float *pg, int64_t lo, int64_t len, int64_t pos, uint64_t m, int64_t window, float *packed) {
+    int64_t from = tree_first(m, pos, window), n = 0;
+    for (int64_t j = from; j <= pos; ++j)
+        if (pos - j > 63 || m >> (pos - j) & 1) packed[n++] = pg[j - lo];
+    softmax_row(packed, n);
+    memset(pg, 0, sizeof(float) * (size_t)len);
+    for (int64_t j = from, i = 0; j <= pos; ++j)
+        if (pos - j > 63 || m >> (pos - j) & 1) pg[j - lo] = packed[i++];
+}
+
 /* Consecutive tokens n0 .. n0+T-1 of one row (one slot, consecutive positions) and one KV head: their
  * T * G query vectors (G = H / Hkv heads each) share every K and V vector loaded, so a verify row's k + 1
  * tokens cost little more than one. Each token still gets exactly what it would alone: its scores are the
@@ -207,14 +231,15 @@ static inline int64_t window_lo(int64_t pos, int64_t window) {
  * vector lanes line up as they would alone), and the weighted sum runs over the shared range with p = 0
  * outside its own - fma(0, v, acc) leaves acc unchanged (v is finite: positions the row has written). */
 static void attend(const float *q, const void *kc, const void *vc, int bf16, const int64_t *slots,
-                   const int64_t *positions, int64_t n0, int64_t T, int64_t hk, int64_t H, int64_t Hkv, int64_t D,
-                   int64_t P, int64_t window, float scale, float *out, next_k *f) {
+                   const int64_t *positions, const uint64_t *tree, int64_t n0, int64_t T, int64_t hk, int64_t H,
+                   int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale, float *out, next_k *f) {
     int64_t G = H / Hkv, head = slots[n0] * Hkv + hk, Q = T * G;
     int64_t first = positions[n0], last = positions[n0 + T - 1];
-    int64_t lo = window_lo(first, window), len = last + 1 - lo;  /* the shared range [lo, last] */
+    int64_t lo = group_lo(positions, tree, n0, T, window), len = last + 1 - lo;  /* the shared range [lo, last] */
     assert(T >= 1 && last == first + T - 1 && lo >= 0 && last < P);
-    float *qb = specgram_scratch(SCRATCH_TASK, sizeof(float) * (size_t)(Q * D * 2 + Q * len));
+    float *qb = specgram_scratch(SCRATCH_TASK, sizeof(float) * (size_t)(Q * D * 2 + Q * len + len));
     float *ob = qb + Q * D, *p = ob + Q * D;                      /* queries, outputs [Q, D]; scores [Q, len] */
+    float *packed = p + Q * len;                                  /* a tree token's attended scores [len] */
     for (int64_t t = 0; t < T; ++t)
         memcpy(qb + t * G * D, q + ((n0 + t) * H + hk * G) * D, sizeof(float) * G * D);
     const int64_t esz = bf16 ? 2 : 4;                             /* bytes per cache element */
@@ -222,6 +247,11 @@ static void attend(const float *q, const void *kc, const void *vc, int bf16, con
     scores(qb, Q, (const char *)kc + head * D * P * esz, bf16, P, lo, len, D, scale, p, V);
     for (int64_t t = 0; t < T; ++t) {
         int64_t pos = positions[n0 + t];
+        uint64_t m = tree ? tree[n0 + t] : TREE_ALL;
+        if (!tree_causal(m, pos)) {
+            for (int64_t g = 0; g < G; ++g) tree_softmax(p + (t * G + g) * len, lo, len, pos, m, window, packed);
+            continue;
+        }
         int64_t own_lo = window_lo(pos, window);
         int64_t off = own_lo - lo, own = pos + 1 - own_lo;        /* this token's range within the shared one */
         assert(slots[n0 + t] == slots[n0] && pos == first + t && off >= 0 && own >= 1 && off + own <= len);
@@ -289,8 +319,8 @@ attention_plan specgram_attention_plan(void *mem, const int64_t *slots, const in
 }
 
 void specgram_team_attention(const attention_plan *a, const float *q, const void *kc, const void *vc, int kv_bf16,
-                             const int64_t *slots, const int64_t *positions, int64_t H, int64_t Hkv, int64_t D,
-                             int64_t P, int64_t window, float scale, float *out) {
+                             const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t H,
+                             int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale, float *out) {
     const int64_t tasks = a->tasks, *group_n0 = a->group_n0, *task_g = a->task_g, *task_h = a->task_h;
     int64_t nt = omp_get_num_threads(), id = omp_get_thread_num(), begin = tasks, end = tasks;
     for (int64_t t = 0, before = 0; t < tasks; before += a->task_cost[t++]) {   /* owner: its cost's midpoint */
@@ -310,7 +340,8 @@ void specgram_team_attention(const attention_plan *a, const float *q, const void
             f.per_d = (positions[hi_n] + 1 - lo + line - 1) / line;
             f.lines = f.per_d * D;
         }
-        attend(q, kc, vc, kv_bf16, slots, positions, n0, T, task_h[t], H, Hkv, D, P, window, scale, out, &f);
+        attend(q, kc, vc, kv_bf16, slots, positions, tree, n0, T, task_h[t], H, Hkv, D, P, window, scale, out,
+               &f);
     }
 }
 
@@ -328,5 +359,5 @@ void specgram_attention(const float *q, const void *kc, const void *vc, int kv_b
     void *mem = specgram_scratch(SCRATCH_PLAN, specgram_attention_plan_bytes(N, Hkv));
     attention_plan a = specgram_attention_plan(mem, slots, positions, N, H, Hkv, window, nthreads);
 #pragma omp parallel num_threads(nthreads)
-    specgram_team_attention(&a, q, kc, vc, kv_bf16, slots, positions, H, Hkv, D, P, window, scale, out);
+    specgram_team_attention(&a, q, kc, vc, kv_bf16, slots, positions, NULL, H, Hkv, D, P, window, scale, out);
 }

@@ -8,6 +8,8 @@
  *   kc, vc             the whole KV cache, [layers, S, Hkv, D, P] and [layers, S, Hkv, P, D], float32 or
  *                      (kv_bf16) bfloat16
  *   slots, positions [N] int64, window (0: none)   as attention.c and rope.c take them
+ *   tree [N] uint64    optional: each token's ancestor mask (tree.h: a verify row that is a tree of drafts; each
+ *                      node attends to the committed tokens and its ancestors, rotated by its depth); NULL: causal
  *   head, head_rows [R], logits [R, V]   optional: the lm_head's product of the final hidden rows head_rows (all
  *                      N where head_rows is NULL), in the same region; head NULL: none
  *   lora, adapters [N] optional: LoRA adapters (lora.c) and each token's (-1: none); lora NULL: none. Each
@@ -15,7 +17,8 @@
  *                      product and the phase that reads it (one more barrier per product)
  * -> 0, or before anything is written, the first of: SPECGRAM_BAD_TOKEN (an id outside the embedding),
  *    SPECGRAM_BAD_SLOT (outside [0, S)), SPECGRAM_BAD_POSITION (outside [0, P)), SPECGRAM_BAD_ROW (one slot's
- *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)).
+ *    tokens not adjacent in consecutive positions: attention.c's rows), SPECGRAM_BAD_HEAD_ROW (outside [0, N)),
+ *    SPECGRAM_BAD_TREE (an ancestor mask without its own bit 0).
  *
  * Per layer, the same kernels as their own entry points, in the same order:
  *   qkv = x W_qkv -> q/k head norms (if any) + rotary (all, part or none of each head) + cache write
@@ -50,8 +53,8 @@
 #include "team.h"
 
 /* The batch's indices against the shapes they index (see the header) -> 0 or the first error's code. */
-static int check(const int64_t *tokens, const int64_t *slots, const int64_t *positions, int64_t N, int64_t vocab,
-                 int64_t S, int64_t P, const int64_t *head_rows, int64_t R) {
+static int check(const int64_t *tokens, const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t N,
+                 int64_t vocab, int64_t S, int64_t P, const int64_t *head_rows, int64_t R) {
     for (int64_t n = 0; n < N; ++n) {
         if (tokens[n] < 0 || tokens[n] >= vocab) return SPECGRAM_BAD_TOKEN;
         if (slots[n] < 0 || slots[n] >= S) return SPECGRAM_BAD_SLOT;
@@ -61,6 +64,8 @@ static int check(const int64_t *tokens, const int64_t *slots, const int64_t *pos
         if (slots[n] == slots[n - 1] && positions[n] != positions[n - 1] + 1) return SPECGRAM_BAD_ROW;
     for (int64_t r = 0; head_rows && r < R; ++r)
         if (head_rows[r] < 0 || head_rows[r] >= N) return SPECGRAM_BAD_HEAD_ROW;
+    for (int64_t n = 0; tree && n < N; ++n)
+        if (!(tree[n] & 1)) return SPECGRAM_BAD_TREE;
     return 0;
 }
 
@@ -168,14 +173,14 @@ static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *m
 
 int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
                              const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
-                             const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
-                             const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
-                             const specgram_lora *lora, const int64_t *adapters, int nthreads) {
+                             const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t N,
+                             int64_t window, const specgram_linear *head, const int64_t *head_rows, int64_t R,
+                             float *logits, const specgram_lora *lora, const int64_t *adapters, int nthreads) {
     assert(N >= 0 && nthreads >= 1 && d->layers >= 1 && d->H % d->Hkv == 0 && d->D % 2 == 0);
     assert(d->rotary >= 0 && d->rotary <= d->D && d->rotary % 2 == 0);
     assert(head == NULL || (R >= 0 && (head_rows != NULL || R == N) && head->K == d->E));
     if (head == NULL) R = 0;
-    int bad = check(tokens, slots, positions, N, d->vocab, S, P, head_rows, R);
+    int bad = check(tokens, slots, positions, tree, N, d->vocab, S, P, head_rows, R);
     if (bad || N == 0) return bad;
     const int64_t E = d->E, H = d->H, Hkv = d->Hkv, D = d->D, I = d->I, Lc = d->layers;
     const int64_t width = (H + 2 * Hkv) * D, kv_layer = S * Hkv * D * P;   /* one layer's K (and V) cache */
@@ -250,11 +255,11 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             LORA(0, x, E, qkv, width, j + 1);
             share(N, width, &m0, &m1);
             specgram_rope_rows(qkv, cos + L->table * table, sin + L->table * table, by_position, kl, vl, kv_bf16, slots,
-                               positions, m0, m1, S, H, Hkv, D, P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm,
+                               positions, tree, m0, m1, S, H, Hkv, D, P, L->rope ? d->rotary : 0, L->q_norm, L->k_norm,
                                L->qk_eps, q);
             WAIT(j + 1);
-            specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, H, Hkv, D, P, L->sliding ? window : 0,
-                                    d->scaling, att);
+            specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, tree, H, Hkv, D, P,
+                                    L->sliding ? window : 0, d->scaling, att);
             WAIT(j + 1);
             if (L->o.kind == SPECGRAM_LIN_I8A8) {
                 share(N, H * D, &m0, &m1);

@@ -25,6 +25,7 @@
 
 #include "specgram.h"
 #include "team.h"
+#include "tree.h"
 
 
 /* One head of D values: normed (norm NULL: as it is), then its first R values rotated (R even: the second half
@@ -60,16 +61,17 @@ static inline void store_kv(void *cache, int bf16, int64_t at, int64_t stride, c
 
 /* Tokens n0 .. n1 - 1 (forward.c's team shares tokens out; the entry point below loops over all of them). */
 void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, int by_position, void *kc, void *vc,
-                        int kv_bf16, const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S,
-                        int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t rotary, const float *q_norm,
-                        const float *k_norm, float qk_eps, float *q_out) {
+                        int kv_bf16, const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t n0,
+                        int64_t n1, int64_t S, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t rotary,
+                        const float *q_norm, const float *k_norm, float qk_eps, float *q_out) {
     (void)S;                                                       /* read by the debug build's asserts only */
     const int64_t width = (H + 2 * Hkv) * D;
     float k[D];
     for (int64_t n = n0; n < n1; ++n) {
         assert(slots[n] >= 0 && slots[n] < S);
         assert(positions[n] >= 0 && positions[n] < P);
-        const int64_t at = (by_position ? positions[n] : n) * rotary;
+        /* a tree token rotates by its logical position (tree.h); the per-token tables are built at it already */
+        const int64_t at = (by_position ? (tree ? tree_logical(tree[n], positions[n]) : positions[n]) : n) * rotary;
         const float *row = qkv + n * width, *c = cos + at, *s = sin + at;
         for (int64_t h = 0; h < H; ++h) head_in(row + h * D, q_norm, qk_eps, c, s, rotary, q_out + (n * H + h) * D, D);
         for (int64_t h = 0; h < Hkv; ++h) {
@@ -88,6 +90,6 @@ void specgram_rope_cache_write(const float *qkv, const float *cos, const float *
     assert(rotary % 2 == 0 && rotary <= D && H >= 1 && Hkv >= 1 && nthreads >= 1);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if(N * (H + 2 * Hkv) * D >= SERIAL_WORK)
     for (int64_t n = 0; n < N; ++n)
-        specgram_rope_rows(qkv, cos, sin, 0, kc, vc, kv_bf16, slots, positions, n, n + 1, S, H, Hkv, D, P, rotary,
+        specgram_rope_rows(qkv, cos, sin, 0, kc, vc, kv_bf16, slots, positions, NULL, n, n + 1, S, H, Hkv, D, P, rotary,
                            q_norm, k_norm, qk_eps, q_out);
 }

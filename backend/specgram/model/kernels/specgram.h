@@ -32,6 +32,7 @@
 #define SPECGRAM_BAD_POSITION 3
 #define SPECGRAM_BAD_ROW 4
 #define SPECGRAM_BAD_HEAD_ROW 5
+#define SPECGRAM_BAD_TREE 6
 
 typedef struct {
     int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
@@ -126,6 +127,6 @@ void specgram_lora_rows(const specgram_lora *lora, const int64_t *adapters, int6
 /* forward.c: a whole decoder stack for N new tokens in one call (its header says what each argument holds). */
 int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, float *x, const float *cos,
                              const float *sin, int by_position, void *kc, void *vc, int kv_bf16, int64_t S, int64_t P,
-                             const int64_t *slots, const int64_t *positions, int64_t N, int64_t window,
-                             const specgram_linear *head, const int64_t *head_rows, int64_t R, float *logits,
-                             const specgram_lora *lora, const int64_t *adapters, int nthreads);
+                             const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t N,
+                             int64_t window, const specgram_linear *head, const int64_t *head_rows, int64_t R,
+                             float *logits, const specgram_lora *lora, const int64_t *adapters, int nthreads);

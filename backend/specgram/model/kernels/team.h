@@ -43,8 +43,8 @@ size_t specgram_attention_plan_bytes(int64_t N, int64_t Hkv);
 attention_plan specgram_attention_plan(void *mem, const int64_t *slots, const int64_t *positions, int64_t N,
                                        int64_t H, int64_t Hkv, int64_t window, int nthreads);
 void specgram_team_attention(const attention_plan *a, const float *q, const void *kc, const void *vc, int kv_bf16,
-                             const int64_t *slots, const int64_t *positions, int64_t H, int64_t Hkv, int64_t D,
-                             int64_t P, int64_t window, float scale, float *out);
+                             const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t H,
+                             int64_t Hkv, int64_t D, int64_t P, int64_t window, float scale, float *out);
 
 /* norm.c and rope.c, rows m0 .. m1 - 1. */
 void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *dw, float deps, float scale, const float *w,
@@ -52,8 +52,8 @@ void specgram_add_rmsnorm_rows(float *h, const float *delta, const float *dw, fl
 void specgram_rmsnorm_row(const float *x, const float *w, float eps, float *y, int64_t N);
 void specgram_act_mul_rows(const float *gu, float *out, int64_t m0, int64_t m1, int64_t I, int act);
 void specgram_rope_rows(const float *qkv, const float *cos, const float *sin, int by_position, void *kc, void *vc,
-                        int kv_bf16, const int64_t *slots, const int64_t *positions, int64_t n0, int64_t n1, int64_t S,
-                        int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t rotary, const float *q_norm,
-                        const float *k_norm, float qk_eps, float *q_out);
+                        int kv_bf16, const int64_t *slots, const int64_t *positions, const uint64_t *tree, int64_t n0,
+                        int64_t n1, int64_t S, int64_t H, int64_t Hkv, int64_t D, int64_t P, int64_t rotary,
+                        const float *q_norm, const float *k_norm, float qk_eps, float *q_out);
 
 #pragma GCC visibility pop

@@ -1,0 +1,83 @@
+"""Trees of drafts as a forward sees them. A verify row may be a tree: parents[i] is the row index of token i's
+parent (-1 for the row's first token, the request's last committed one; a parent always comes before its
+children). The row's tokens still sit at consecutive cache positions (storage), but each token attends only to
+the committed tokens and its own ancestors, and its position (rotary, sliding window) is its depth past the
+row's first token: exactly what it would get as the last token of its own path verified as a plain row. The
+kernels take this as one ancestor mask per token (kernels/tree.h); the PyTorch forward as an attention mask and
+position ids built from the same masks. A chain (parents[i] = i - 1) is a plain row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+MAX_ROW = 64  # tokens in one tree row: an ancestor mask names 64 positions
+ALL = (1 << 64) - 1  # every bit: causal attention
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Each token's depth (its position past the row's first token)."""
+    out: list[int] = []
+    for i, p in enumerate(parents):
+        if p >= i or (p < 0) != (i == 0):
+            raise ValueError(f"tree row: token {i}'s parent {p} must be an earlier token (-1 for the first only)")
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def is_chain(parents: list[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def ancestor_masks(parents: list[int]) -> list[int]:
+    """-> per token a 64-bit mask: bit b set = it attends to the token b rows before it (bit 0: itself); bits past
+    the row's first token are set (the committed positions before the row: always attended)."""
+    if len(parents) > MAX_ROW:
+        raise ValueError(f"a tree row holds at most {MAX_ROW} tokens, got {len(parents)}")
+    depths(parents)  # validates
+    masks = []
+    for i in range(len(parents)):
+        mask, j = ALL, i
+        keep = set()
+        while j >= 0:
+            keep.add(j)
+            j = parents[j]
+        for b in range(1, i + 1):
+            if i - b not in keep:
+                mask &= ~(1 << b)
+        masks.append(mask)
+    return masks
+
+
+def flat_masks(trees: list[list[int] | None] | None, lengths: list[int]) -> ctypes.Array | None:
+    """Every token's ancestor mask, the rows one after another, as the uint64 array the kernels take (rows
+    without a tree: every bit); None where no row is a tree."""
+    if trees is None or all(t is None or is_chain(t) for t in trees):
+        return None
+    flat: list[int] = []
+    for t, n in zip(trees, lengths, strict=True):
+        flat += ancestor_masks(t) if t is not None else [ALL] * n
+    return (ctypes.c_uint64 * len(flat))(*flat)
+
+
+def logical(positions, masks) -> list[int]:
+    """Each token's rotary position: its cache position less the positions its ancestor mask skips."""
+    out = []
+    for p, m in zip(positions.tolist() if isinstance(positions, torch.Tensor) else positions, masks, strict=True):
+        named = ALL if p >= 63 else (2 << p) - 1
+        out.append(p - bin(~m & named).count("1"))
+    return out
+
+
+def tensors(trees: list[list[int] | None], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row parents (None: a plain row) -> (ancestor masks as int64 two's complement, depths), both [B, width],
+    for the PyTorch forward: padding entries are plain (every bit, depth = index)."""
+    bits = torch.full((len(trees), width), -1, dtype=torch.long)
+    depth = torch.arange(width).repeat(len(trees), 1)
+    for b, t in enumerate(trees):
+        if t is not None:
+            bits[b, : len(t)] = torch.tensor([m - (1 << 64) if m >> 63 else m for m in ancestor_masks(t)])
+            depth[b, : len(t)] = torch.tensor(depths(t))
+    return bits.to(device, non_blocking=True), depth.to(device, non_blocking=True)
