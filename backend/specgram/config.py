@@ -44,6 +44,8 @@ class EngineConfig:
     max_slots: int = 8  # concurrent sequences = KV cache rows
     max_seq_len: int = 2048  # prompt + output tokens per sequence = KV cache positions per row
     max_draft_len: int = 8  # upper bound for a request's num_draft_tokens
+    tree_nodes: int = -1  # trees of drafts (speculation/trees.py): branch drafts a verify row may add to its
+    # line, chosen per step by the step-cost planner; -1 or "auto" = up to max_draft_len; 0 or "off" = lines only
     default_max_tokens: int = 128  # used when a request gives no max_tokens
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step; longer prompts are prefilled in chunks
     # over several steps, while the running requests keep decoding
@@ -137,6 +139,10 @@ class EngineConfig:
             )
         if not 0 <= self.max_draft_len <= 64:
             raise ModelLoadError(f"engine setting max_draft_len must be in [0, 64], got {self.max_draft_len}")
+        if not -1 <= self.tree_nodes <= 63:
+            raise ModelLoadError(
+                f"engine setting tree_nodes must be -1 (auto), 0 (off) or 1..63, got {self.tree_nodes}"
+            )
         for name in ("dtype", "draft_dtype"):
             if getattr(self, name) not in ("auto", *DTYPES):
                 raise ModelLoadError(
@@ -205,9 +211,9 @@ class EngineConfig:
                 kwargs[key] = truthy(text)
                 continue
             word = str(raw).strip().lower()
-            if (key.startswith("default_num_draft_tokens") or key == "draft_vocab") and word == "auto":
+            if (key.startswith("default_num_draft_tokens") or key in ("draft_vocab", "tree_nodes")) and word == "auto":
                 raw = "-1"
-            if key == "draft_vocab" and word == "full":
+            if (key == "draft_vocab" and word == "full") or (key == "tree_nodes" and word == "off"):
                 raw = "0"
             try:
                 kwargs[key] = int(raw) if kind == "int" else str(raw)

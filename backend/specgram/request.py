@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import InvalidRequest
+from .spec_stats import SpecStats
 from .wire import ErrorKind, FinishReason
 
 if TYPE_CHECKING:
@@ -180,51 +181,6 @@ class SamplingParams:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidRequest(f"{name}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-
-
-@dataclass
-class SpecStats:
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens the target accepted
-    steps: int = 0  # speculative verify steps (those with at least one draft token)
-    accepted_hist: list[int] = field(default_factory=list)  # [a] = speculative steps that accepted a drafts
-    k_hist: list[int] = field(default_factory=list)  # [k] = decode steps that verified k drafts
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
-
-    def record(self, sources: list[str], accepted: int) -> None:
-        """One decode step verified drafts from `sources` (one per draft) and accepted the first `accepted`."""
-        drafted = len(sources)
-        if len(self.k_hist) <= drafted:
-            self.k_hist.extend([0] * (drafted + 1 - len(self.k_hist)))
-        self.k_hist[drafted] += 1
-        if drafted == 0:
-            return
-        for j, s in enumerate(sources):
-            counts = self.by_source.setdefault(s, [0, 0])
-            counts[0] += 1
-            counts[1] += j < accepted
-        self.drafted += drafted
-        self.accepted += accepted
-        self.steps += 1
-        if len(self.accepted_hist) <= accepted:
-            self.accepted_hist.extend([0] * (accepted + 1 - len(self.accepted_hist)))
-        self.accepted_hist[accepted] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        """Tokens committed per speculative step (1 + accepted drafts), TensorRT-LLM's 'acceptance length'."""
-        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
-
-    def detail(self) -> dict:
-        """The per-source counts and the k distribution (the `spec_detail` output, as JSON)."""
-        return {
-            "sources": {s: {"drafted": d, "accepted": a} for s, (d, a) in sorted(self.by_source.items())},
-            "k_hist": list(self.k_hist),
-        }
 
 
 @dataclass

@@ -4,9 +4,9 @@ One step path serves every mix of work:
     admit (scheduler.py) -> plan: this step's prompt chunks, and drafts for the decoding requests
     (speculation/planner.py) -> one target forward over every row (step.py) -> completed prompts take their
     first token; verify rows are masked and accepted (verify.py) and committed (output.py).
-A request with k = 0 drafts nothing, and its verify row is a plain decode over [last token]. Guided requests
-carry a Guide (grammar/guide.py); grammar/masks.py holds the bitmask rows, keyed by (slot, position), and
-logits.py applies them with the min_tokens EOS ban wherever a token is chosen.
+A request with k = 0 drafts nothing: its verify row is a plain decode over [last token]; a row may branch into a
+tree of drafts (speculation/trees.py). Guided requests carry a Guide (grammar/guide.py); grammar/masks.py holds
+the bitmask rows, by (slot, row), and logits.py applies them with the min_tokens EOS ban wherever a token is chosen.
 
 Failure belongs to a request (faults.py): a request's own work in any phase runs under the step's Faults, and a
 request whose work raised ends with its own error after that phase (_end_failed) while the step goes on for the
@@ -26,6 +26,7 @@ from ..grammar.compiler import GrammarCompiler
 from ..grammar.masks import StepMasks
 from ..model.runner import ModelRunner
 from ..request import Request, RequestOutput, SamplingParams
+from ..speculation import trees
 from ..speculation.drafter import Drafter, GrammarOnlyDrafter
 from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner
@@ -93,15 +94,20 @@ class Engine:
             reasoning_end_of(config.reasoning_end, tokenizer),
             target.adapters.index if target.adapters is not None else None,
         )
-        masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device)
+        tree_budget = trees.budget(config.tree_nodes, config.max_draft_len)
+        masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device, tree_budget)
         self.faults = Faults()  # the requests whose own work failed in the phase that is running
         self.planner = DraftPlanner(
             all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults
         )
-        self.logits = LogitsProcessor(masks, eos, self.faults, coupled=config.speculative_sampling == "coupled")
+        coupled = config.speculative_sampling == "coupled"
+        self.trees = trees.TreePlanner(
+            all_drafters, masks, tree_budget, self.faults, coupled, not self.overlap_grammar, config.max_seq_len
+        )
+        self.logits = LogitsProcessor(masks, eos, self.faults, coupled=coupled)
         self.logits.reduced_drafts = any(r.head_ids is not None for r in runners)
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
-        self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults)
+        self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults, self.target.keep_path)
         self.prefix = PrefixCache(target.cache) if settings.prefix_cache else None
         # CPU: a prefill forward costs in proportion to its tokens, so a step ends at a prompt's end once it has
         # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
@@ -114,13 +120,8 @@ class Engine:
         settings = resolve(config)
         return cls(config, settings, *loading.load(config, settings))
 
-    @property
-    def eos_ids(self) -> set[int]:
-        return self.output.eos_ids
-
-    @property
-    def drafters(self) -> dict[str, Drafter]:
-        return self.planner.drafters
+    eos_ids = property(lambda self: self.output.eos_ids)
+    drafters = property(lambda self: self.planner.drafters)  # name -> Drafter
 
     # ---- requests in and out ----------------------------------------------------------------------------
 
@@ -150,8 +151,7 @@ class Engine:
         req.finish_reason = reason
         return self._finish(req, self.output.final(req, [], self.output.unsent(req), error, error_kind))
 
-    def close(self) -> None:
-        """Stop what runs beside the engine (the grammar compile workers)."""
+    def close(self) -> None:  # stop what runs beside the engine (the grammar compile workers)
         self.grammar.close()
 
     def has_work(self) -> bool:
@@ -161,12 +161,10 @@ class Engine:
         """Nothing to step but requests whose grammar is compiling (the loop may then sleep briefly)."""
         return self.scheduler.only_waiting_for_grammars()
 
-    def waiting_ids(self) -> list[int]:
-        """Requests without a KV slot yet, in arrival order."""
+    def waiting_ids(self) -> list[int]:  # requests without a KV slot yet, in arrival order
         return [r.request_id for r in self.scheduler.waiting]
 
-    def is_running(self, request_id: int) -> bool:
-        """Whether the request holds a KV slot."""
+    def is_running(self, request_id: int) -> bool:  # whether the request holds a KV slot
         return request_id in self.scheduler.running
 
     def load(self) -> tuple[int, int]:
@@ -234,11 +232,12 @@ class Engine:
             for v in rows:
                 v.available = self.planner.seal(v.req, v.available)
         self.planner.choose_cuts(rows, drafted_s)
+        self.trees.plan(rows, self.planner.costs, drafted_s)  # branches off the lines (trees of drafts)
         plan.verify, plan.sealed = rows, not self.overlap_grammar
 
     def _forward(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        first, verify = self.target.forward_step(*plan.rows(), n_last=len(plan.chunks))
+        first, verify = self.target.forward_step(*plan.rows(), n_last=len(plan.chunks), trees=plan.trees())
         return StepResult(first, verify, started)
 
     def _prefilled(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..request import Request, RequestOutput, SpecStats
+from ..request import Request, RequestOutput
+from ..spec_stats import SpecStats
 from .engine import Engine
 
 

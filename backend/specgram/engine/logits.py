@@ -10,6 +10,7 @@ import torch
 
 from ..faults import DeadEnd, Faults
 from ..grammar.masks import StepMasks
+from ..model import tree
 from ..request import Request
 from ..sample import min_tokens, sampling
 from ..sample.noise import NoiseRows
@@ -41,8 +42,10 @@ class LogitsProcessor:
         output_ids + drafts[:i], mask row (slot, i) as the drafts did, then EOS banned where output position
         len(output_ids) + i is below min_tokens (as the drafts were). -> the proposals, each cut before its first
         row that leaves no token (only requests with token lists can have one): where that is row 0, nothing
-        may follow the committed tokens, and the request fails with DeadEnd."""
+        may follow the committed tokens, and the request fails with DeadEnd. A tree row (branches: never
+        penalized) takes mask row (slot, i) at its row i, and the EOS ban by each token's depth."""
         width = logits.shape[1]
+        depths = [tree.depths(p.parents) if p.branches else range(1 + len(p.tokens)) for p in proposals]
         flat = logits.view(-1, logits.shape[-1])  # [B * T, V]
         self._penalize(
             flat,
@@ -54,13 +57,11 @@ class LogitsProcessor:
             ],
         )
         entries = [
-            (b * width + i, r.slot, i)
-            for b, r in enumerate(reqs)
-            if r.guide is not None
-            for i in range(1 + len(proposals[b].tokens))
+            (b * width + i, r.slot, i) for b, r in enumerate(reqs) if r.guide is not None for i in range(len(depths[b]))
         ]
         self.masks.apply(flat, entries)
-        min_tokens.apply(flat, [(r, i) for r in reqs for i in range(width)], self.eos_ids)
+        at = [(r, depths[b][i] if i < len(depths[b]) else i) for b, r in enumerate(reqs) for i in range(width)]
+        min_tokens.apply(flat, at, self.eos_ids)
         dead = dead_rows(
             flat,
             [

@@ -52,6 +52,11 @@ class StepPlan:
         reqs = self.requests
         return rows, [r.slot for r in reqs], [r.cache_len for r in reqs]
 
+    def trees(self) -> list[list[int] | None] | None:
+        """Per row (as rows()) its tokens' parents where it is a tree of drafts (model/tree.py); None: all plain."""
+        verify = [v.proposal.parents for v in self.verify]
+        return [None] * len(self.chunks) + verify if any(p is not None for p in verify) else None
+
 
 @dataclass
 class StepResult:

@@ -20,8 +20,9 @@ from .step import StepPlan, StepResult
 
 
 class Verifier:
-    def __init__(self, planner: DraftPlanner, logits: LogitsProcessor, logprobs: LogprobTaker, faults: Faults):
-        self.planner, self.logits, self.logprobs, self.faults = planner, logits, logprobs, faults
+    def __init__(self, planner: DraftPlanner, logits: LogitsProcessor, logprobs: LogprobTaker, faults: Faults, keep):
+        """keep(slot, start, rows): the target's ModelRunner.keep_path (a tree row's accepted path into place)."""
+        self.planner, self.logits, self.logprobs, self.faults, self.keep = planner, logits, logprobs, faults, keep
 
     def verify(self, plan: StepPlan, result: StepResult) -> tuple[list[VerifyRow], list]:
         """Mask, accept and settle the verify rows (logits [B, 1 + max k, V], row b for plan.verify[b]) ->
@@ -36,14 +37,17 @@ class Verifier:
             v.proposal = p
         captured = raw if raw is not None else self.logprobs.capture(result.verify, reqs, "processed")
         if not plan.chunks:  # the step-cost model (auto draft length) learns from decode-only forwards
-            n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
+            n_rows = sum(len(v.tokens) for v in rows)
             self.planner.costs.record(n_rows, time.perf_counter() - result.started)
         at = {id(v.req): b for b, v in enumerate(rows)}
         picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]), None)
+        for v, pick in zip(rows, picks, strict=True):  # a tree row's accepted path into place (or nothing)
+            if pick is not None and v.proposal.branches:
+                self.faults.guard(v.req, self.keep, v.req.slot, v.req.cache_len, pick[2])
         live = [b for b, v in enumerate(rows) if picks[b] is not None and not self.faults.has(v.req)]
         for b in live:
             v = rows[b]
-            v.accepted, v.token = picks[b]
+            v.accepted, v.token, v.path = picks[b]
             v.req.cache_len += 1 + v.accepted  # the fed last token and the accepted drafts now have valid KV
         kept = [rows[b] for b in live]
         self.planner.settle(kept)
@@ -51,12 +55,13 @@ class Verifier:
         ours = {j: captured[b] for j, b in enumerate(live) if b in captured}  # renumbered: row j of `kept`
         return kept, self.logprobs.entries(ours, kept_reqs, [v.committed for v in kept], self.faults)
 
-    def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int]]:
+    def _accept(self, plan: StepPlan, result: StepResult, rows: list[int]) -> list[tuple[int, int, list[int]]]:
         """sampling.accept over the given verify rows (indices into plan.verify) -> per row (accepted drafts,
-        the target's next token). Reads the logits only: safe to rerun for a row alone."""
+        the target's next token, the accepted drafts' row indices). Reads the logits only: safe to rerun for a
+        row alone."""
         verify = [plan.verify[b] for b in rows]
         logits = result.verify if len(rows) == len(plan.verify) else result.verify[rows]
-        accepted, nxt = sampling.accept(
-            [v.req for v in verify], [v.proposal for v in verify], logits, self.logits.noise, self.logits.coupled
-        )
-        return list(zip(accepted, nxt, strict=True))
+        props = [v.proposal for v in verify]
+        trees = [p.parents for p in props]
+        out = sampling.accept([v.req for v in verify], props, logits, self.logits.noise, self.logits.coupled, trees)
+        return list(zip(*out, strict=True))

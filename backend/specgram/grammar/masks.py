@@ -2,8 +2,9 @@
 
 Row (slot, i) holds the grammar mask for the request in that KV slot, at its position i of this step:
 position 0 follows the last committed token, position i follows draft token i-1, and position k (after the
-last draft) is the bonus row. Draft logits at position i and target logits at verify row i get the same row,
-so drafts are always legal and draft/target probabilities live on the same support.
+last draft) is the bonus row; a tree's branch drafts follow, each at its verify row index. Draft logits at
+position i and target logits at verify row i get the same row, so drafts are always legal and draft/target
+probabilities live on the same support.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from .guide import Guide, bitmask_width, single_allowed_token, token_allowed
 
 
 class StepMasks:
-    def __init__(self, vocab_size: int, max_slots: int, max_draft_len: int, device: torch.device):
+    def __init__(self, vocab_size: int, max_slots: int, max_draft_len: int, device: torch.device, branches: int = 0):
+        """branches: a verify row's tree nodes past its line at most (their rows follow the line's)."""
         self.vocab = vocab_size
         self.width = bitmask_width(vocab_size)
-        self.stride = max_draft_len + 1
+        self.stride = max_draft_len + 1 + branches
         # int32 [slots * (k_max + 1), W] on CPU: xgrammar fills host memory
         self.buf = torch.full((max_slots * self.stride, self.width), -1, dtype=torch.int32)
         # the rows one apply() needs, at their logits rows (a verify has <= max_slots * (k_max + 1) rows)
@@ -77,6 +79,22 @@ class StepMasks:
             self.fill(slot, guide)  # the row after the last draft (bonus position)
         guide.rollback()
         return n
+
+    def seal_path(self, slot: int, guide: Guide, path: list[int], row: int) -> bool:
+        """A tree node's mask (speculation/trees.py): whether the grammar accepts `path` (the drafts from the
+        committed tokens to the node, its own last) and, if so, row (slot, row) filled after it (all allowed
+        where the path ends the grammar: nothing follows it). The matcher is rolled back either way."""
+        ok = True
+        for t in path:
+            if guide.terminated or not guide.try_tentative(t):
+                ok = False
+                break
+        if ok and guide.terminated:
+            self.buf[self.row(slot, row)] = -1
+        elif ok:
+            guide.fill(self.buf, self.row(slot, row))
+        guide.rollback()
+        return ok
 
     def rows_for(self, entries: list[tuple[int, int, int]]) -> tuple[torch.Tensor, list[int]]:
         """entries: (logits row, slot, i) -> (mask [max logits row + 1, W] holding row (slot, i) at each entry's logits

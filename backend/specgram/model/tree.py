@@ -81,3 +81,20 @@ def tensors(trees: list[list[int] | None], width: int, device) -> tuple[torch.Te
             bits[b, : len(t)] = torch.tensor([m - (1 << 64) if m >> 63 else m for m in ancestor_masks(t)])
             depth[b, : len(t)] = torch.tensor(depths(t))
     return bits.to(device, non_blocking=True), depth.to(device, non_blocking=True)
+
+
+def walk(parents: list[int], tokens: list[int], choice: list[int]) -> tuple[list[int], int]:
+    """The target's path through a verified tree: from the first token, follow the child whose token is the
+    target's own choice there (choice[i]: its token after row i), while there is one. -> (the row indices of the
+    accepted tokens, in order; the target's token after the last of them). With a chain this is the longest
+    prefix of drafts the target agrees with, as a plain row's verify; siblings hold distinct tokens."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    path, node = [], 0
+    while True:
+        nxt = next((c for c in children.get(node, ()) if tokens[c] == choice[node]), None)
+        if nxt is None:
+            return path, choice[node]
+        path.append(nxt)
+        node = nxt

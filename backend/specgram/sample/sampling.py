@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..model import tree
 from ..model.transfer import h2d, long_tensor
 from ..request import Request
 from . import noise
@@ -167,14 +168,22 @@ def pick(
 
 
 def accept(
-    reqs: list[Request], proposals: list[Proposal], logits: torch.Tensor, rows: noise.NoiseRows, coupled: bool = True
-) -> tuple[list[int], list[int]]:
+    reqs: list[Request],
+    proposals: list[Proposal],
+    logits: torch.Tensor,
+    rows: noise.NoiseRows,
+    coupled: bool = True,
+    trees: list[list[int] | None] | None = None,
+) -> tuple[list[int], list[int], list[list[int]]]:
     """logits: [B, K+1, V] from the verify forward (masked where guided); row (b, i) is reqs[b]'s output position
-    len(output_ids) + i. -> (accepted drafts per request, the target's next token per request). Greedy rows, and
-    sampled rows when coupled: the longest prefix of drafts equal to the target's own choice, then its choice.
-    Sampled rows otherwise: speculative (rejection) sampling."""
+    len(output_ids) + i, or in a tree row (trees[b]: its tokens' parents, tree.py) + the token's depth.
+    -> (accepted drafts per request, the target's next token per request, the row indices of the accepted
+    drafts). Greedy rows, and sampled rows when coupled: the longest prefix of drafts equal to the target's own
+    choice (in a tree, the path that follows the target's choice from node to node: tree.walk), then its choice.
+    Sampled rows otherwise (never trees): speculative (rejection) sampling."""
     B, T, V = logits.shape
     dev = logits.device
+    trees = trees or [None] * B
     k = long_tensor([len(p.tokens) for p in proposals], dev)
     drafts = torch.zeros(B, T - 1, dtype=torch.long)  # built on the host, one non-blocking copy
     for b, p in enumerate(proposals):
@@ -184,12 +193,15 @@ def accept(
     choice = logits.argmax(-1)  # [B, T] greedy choice at every position
     s_rows = [b for b, r in enumerate(reqs) if not r.params.greedy]
     if s_rows and coupled:
-        cells = [(b, i) for b in s_rows for i in range(1 + len(proposals[b].tokens))]  # padding rows skipped
+        depth = [
+            tree.depths(t) if t is not None else range(1 + len(p.tokens)) for t, p in zip(trees, proposals, strict=True)
+        ]
+        cells = [(b, i) for b in s_rows for i in range(len(depth[b]))]  # padding rows skipped
         flat = long_tensor([b * T + i for b, i in cells], dev)
         picked = coupled_pick(
             logits.view(B * T, V)[flat],
             [reqs[b] for b, _ in cells],
-            [len(reqs[b].output_ids) + i for b, i in cells],
+            [len(reqs[b].output_ids) + depth[b][i] for b, i in cells],
             rows,
         )
         choice.view(-1)[flat] = picked
@@ -200,7 +212,16 @@ def accept(
         accepted[s], nxt[s] = _speculative_sample(
             [reqs[b] for b in s_rows], [proposals[b] for b in s_rows], logits[s], drafts[s], k[s]
         )
-    return accepted.tolist(), nxt.tolist()  # the verify step waits for the device here
+    accepted_l, nxt_l = accepted.tolist(), nxt.tolist()  # the verify step waits for the device here
+    paths = [list(range(1, a + 1)) for a in accepted_l]
+    tree_rows = [b for b, t in enumerate(trees) if t is not None]
+    if tree_rows:
+        chosen = choice.tolist()
+        for b in tree_rows:
+            tokens = [-1, *proposals[b].tokens, *(n.token for n in proposals[b].branches)]
+            paths[b], nxt_l[b] = tree.walk(trees[b], tokens, chosen[b])
+            accepted_l[b] = len(paths[b])
+    return accepted_l, nxt_l, paths
 
 
 def _speculative_sample(reqs, proposals, logits, drafts, k) -> tuple[torch.Tensor, torch.Tensor]:

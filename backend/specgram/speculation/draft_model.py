@@ -38,6 +38,17 @@ def fit_vocab(logits: torch.Tensor, vocab: int, ids: torch.Tensor | None = None)
     return torch.cat([logits, pad], dim=-1)
 
 
+def runner_up(logits: torch.Tensor, ids: torch.Tensor, floor: float) -> list[tuple[int, float] | None]:
+    """logits [B, V] as the drafts were picked from them (processed: masked), ids [B] the picks -> per row the
+    likeliest other token and the draft's probability of it (softmax), None where that is below floor."""
+    top_p, top_i = logits.softmax(-1).topk(2, dim=-1)  # [B, 2]
+    out: list[tuple[int, float] | None] = []
+    for (p0, p1), (t0, t1), picked in zip(top_p.tolist(), top_i.tolist(), ids.tolist(), strict=True):
+        token, p = (t1, p1) if t0 == picked else (t0, p0)
+        out.append((token, p) if p >= floor and token != picked else None)
+    return out
+
+
 class DraftModelDrafter(Drafter):
     def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
@@ -45,6 +56,7 @@ class DraftModelDrafter(Drafter):
         self.shares_cache = runner.shares_cache  # its cache is the target's (the only runner it shares)
         self.lens: dict[int, int] = {}  # request id -> committed tokens in the draft cache
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
+        self.alternatives = 0.0  # > 0: each draft's runner-up at least this likely is kept (Proposal.alts: trees)
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
         logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, last_only=True)
@@ -86,7 +98,9 @@ class DraftModelDrafter(Drafter):
         rows = [reqs[i].all_ids[s:] + prefixes[i] for i, s in zip(active, starts, strict=True)]
         while active:
             group = [reqs[i] for i in active]
-            ids, p = pick(self._forward(rows, group, starts), group, [len(out[i].tokens) for i in active])
+            logits = self._forward(rows, group, starts)
+            ids, p = pick(logits, group, [len(out[i].tokens) for i in active])
+            alts = runner_up(logits, ids, self.alternatives) if self.alternatives else None
             ended = set()
             for j, i in enumerate(active):
                 r = reqs[i]
@@ -95,6 +109,8 @@ class DraftModelDrafter(Drafter):
                 if int(ids[j]) < 0:  # no token to draft here (pick's NO_TOKEN)
                     ended.add(i)
                     continue
+                if alts is not None and alts[j] is not None:
+                    out[i].alts[len(out[i].tokens)] = alts[j]
                 out[i].tokens.append(int(ids[j]))
                 if p is not None:
                     probs[i].append(p[j])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -17,18 +17,48 @@ PickFn = Callable[[torch.Tensor, list[Request], list[int]], tuple[torch.Tensor, 
 
 
 @dataclass
+class Branch:
+    """A draft off the proposal's line (a tree of drafts): the verify row's token `parent` (0: the last committed
+    token, i: draft i - 1 of the line, past the line: an earlier branch) is followed by `token` here."""
+
+    parent: int
+    token: int
+    source: str
+    chance: float  # the estimated probability that the target's path takes this token
+
+
+@dataclass
 class Proposal:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), V] draft distribution (sampled requests); None = one-hot
     sources: list[str] | None = None  # per token, where it came from (statistics, adaptive k); None = the
     # engine tags the forced prefix "forced" and the rest by the drafter
+    # tree material (speculation/trees.py): per draft index, a second-best token and the drafter's probability of
+    # it; other whole continuations (from the proposal's start) with their source; the branches chosen to verify
+    alts: dict[int, tuple[int, float]] = field(default_factory=dict)
+    others: list[tuple[list[int], str]] = field(default_factory=list)
+    branches: list[Branch] = field(default_factory=list)
 
     def cut(self, n: int) -> Proposal:
-        """The first n drafts (the proposal itself when it is not longer)."""
+        """The first n drafts (the proposal itself when it is not longer), with their tree material; a cut line
+        keeps no branches (they are chosen after the cuts)."""
         if n >= len(self.tokens):
             return self
         probs, sources = self.probs, self.sources
-        return Proposal(self.tokens[:n], None if probs is None else probs[:n], None if sources is None else sources[:n])
+        return Proposal(
+            self.tokens[:n],
+            None if probs is None else probs[:n],
+            None if sources is None else sources[:n],
+            {i: a for i, a in self.alts.items() if i < n},
+            self.others,
+        )
+
+    @property
+    def parents(self) -> list[int] | None:
+        """Its verify row's parents (model/tree.py) where it has branches, else None (a plain row)."""
+        if not self.branches:
+            return None
+        return [-1, *range(len(self.tokens)), *(b.parent for b in self.branches)]
 
     def tagged(self, n_forced: int, drafter: str) -> Proposal:
         """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then the

@@ -93,19 +93,45 @@ def lookup(
 class NgramDrafter(Drafter):
     def __init__(self, n_min: int, n_max: int):  # EngineConfig.ngram_min / ngram_max
         self.n_min, self.n_max = n_min, n_max
+        self.alternatives = 0  # > 0: up to this many other continuations kept (Proposal.others: trees)
 
     def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
         out = []
         for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
             rest = k - len(prefix)
-            found, source = [], ""
+            found, source, others = [], "", []
             if rest > 0:
                 extra = np.asarray(r.guide_ids, dtype=np.int64) if r.guide_ids else None
                 # the guide's matcher already holds the prefix tentatively (forced tokens)
                 legal = r.guide.legal_prefix if r.guide is not None else None
-                found, start, in_guide = lookup(
-                    np.asarray(r.all_ids + prefix, dtype=np.int64), rest, self.n_min, self.n_max, extra, legal
-                )
-                source = "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
-            out.append(Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found)))
+                ids = np.asarray(r.all_ids + prefix, dtype=np.int64)
+                found, start, in_guide = lookup(ids, rest, self.n_min, self.n_max, extra, legal)
+                source = _source(in_guide, start, r)
+                if self.alternatives and found:
+                    others = alternatives(ids, rest, self.n_min, self.n_max, extra, found, self.alternatives)
+                    others = [(prefix + t, _source(g, s, r)) for t, s, g in others]
+            prop = Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found), others=others)
+            out.append(prop)
         return out
+
+
+def _source(in_guide: bool, start: int, r: Request) -> str:
+    """Where a lookup continuation comes from: the guide's text, the prompt, or the request's own output."""
+    return "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
+
+
+def alternatives(
+    ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None, chosen: list[int], most: int
+) -> list[tuple[list[int], int, bool]]:
+    """Up to `most` other continuations than `chosen` (branches of a tree of drafts, speculation/trees.py), in
+    lookup's order (longest n, latest first), each leaving chosen's and the earlier ones' tokens somewhere ->
+    (tokens, start, whether in extra). Unchecked by the grammar: the tree's planner checks each node it verifies."""
+    out: list[tuple[list[int], int, bool]] = []
+    seen = [chosen]
+    for _, tokens, start, in_extra in candidates(ids, k, n_min, n_max, extra):
+        if not any(s[: len(tokens)] == tokens for s in seen):
+            seen.append(tokens)
+            out.append((tokens, start, in_extra))
+            if len(out) >= most:
+                break
+    return out

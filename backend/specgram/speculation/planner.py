@@ -280,8 +280,8 @@ class DraftPlanner:
             self.faults.guard(v.req, self._settle_one, v)
 
     def _settle_one(self, v: VerifyRow) -> None:
-        r, p, full, a, t = v.req, v.proposal, v.available, v.accepted, v.token
-        k = len(p.tokens)  # every proposal carries its sources from draft() on
+        r, p, full, a = v.req, v.proposal, v.available, v.line_accepted  # the line's (a tree's branches aside)
+        k, t = len(p.tokens), v.committed[a]  # every proposal carries its sources from draft() on; t: after a
         beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
         r.acceptance.observe(full.sources[: k + 1], k, a, beyond)
         self.drafters[r.params.drafter].committed(r, a)

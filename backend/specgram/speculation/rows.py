@@ -25,19 +25,38 @@ class VerifyRow:
     shadow: Proposal | None = None  # lookup drafts that lost to the draft model's (judged at settle, free)
     accepted: int = 0  # drafts the target accepted (after the verify)
     token: int = -1  # the target's own token after them
+    path: list[int] = field(default_factory=list)  # the accepted drafts' row indices (a tree's path; a line: 1..a)
+
+    @property
+    def drafts(self) -> list[int]:
+        """The row's drafts in row order: the line, then its branches (a tree of drafts)."""
+        return [*self.proposal.tokens, *(b.token for b in self.proposal.branches)]
 
     @property
     def tokens(self) -> list[int]:
         """The row's tokens in the target forward: the last committed token, then the drafts."""
-        return [self.req.output_ids[-1], *self.proposal.tokens]
+        return [self.req.output_ids[-1], *self.drafts]
 
     @property
     def committed(self) -> list[int]:
         """What the verify commits: the accepted drafts, then the target's token."""
-        return self.proposal.tokens[: self.accepted] + [self.token]
+        drafts = self.drafts
+        return [drafts[r - 1] for r in self.path] + [self.token]
+
+    @property
+    def line_accepted(self) -> int:
+        """The drafts of the line the target accepted (its path may then leave the line for a branch)."""
+        k = len(self.proposal.tokens)
+        return next((j for j, r in enumerate(self.path) if r != j + 1 or r > k), len(self.path))
 
     def record(self, used: int) -> None:
         """The request's statistics for this row, `used` of its committed tokens having gone into the output:
-        fewer than accepted + 1 where an accepted draft ended it, and the drafts after that count for nothing."""
-        sources = self.proposal.sources[:used] if used <= self.accepted else self.proposal.sources
-        self.req.spec.record(sources, min(self.accepted, used))
+        fewer than accepted + 1 where an accepted draft ended it, and the drafts after that count for nothing.
+        A tree's drafts count with the accepted path's first."""
+        p = self.proposal
+        sources = [*p.sources, *(b.source for b in p.branches)]
+        on_path = set(self.path)
+        ordered = [sources[r - 1] for r in self.path] + [s for r, s in enumerate(sources, 1) if r not in on_path]
+        if used <= self.accepted:
+            ordered = ordered[:used]
+        self.req.spec.record(ordered, min(self.accepted, used), p.parents, self.path, len(p.tokens))

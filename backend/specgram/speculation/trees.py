@@ -1,0 +1,142 @@
+"""Trees of drafts: the branches each verify row adds to its line of drafts in a step.
+
+A row's line (its proposal's tokens, cut by adaptive k) is what its drafter likes best; a tree adds the
+alternatives the drafters already hold, at no drafting cost:
+- a second-best token at a line position (the draft model's runner-up, where its probability is high enough to
+  matter; its chance: the line's chance of reaching that position times the drafter's probability of it);
+- other continuations that lookup found (further n-gram matches; the lookup drafts that lost to the draft
+  model), hung where they leave the line, merged as a trie (chance: reaching the fork, the line's draft there
+  failing, then the lookup source's acceptance estimates).
+Which to verify: every candidate node of the step's rows, likeliest first, while one more verify row raises the
+step's expected tokens per second under the measured step-cost curve (StepCosts), the rule adaptive.allocate
+cuts lines by. At one stream a CPU forward streams its weights and a row costs little, so likely alternatives
+are verified; at many streams rows are dear and trees shrink to lines. A node's parent is always verified first.
+Guided requests: a node is verified only if the grammar accepts its path, and its mask row (StepMasks rows are by
+verify row index) is filled from the matcher state after it.
+Not branched: requests whose verify needs the row as a line (repetition penalties, logprobs, rejection sampling).
+"""
+
+from __future__ import annotations
+
+from ..faults import Faults
+from ..grammar.masks import StepMasks
+from ..model.tree import MAX_ROW
+from ..request import Request
+from .costs import StepCosts
+from .drafter import Branch, Proposal
+from .rows import VerifyRow
+
+ALT, LOOKUP = "alt", "branch"  # the sources of branch drafts (statistics): a runner-up token; another lookup match
+ALT_FLOOR = 0.05  # a draft model's runner-up kept as a candidate from this probability (below: never worth a row)
+LOOKUP_OTHERS = 3  # further n-gram continuations kept as candidates
+
+
+def budget(tree_nodes: int, max_draft_len: int) -> int:
+    """EngineConfig.tree_nodes -> branch nodes per verify row at most (auto: max_draft_len)."""
+    return max_draft_len if tree_nodes < 0 else tree_nodes
+
+
+def branchable(req: Request, coupled: bool, guided_ok: bool) -> bool:
+    """Whether the request's row may be a tree: its verify reads the row as a tree (tree.walk), not as a line."""
+    p = req.params
+    return not p.penalized and not p.wants_logprobs and (p.greedy or coupled) and (req.guide is None or guided_ok)
+
+
+def candidates(req: Request, prop: Proposal, others: list[tuple[list[int], str]]) -> list[tuple[float, int, int, str]]:
+    """A row's candidate branch nodes -> (chance, parent, token, source), parents named by candidate index: -1 - i
+    is the line's row i (0: the last committed token), j >= 0 the j-th candidate. Parents come first."""
+    line = prop.tokens
+    chances = req.acceptance.chances(prop.sources) if line else []
+    reach = [1.0, *chances]  # reach[i]: the line's chance to reach row i
+    out: list[tuple[float, int, int, str]] = []
+    at: dict[tuple[int, int], int] = {}  # (parent, token) -> candidate index (the trie)
+
+    def add(chance: float, parent: int, token: int, source: str) -> int:
+        key = (parent, token)
+        if key in at:
+            j = at[key]
+            out[j] = (max(out[j][0], chance), *out[j][1:])
+            return j
+        at[key] = len(out)
+        out.append((chance, parent, token, source))
+        return len(out) - 1
+
+    for i, (token, q) in sorted(prop.alts.items()):
+        if i < len(line) and token != line[i]:
+            add(reach[i] * q, -1 - i, token, ALT)
+    for seq, source in others:
+        j = next((j for j in range(min(len(seq), len(line))) if seq[j] != line[j]), min(len(seq), len(line)))
+        if j >= len(seq):
+            continue
+        fails = 1.0 - (reach[j + 1] / reach[j] if j < len(line) and reach[j] > 0 else 0.0)
+        chance, parent = reach[j] * fails, -1 - j
+        for n, token in enumerate(seq[j:]):
+            chance *= req.acceptance.get(source, n > 0 or j > 0).rate
+            parent = add(chance, parent, token, LOOKUP)
+    return out
+
+
+class TreePlanner:
+    def __init__(
+        self, drafters: dict, masks: StepMasks, budget: int, faults: Faults, coupled: bool, guided: bool, context: int
+    ):
+        """budget: branch nodes per row at most (0: lines only; the drafters then keep no candidates); guided:
+        whether guided rows may branch (their masks must be filled before the forward); context: the KV cache's
+        positions per slot (a row's tokens, branches included, are written past the request's cache_len)."""
+        self.masks, self.budget, self.faults, self.coupled, self.guided = masks, budget, faults, coupled, guided
+        self.context = context
+        self.width = min(MAX_ROW, masks.stride)  # a row's tokens at most: the ancestor masks', the mask rows'
+        for name, drafter in drafters.items():
+            drafter.alternatives = (LOOKUP_OTHERS if name == "ngram" else ALT_FLOOR) if budget > 0 else 0
+
+    def plan(self, rows: list[VerifyRow], costs: StepCosts, sunk: float = 0.0) -> None:
+        """Add each row's branches (row.proposal.branches), the step's rows chosen together (see the header)."""
+        if self.budget <= 0 or not costs.known:
+            return
+        pool = []  # (chance, depth, row, candidate index)
+        cands: dict[int, list] = {}
+        for b, v in enumerate(rows):
+            r, p = v.req, v.proposal
+            if not branchable(r, self.coupled, self.guided) or not (p.alts or p.others or v.shadow):
+                continue
+            others = list(p.others) + ([(v.shadow.tokens, v.shadow.sources[-1])] if v.shadow else [])
+            found = self.faults.guard(r, candidates, r, p, others, default=[])
+            cands[b] = found
+            depth = {}
+            for j, (chance, parent, _, _) in enumerate(found):
+                depth[j] = (depth[parent] if parent >= 0 else -1 - parent) + 1
+                pool.append((chance, depth[j], b, j))
+        if not pool:
+            return
+        cost = costs.curve()
+        tokens = sum(1 + sum(v.req.acceptance.chances(v.proposal.sources)) for v in rows)
+        n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
+        seconds = cost(n_rows) + sunk
+        placed: dict[tuple[int, int], int] = {}  # (row, candidate) -> its row index in the verify row
+        for chance, _, b, j in sorted(pool, key=lambda c: (-c[0], c[1])):
+            v = rows[b]
+            _, parent, token, source = cands[b][j]
+            prow = -1 - parent if parent < 0 else placed.get((b, parent))
+            width = 1 + len(v.proposal.tokens) + len(v.proposal.branches)
+            room = min(self.width, self.context - v.req.cache_len)
+            if prow is None or len(v.proposal.branches) >= self.budget or width >= room:
+                continue
+            more = cost(n_rows + 1) + sunk
+            if (tokens + chance) * seconds <= tokens * more:
+                break  # likeliest first: no later node pays either
+            if v.req.guide is not None and not self._legal(v, prow, token, width):
+                continue
+            v.proposal.branches.append(Branch(prow, token, source, chance))
+            placed[(b, j)] = width
+            tokens, n_rows, seconds = tokens + chance, n_rows + 1, more
+
+    def _legal(self, v: VerifyRow, parent: int, token: int, row: int) -> bool:
+        """Whether the grammar accepts the path to a new node (token after row `parent`); if so its mask row is
+        filled at `row`. The matcher is back at the committed tokens after."""
+        drafts, parents = v.drafts, v.proposal.parents or [-1, *range(len(v.proposal.tokens))]
+        path, node = [token], parent
+        while node > 0:
+            path.append(drafts[node - 1])
+            node = parents[node]
+        ok = self.faults.guard(v.req, self.masks.seal_path, v.req.slot, v.req.guide, path[::-1], row, default=False)
+        return bool(ok)
