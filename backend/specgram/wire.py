@@ -15,6 +15,8 @@ class WireEnum(str, Enum):
 # where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, n-gram
 # lookup found it in the prompt / the output / the guide's text, or the draft model drafted it
 DRAFT_SOURCES = ("forced", "prompt", "output", "guide", "draft_model")
+# a tree's branch drafts (speculation/trees.py): a drafter's runner-up token, another lookup continuation
+BRANCH_SOURCES = ("alt", "branch")
 
 
 class FinishReason(WireEnum):

@@ -9,7 +9,7 @@ import gc
 import time
 
 from ..request import RequestOutput
-from ..wire import DRAFT_SOURCES, ErrorKind, FinishReason
+from ..wire import BRANCH_SOURCES, DRAFT_SOURCES, ErrorKind, FinishReason
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -56,7 +56,7 @@ class Metrics:
 
         def by_source(name, doc):  # source -> counter
             fam = family(name, doc, F.COUNTER)
-            return {s: fam.Metric(labels={**labels, "source": s}) for s in DRAFT_SOURCES}
+            return {s: fam.Metric(labels={**labels, "source": s}) for s in DRAFT_SOURCES + BRANCH_SOURCES}
 
         self.drafted_by = by_source(
             "specgram_draft_tokens_by_source_total", "Draft tokens proposed to the target, by source"
@@ -76,6 +76,14 @@ class Metrics:
         )
         self.accepted_len = histogram(
             "specgram_accepted_drafts_per_step", "Draft tokens accepted per speculative verify step", per_step
+        )
+        self.branches = histogram(  # trees of drafts (speculation/trees.py)
+            "specgram_tree_branch_drafts_per_step", "Branch drafts (off the line) per speculative step", per_step
+        )
+        deep = [float(d) for d in range(2 * max_draft_len + 1)]
+        self.depth = histogram("specgram_tree_depth_per_step", "Deepest draft per speculative step", deep)
+        self.branch_taken = counter(
+            "specgram_tree_branch_taken_total", "Speculative steps whose accepted drafts left the line for a branch"
         )
         self.ttft = histogram(
             "specgram_time_to_first_token_seconds",
@@ -176,6 +184,11 @@ class Metrics:
                 for source, (drafted, accepted) in spec.by_source.items():
                     self.drafted_by[source].increment(drafted)
                     self.accepted_by[source].increment(accepted)
+                for hist, counts in ((self.branches, spec.branch_hist), (self.depth, spec.depth_hist)):
+                    for value, steps in enumerate(counts):
+                        for _ in range(steps):
+                            hist.observe(float(value))
+                self.branch_taken.increment(spec.branch_taken)
             if spec is not None:
                 for k, steps in enumerate(spec.k_hist):
                     for _ in range(steps):

@@ -22,11 +22,12 @@ from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..model.tree import MAX_ROW
 from ..request import Request
+from ..wire import BRANCH_SOURCES
 from .costs import StepCosts
 from .drafter import Branch, Proposal
 from .rows import VerifyRow
 
-ALT, LOOKUP = "alt", "branch"  # the sources of branch drafts (statistics): a runner-up token; another lookup match
+ALT, LOOKUP = BRANCH_SOURCES  # the sources of branch drafts (statistics): a runner-up token; another lookup match
 ALT_FLOOR = 0.05  # a draft model's runner-up kept as a candidate from this probability (below: never worth a row)
 LOOKUP_OTHERS = 3  # further n-gram continuations kept as candidates
 
