@@ -44,6 +44,7 @@ class SamplingParams:
     # chooses per step (adaptive.py); None = the configured default
     ignore_eos: bool = False  # keep generating past EOS (fixed-length load runs)
     drafter: str | None = None  # which drafter proposes this request's drafts (None = the configured default)
+    tree_drafts: bool = True  # False: lines of drafts only (speculation/trees.py)
     guide_type: str | None = None  # as the client spelled it (aliases allowed); grammar.normalize_guide_type
     guide: str | None = None
     guide_options: tuple = ()  # (name, value) overrides of the server's JSON-schema compile options

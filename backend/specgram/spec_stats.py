@@ -37,10 +37,11 @@ class SpecStats:
         self.accepted += accepted
         self.steps += 1
         _bump(self.accepted_hist, accepted)
-        depth = [0] * (1 + drafted)
-        for i, p in enumerate(parents or range(-1, drafted)):
+        parents = parents or list(range(-1, drafted))
+        depth = [0] * len(parents)
+        for i, p in enumerate(parents):
             depth[i] = depth[p] + 1 if p >= 0 else 0
-        _bump(self.branch_hist, drafted - (line if line is not None else drafted))
+        _bump(self.branch_hist, len(parents) - 1 - (line if line is not None else len(parents) - 1))
         _bump(self.depth_hist, max(depth))
         self.branch_taken += any(r != j + 1 for j, r in enumerate(path))
 

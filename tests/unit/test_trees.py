@@ -126,3 +126,13 @@ def test_seeded_output_is_the_same_across_tree_shapes_and_has_the_target_distrib
     expected = exact_joint(engine.target.model, PROMPT4, 3, **SAMPLE)
     stat, df = chi2_stat(spec, expected)
     assert stat < chi2_critical(df), (stat, df)
+
+
+def test_tree_statistics_of_a_step_cut_short():
+    from specgram.spec_stats import SpecStats
+
+    s = SpecStats()
+    # a line of 2 and 2 branch nodes (rows 3, 4: 0 -> 3 -> 4); the path took the branch, and an accepted draft
+    # ended the output after its first token: only one draft counts
+    s.record(["alt"], 1, [-1, 0, 1, 0, 3], [3, 4], line=2)
+    assert (s.drafted, s.accepted, s.branch_hist, s.depth_hist, s.branch_taken) == (1, 1, [0, 0, 1], [0, 0, 1], 1)

@@ -91,6 +91,9 @@ INPUTS: tuple[Field, ...] = (
           "(grammar-forced tokens only)",
           "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
           param="drafter"),
+    Field("tree_drafts", "BOOL", (1,),
+          "false: verify lines of drafts only; true: the engine may add branch drafts (trees; config `tree_nodes`). "
+          "Output is the same either way", "true", convert=to_bool, param="tree_drafts"),
     Field("lora_name", "STRING", (1,),
           "a LoRA adapter of the model's `multi_lora.json` (config `enable_lora`); an unknown name is an error",
           "the base model", convert=to_str, param="lora_name"),

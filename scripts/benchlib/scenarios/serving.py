@@ -5,12 +5,14 @@
     python scripts/bench.py serving --extra '{"num_draft_tokens": 4}'
     python scripts/bench.py serving --quick               # c = 1 and 2, 2 requests, 16 tokens
     python scripts/bench.py serving --configs k0,served --repeat 3 --prompt-set chat   # speculation's gain
+    python scripts/bench.py serving --configs k0,served-lines,served --repeat 5   # trees of drafts' gain
 
 Every request produces exactly --max-tokens tokens (ignore_eos), greedy, chat-templated prompts; each
 concurrency level sends max(--prompts, c) requests in a closed loop. Per concurrency: aggregate output tok/s,
 per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and the ratio to the first row.
 --configs: request settings compared on one server, interleaved --repeat times per concurrency (medians):
   served      no num_draft_tokens / drafter inputs: the server's defaults (config.pbtxt)
+  served-lines  the same with tree_drafts false: lines of drafts only (no trees)
   k0          num_draft_tokens 0: no speculation
   ngram-auto  drafter ngram, num_draft_tokens auto
 k0 always runs; the ratio column is tok/s ÷ k0's at the same concurrency, and every config's outputs are
@@ -36,6 +38,7 @@ ENGINE = False
 CONFIGS = {
     "k0": {"num_draft_tokens": 0},
     "served": {"num_draft_tokens": None, "drafter": None},
+    "served-lines": {"num_draft_tokens": None, "drafter": None, "tree_drafts": False},
     "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"},
 }
 PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None}
