@@ -37,11 +37,12 @@ class SpecStats:
         self.accepted += accepted
         self.steps += 1
         _bump(self.accepted_hist, accepted)
-        parents = parents or list(range(-1, drafted))
-        depth = [0] * len(parents)
-        for i, p in enumerate(parents):
+        line = drafted if line is None else line
+        rows = parents if parents is not None else list(range(-1, line))  # a line: row i follows row i - 1
+        depth = [0] * len(rows)
+        for i, p in enumerate(rows):
             depth[i] = depth[p] + 1 if p >= 0 else 0
-        _bump(self.branch_hist, len(parents) - 1 - (line if line is not None else len(parents) - 1))
+        _bump(self.branch_hist, len(rows) - 1 - line)
         _bump(self.depth_hist, max(depth))
         self.branch_taken += any(r != j + 1 for j, r in enumerate(path))
 

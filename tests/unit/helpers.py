@@ -71,6 +71,12 @@ def run(engine, prompts, **params):
     return [outs[r.request_id] for r in reqs]
 
 
+def lines_all_accepted(stats) -> bool:
+    """Whether every draft of the lines was accepted (a tree's branch drafts, sources alt and branch, aside: a
+    perfect drafter's runner-ups are never the target's choice)."""
+    return all(a == d for s in stats for src, (d, a) in s.by_source.items() if src not in ("alt", "branch"))
+
+
 def tokens_of(outputs):
     return [t for o in outputs for t in o.token_ids]
 

@@ -88,7 +88,8 @@ def test_drafts_are_accepted_and_an_identical_draft_model_is_always_right(make_e
     engine = make_engine(max_slots=8, draft_checkpoint=str(tiny_ckpt))
     try:
         req = engine.make_request(
-            SamplingParams(**{**SAMPLED, "num_draft_tokens": 4, "drafter": "draft_model"}), text=PROMPT
+            SamplingParams(**{**SAMPLED, "num_draft_tokens": 4, "drafter": "draft_model", "tree_drafts": False}),
+            text=PROMPT,
         )
         [*_, final] = run_to_end(engine, [req])[req.request_id]
         assert final.spec.drafted > 0 and final.spec.accepted == final.spec.drafted

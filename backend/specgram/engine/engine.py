@@ -101,13 +101,13 @@ class Engine:
             all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults
         )
         coupled = config.speculative_sampling == "coupled"
-        self.trees = trees.TreePlanner(
-            all_drafters, masks, tree_budget, self.faults, coupled, not self.overlap_grammar, config.max_seq_len
+        self.trees = trees.TreePlanner(  # its verify rows' K and V: the target's
+            all_drafters, masks, tree_budget, self.faults, coupled, not self.overlap_grammar, target
         )
         self.logits = LogitsProcessor(masks, eos, self.faults, coupled=coupled)
         self.logits.reduced_drafts = any(r.head_ids is not None for r in runners)
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
-        self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults, self.target.keep_path)
+        self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults, self.trees)
         self.prefix = PrefixCache(target.cache) if settings.prefix_cache else None
         # CPU: a prefill forward costs in proportion to its tokens, so a step ends at a prompt's end once it has
         # enough tokens to be compute-bound (scheduler.py); CUDA: steps are packed to the budget
@@ -264,7 +264,7 @@ class Engine:
         before = [len(v.req.output_ids) for v in kept]
         outs = self._commit_each([v.req for v in kept], [v.committed for v in kept], logprobs)
         for v, n in zip(kept, before, strict=True):
-            v.record(len(v.req.output_ids) - n)
+            self.faults.guard(v.req, v.record, len(v.req.output_ids) - n)  # (its outputs above go out whatever)
         return outs
 
     # ---- endings ----------------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from .step import StepPlan, StepResult
 
 
 class Verifier:
-    def __init__(self, planner: DraftPlanner, logits: LogitsProcessor, logprobs: LogprobTaker, faults: Faults, keep):
-        """keep(slot, start, rows): the target's ModelRunner.keep_path (a tree row's accepted path into place)."""
-        self.planner, self.logits, self.logprobs, self.faults, self.keep = planner, logits, logprobs, faults, keep
+    def __init__(self, planner: DraftPlanner, logits: LogitsProcessor, logprobs: LogprobTaker, faults: Faults, trees):
+        """trees: the TreePlanner (a tree row's accepted path into place, its estimates taught)."""
+        self.planner, self.logits, self.logprobs, self.faults, self.trees = planner, logits, logprobs, faults, trees
 
     def verify(self, plan: StepPlan, result: StepResult) -> tuple[list[VerifyRow], list]:
         """Mask, accept and settle the verify rows (logits [B, 1 + max k, V], row b for plan.verify[b]) ->
@@ -41,9 +41,9 @@ class Verifier:
             self.planner.costs.record(n_rows, time.perf_counter() - result.started)
         at = {id(v.req): b for b, v in enumerate(rows)}
         picks = self.faults.each_or_alone(reqs, lambda sub: self._accept(plan, result, [at[id(r)] for r in sub]), None)
-        for v, pick in zip(rows, picks, strict=True):  # a tree row's accepted path into place (or nothing)
+        for v, pick in zip(rows, picks, strict=True):  # a tree row's accepted path into place
             if pick is not None and v.proposal.branches:
-                self.faults.guard(v.req, self.keep, v.req.slot, v.req.cache_len, pick[2])
+                self.faults.guard(v.req, self.trees.settle, v, v.req.cache_len, pick[2])
         live = [b for b, v in enumerate(rows) if picks[b] is not None and not self.faults.has(v.req)]
         for b in live:
             v = rows[b]

@@ -25,6 +25,7 @@ class Branch:
     token: int
     source: str
     chance: float  # the estimated probability that the target's path takes this token
+    key: str = ""  # its estimate's key (speculation/trees.py: what a verify teaches)
 
 
 @dataclass

@@ -2,11 +2,12 @@
 
 A row's line (its proposal's tokens, cut by adaptive k) is what its drafter likes best; a tree adds the
 alternatives the drafters already hold, at no drafting cost:
-- a second-best token at a line position (the draft model's runner-up, where its probability is high enough to
-  matter; its chance: the line's chance of reaching that position times the drafter's probability of it);
+- a second-best token at a line position (the draft model's runner-up, from ALT_FLOOR of its probability);
 - other continuations that lookup found (further n-gram matches; the lookup drafts that lost to the draft
-  model), hung where they leave the line, merged as a trie (chance: reaching the fork, the line's draft there
-  failing, then the lookup source's acceptance estimates).
+  model), hung where they leave the line, merged as a trie.
+A node's chance: the line's chance of reaching its parent (the requests' acceptance estimates) times the engine's
+estimate that the target takes such a node where its path reaches the parent (a runner-up by its drafter's
+probability bucket; a lookup branch's first node; a node after a taken one), which every verify teaches.
 Which to verify: every candidate node of the step's rows, likeliest first, while one more verify row raises the
 step's expected tokens per second under the measured step-cost curve (StepCosts), the rule adaptive.allocate
 cuts lines by. At one stream a CPU forward streams its weights and a row costs little, so likely alternatives
@@ -23,6 +24,7 @@ from ..grammar.masks import StepMasks
 from ..model.tree import MAX_ROW
 from ..request import Request
 from ..wire import BRANCH_SOURCES
+from .adaptive import Population
 from .costs import StepCosts
 from .drafter import Branch, Proposal
 from .rows import VerifyRow
@@ -43,49 +45,59 @@ def branchable(req: Request, coupled: bool, guided_ok: bool) -> bool:
     return not p.penalized and not p.wants_logprobs and (p.greedy or coupled) and (req.guide is None or guided_ok)
 
 
-def candidates(req: Request, prop: Proposal, others: list[tuple[list[int], str]]) -> list[tuple[float, int, int, str]]:
-    """A row's candidate branch nodes -> (chance, parent, token, source), parents named by candidate index: -1 - i
-    is the line's row i (0: the last committed token), j >= 0 the j-th candidate. Parents come first."""
+def alt_key(q: float) -> str:
+    """A runner-up's estimate key: by its drafter's probability of it (calibrated by what verifies teach)."""
+    return "alt" + next((str(i) for i, edge in enumerate(ALT_BUCKETS) if q < edge), str(len(ALT_BUCKETS)))
+
+
+ALT_BUCKETS = (0.1, 0.2, 0.4)  # runner-up probability buckets: [floor, 0.1), [0.1, 0.2), [0.2, 0.4), [0.4, 1]
+# each estimate's prior (a verify's observations move it: Population's weight of one observation): a runner-up by
+# its bucket's lower edge; a lookup branch's first node, and a node after a taken one
+PRIORS = {"alt0": ALT_FLOOR, "alt1": 0.1, "alt2": 0.2, "alt3": 0.4, "branch": 0.1, "branch+": 0.5}
+
+
+def candidates(prop: Proposal, others: list[tuple[list[int], str]], reach: list[float], rate) -> list[tuple]:
+    """A row's candidate branch nodes -> (chance, parent, token, source, key), parents named by candidate index:
+    -1 - i is the line's row i (0: the last committed token), j >= 0 the j-th candidate; parents come first.
+    reach[i]: the line's chance to reach row i; rate(key): the engine's estimate that the target takes a node
+    whose parent its path reached."""
     line = prop.tokens
-    chances = req.acceptance.chances(prop.sources) if line else []
-    reach = [1.0, *chances]  # reach[i]: the line's chance to reach row i
-    out: list[tuple[float, int, int, str]] = []
+    out: list[tuple] = []
     at: dict[tuple[int, int], int] = {}  # (parent, token) -> candidate index (the trie)
 
-    def add(chance: float, parent: int, token: int, source: str) -> int:
-        key = (parent, token)
-        if key in at:
-            j = at[key]
+    def add(chance: float, parent: int, token: int, source: str, key: str) -> int:
+        if (parent, token) in at:
+            j = at[(parent, token)]
             out[j] = (max(out[j][0], chance), *out[j][1:])
             return j
-        at[key] = len(out)
-        out.append((chance, parent, token, source))
+        at[(parent, token)] = len(out)
+        out.append((chance, parent, token, source, key))
         return len(out) - 1
 
     for i, (token, q) in sorted(prop.alts.items()):
         if i < len(line) and token != line[i]:
-            add(reach[i] * q, -1 - i, token, ALT)
-    for seq, source in others:
+            add(reach[i] * rate(alt_key(q)), -1 - i, token, ALT, alt_key(q))
+    for seq, _ in others:
         j = next((j for j in range(min(len(seq), len(line))) if seq[j] != line[j]), min(len(seq), len(line)))
-        if j >= len(seq):
-            continue
-        fails = 1.0 - (reach[j + 1] / reach[j] if j < len(line) and reach[j] > 0 else 0.0)
-        chance, parent = reach[j] * fails, -1 - j
+        chance, parent = reach[j], -1 - j
         for n, token in enumerate(seq[j:]):
-            chance *= req.acceptance.get(source, n > 0 or j > 0).rate
-            parent = add(chance, parent, token, LOOKUP)
+            key = "branch+" if n else "branch"
+            chance *= rate(key)
+            parent = add(chance, parent, token, LOOKUP, key)
     return out
 
 
 class TreePlanner:
     def __init__(
-        self, drafters: dict, masks: StepMasks, budget: int, faults: Faults, coupled: bool, guided: bool, context: int
+        self, drafters: dict, masks: StepMasks, budget: int, faults: Faults, coupled: bool, guided: bool, target
     ):
         """budget: branch nodes per row at most (0: lines only; the drafters then keep no candidates); guided:
-        whether guided rows may branch (their masks must be filled before the forward); context: the KV cache's
-        positions per slot (a row's tokens, branches included, are written past the request's cache_len)."""
+        whether guided rows may branch (their masks must be filled before the forward); target: the ModelRunner
+        that verifies (a row's tokens, branches included, are written past the request's cache_len, within its
+        max_seq_len positions; keep_path moves an accepted path's K and V into place)."""
         self.masks, self.budget, self.faults, self.coupled, self.guided = masks, budget, faults, coupled, guided
-        self.context = context
+        self.context, self.keep = target.max_seq_len, target.keep_path
+        self.rates = Population()  # engine-wide: the share of reached branch nodes the target took, by key
         self.width = min(MAX_ROW, masks.stride)  # a row's tokens at most: the ancestor masks', the mask rows'
         for name, drafter in drafters.items():
             drafter.alternatives = (LOOKUP_OTHERS if name == "ngram" else ALT_FLOOR) if budget > 0 else 0
@@ -101,10 +113,11 @@ class TreePlanner:
             if not branchable(r, self.coupled, self.guided) or not (p.alts or p.others or v.shadow):
                 continue
             others = list(p.others) + ([(v.shadow.tokens, v.shadow.sources[-1])] if v.shadow else [])
-            found = self.faults.guard(r, candidates, r, p, others, default=[])
+            reach = [1.0, *r.acceptance.chances(p.sources)] if p.tokens else [1.0]
+            found = self.faults.guard(r, candidates, p, others, reach, self.rate, default=[])
             cands[b] = found
             depth = {}
-            for j, (chance, parent, _, _) in enumerate(found):
+            for j, (chance, parent, *_) in enumerate(found):
                 depth[j] = (depth[parent] if parent >= 0 else -1 - parent) + 1
                 pool.append((chance, depth[j], b, j))
         if not pool:
@@ -116,7 +129,7 @@ class TreePlanner:
         placed: dict[tuple[int, int], int] = {}  # (row, candidate) -> its row index in the verify row
         for chance, _, b, j in sorted(pool, key=lambda c: (-c[0], c[1])):
             v = rows[b]
-            _, parent, token, source = cands[b][j]
+            _, parent, token, source, key = cands[b][j]
             prow = -1 - parent if parent < 0 else placed.get((b, parent))
             width = 1 + len(v.proposal.tokens) + len(v.proposal.branches)
             room = min(self.width, self.context - v.req.cache_len)
@@ -127,9 +140,23 @@ class TreePlanner:
                 break  # likeliest first: no later node pays either
             if v.req.guide is not None and not self._legal(v, prow, token, width):
                 continue
-            v.proposal.branches.append(Branch(prow, token, source, chance))
+            v.proposal.branches.append(Branch(prow, token, source, chance, key))
             placed[(b, j)] = width
             tokens, n_rows, seconds = tokens + chance, n_rows + 1, more
+
+    def rate(self, key: str) -> float:
+        return self.rates.rate(key, PRIORS[key])
+
+    def settle(self, v: VerifyRow, start: int, path: list[int]) -> None:
+        """After a tree row's verify (it started at cache position `start`; the accepted drafts' rows `path`): the
+        path's K and V into place, and each branch node whose parent the path reached teaches its estimate whether
+        the target took it."""
+        self.keep(v.req.slot, start, path)
+        reached = {0, *path}
+        line = len(v.proposal.tokens)
+        for n, b in enumerate(v.proposal.branches, line + 1):
+            if b.parent in reached:
+                self.rates.observe(b.key, int(n in reached), 1)
 
     def _legal(self, v: VerifyRow, parent: int, token: int, row: int) -> bool:
         """Whether the grammar accepts the path to a new node (token after row `parent`); if so its mask row is
