@@ -108,13 +108,21 @@ class NativeForward(PackedDecoder):
 
     @torch.inference_mode()
     def forward_rows(
-        self, cache, rows: list[list[int]], slots: list[int], starts: list[int], last_only: bool, window: int | None
+        self,
+        cache,
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        last_only: bool,
+        window: int | None,
+        trees: list[list[int] | None] | None = None,
     ) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
-        rows[b] to slot slots[b] from position starts[b]."""
+        rows[b] to slot slots[b] from position starts[b]; trees as forward_split's."""
         lengths = [len(r) for r in rows]
         head_rows = _int64s([n - 1 for n in accumulate(lengths)]) if last_only else None
-        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows)
+        masks = tree_rows.flat_masks(trees, lengths)
+        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows, masks)
         return logits if last_only else self._per_token(logits, lengths)
 
     @torch.inference_mode()

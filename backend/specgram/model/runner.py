@@ -175,9 +175,7 @@ class ModelRunner:
         if trees is not None and all(t is None or tree_rows.is_chain(t) for t in trees):
             trees = None
         if self.native is not None:
-            if trees is not None and not last_only:
-                return self.native.forward_split(self.cache, rows, slots, starts, 0, self.window, trees)[1]
-            return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window)
+            return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window, trees)
         width = max(map(len, rows))
         if self.graphed is not None and trees is None and self.graphed.handles(len(rows), width):
             return self.graphed.forward(rows, slots, starts, last_only)
