@@ -50,6 +50,19 @@ def test_the_served_int8_copy_drafts_and_output_stays_exact(triton_server):
     assert '"draft_model"' in last_value(fixed, "spec_detail")
 
 
+def test_trees_of_drafts_on_and_off_give_the_same_tokens(triton_server):
+    """tree_drafts (on by default) against lines only, for the int8 copy beside lookup (auto k), a fixed k, and
+    lookup alone, guided and not: the target's greedy tokens every time."""
+    guide = {"guided_decoding_guide_type": "json"}
+    for extra in ({}, {"drafter": "ngram"}, guide):
+        for k in (-1, 4):
+            plain = run(triton_server, 0, **extra)
+            trees, lines = (run(triton_server, k, tree_drafts=on, **extra) for on in (True, False))
+            assert not errors_of(trees) and not errors_of(lines), (extra, k)
+            assert ids_of(trees) == ids_of(lines) == ids_of(plain), (extra, k)
+    assert '"branch_hist"' in last_value(trees, "spec_detail")
+
+
 def test_penalties_and_logprobs_are_exact_under_speculation(triton_server):
     """vLLM's penalties and logprobs through the server: the same tokens and the same logprobs with speculation on
     (auto and k = 4) and off."""

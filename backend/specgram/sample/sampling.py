@@ -214,7 +214,8 @@ def accept(
         )
     accepted_l, nxt_l = accepted.tolist(), nxt.tolist()  # the verify step waits for the device here
     paths = [list(range(1, a + 1)) for a in accepted_l]
-    tree_rows = [b for b, t in enumerate(trees) if t is not None]
+    # rows verified as trees (rejection sampling reads a sampled row's line alone: its branches are ignored)
+    tree_rows = [b for b, t in enumerate(trees) if t is not None and (coupled or reqs[b].params.greedy)]
     if tree_rows:
         chosen = choice.tolist()
         for b in tree_rows:

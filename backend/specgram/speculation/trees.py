@@ -42,7 +42,8 @@ def budget(tree_nodes: int, max_draft_len: int) -> int:
 def branchable(req: Request, coupled: bool, guided_ok: bool) -> bool:
     """Whether the request's row may be a tree: its verify reads the row as a tree (tree.walk), not as a line."""
     p = req.params
-    return not p.penalized and not p.wants_logprobs and (p.greedy or coupled) and (req.guide is None or guided_ok)
+    plain = not p.penalized and not p.wants_logprobs and (p.greedy or coupled)
+    return p.tree_drafts and plain and (req.guide is None or guided_ok)
 
 
 def alt_key(q: float) -> str:
