@@ -10,6 +10,7 @@ import pytest
 
 from specgram.model.tree import walk
 from specgram.request import SamplingParams
+from specgram.speculation import trees
 from specgram.speculation.drafter import Branch, Proposal
 from specgram.speculation.ngram import alternatives
 
@@ -43,6 +44,14 @@ def test_parents_of_a_proposal_with_branches():
     assert p.parents == [-1, 0, 1, 0, 3]
     assert Proposal([10, 11]).parents is None
     assert p.cut(1).branches == []
+
+
+@pytest.fixture(autouse=True)
+def any_gain(monkeypatch):
+    """Trees wherever they raise the expected tokens per second at all (not only past MIN_GAIN), candidates kept
+    every step: the tiny random models' branches are unlikely, and these tests need branches to verify."""
+    monkeypatch.setattr(trees, "MIN_GAIN", 0.0)
+    monkeypatch.setattr(trees, "PROBE_EVERY", 1)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from ..grammar.masks import StepMasks
 from ..model.tree import MAX_ROW
 from ..request import Request
 from ..wire import BRANCH_SOURCES
-from .adaptive import Population
+from .adaptive import MIN_GAIN, Population
 from .costs import StepCosts
 from .drafter import Branch, Proposal
 from .rows import VerifyRow
@@ -32,6 +32,7 @@ from .rows import VerifyRow
 ALT, LOOKUP = BRANCH_SOURCES  # the sources of branch drafts (statistics): a runner-up token; another lookup match
 ALT_FLOOR = 0.05  # a draft model's runner-up kept as a candidate from this probability (below: never worth a row)
 LOOKUP_OTHERS = 3  # further n-gram continuations kept as candidates
+PROBE_EVERY = 8  # after a step without a tree, the drafters keep candidates every this many steps only
 
 
 def budget(tree_nodes: int, max_draft_len: int) -> int:
@@ -100,13 +101,27 @@ class TreePlanner:
         self.context, self.keep = target.max_seq_len, target.keep_path
         self.rates = Population()  # engine-wide: the share of reached branch nodes the target took, by key
         self.width = min(MAX_ROW, masks.stride)  # a row's tokens at most: the ancestor masks', the mask rows'
-        for name, drafter in drafters.items():
-            drafter.alternatives = (LOOKUP_OTHERS if name == "ngram" else ALT_FLOOR) if budget > 0 else 0
+        self.drafters, self.idle = drafters, 0  # steps since a tree last paid
+        self._keep_candidates(budget > 0)
+
+    def _keep_candidates(self, on: bool) -> None:
+        """Whether the drafters keep tree material in the next step's drafts (runner-ups cost a softmax per draft)."""
+        for name, drafter in self.drafters.items():
+            drafter.alternatives = (LOOKUP_OTHERS if name == "ngram" else ALT_FLOOR) if on else 0
 
     def plan(self, rows: list[VerifyRow], costs: StepCosts, sunk: float = 0.0) -> None:
-        """Add each row's branches (row.proposal.branches), the step's rows chosen together (see the header)."""
+        """Add each row's branches (row.proposal.branches), the step's rows chosen together (see the header).
+        Trees that raise the step's expected tokens per second by MIN_GAIN or less are dropped whole (within the
+        cost fit's error, and their untimed work: candidates, masks, the K and V moves); after a step without a
+        tree the drafters keep candidates every PROBE_EVERY-th step only."""
         if self.budget <= 0 or not costs.known:
             return
+        paid = self._branch(rows, costs, sunk)
+        self.idle = 0 if paid else self.idle + 1
+        self._keep_candidates(self.idle % PROBE_EVERY == 0)
+
+    def _branch(self, rows: list[VerifyRow], costs: StepCosts, sunk: float) -> bool:
+        """plan()'s choice -> whether the step keeps any tree."""
         pool = []  # (chance, depth, row, candidate index)
         cands: dict[int, list] = {}
         for b, v in enumerate(rows):
@@ -122,11 +137,12 @@ class TreePlanner:
                 depth[j] = (depth[parent] if parent >= 0 else -1 - parent) + 1
                 pool.append((chance, depth[j], b, j))
         if not pool:
-            return
+            return False
         cost = costs.curve()
         tokens = sum(1 + sum(v.req.acceptance.chances(v.proposal.sources)) for v in rows)
         n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
         seconds = cost(n_rows) + sunk
+        base = tokens / seconds
         placed: dict[tuple[int, int], int] = {}  # (row, candidate) -> its row index in the verify row
         for chance, _, b, j in sorted(pool, key=lambda c: (-c[0], c[1])):
             v = rows[b]
@@ -144,6 +160,11 @@ class TreePlanner:
             v.proposal.branches.append(Branch(prow, token, source, chance, key))
             placed[(b, j)] = width
             tokens, n_rows, seconds = tokens + chance, n_rows + 1, more
+        if placed and tokens / seconds <= (1 + MIN_GAIN) * base:
+            for v in rows:
+                v.proposal.branches.clear()
+            return False
+        return bool(placed)
 
     def rate(self, key: str) -> float:
         return self.rates.rate(key, PRIORS[key])
