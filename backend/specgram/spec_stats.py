@@ -21,10 +21,11 @@ class SpecStats:
     branch_taken: int = 0
 
     def record(
-        self, sources: list[str], accepted: int, parents: list[int] | None = None, path=(), line: int | None = None
+        self, sources: list[str], accepted: int, branches: int = 0, depth: int | None = None, taken: bool = False
     ) -> None:
-        """One decode step verified drafts from `sources` (one per draft) and accepted the first `accepted`;
-        a tree of drafts: its row's parents (model/tree.py), the accepted drafts' rows, the drafts of its line."""
+        """One decode step verified drafts from `sources` (one per draft) and accepted the first `accepted`; its
+        row held `branches` drafts off its line, its deepest draft at `depth` (None: a line of the drafts),
+        and (taken) its accepted drafts left the line for a branch."""
         drafted = len(sources)
         _bump(self.k_hist, drafted)
         if drafted == 0:
@@ -37,14 +38,9 @@ class SpecStats:
         self.accepted += accepted
         self.steps += 1
         _bump(self.accepted_hist, accepted)
-        line = drafted if line is None else line
-        rows = parents if parents is not None else list(range(-1, line))  # a line: row i follows row i - 1
-        depth = [0] * len(rows)
-        for i, p in enumerate(rows):
-            depth[i] = depth[p] + 1 if p >= 0 else 0
-        _bump(self.branch_hist, len(rows) - 1 - line)
-        _bump(self.depth_hist, max(depth))
-        self.branch_taken += any(r != j + 1 for j, r in enumerate(path))
+        _bump(self.branch_hist, branches)
+        _bump(self.depth_hist, drafted if depth is None else depth)
+        self.branch_taken += taken
 
     @property
     def acceptance_rate(self) -> float:

@@ -71,6 +71,19 @@ def run(engine, prompts, **params):
     return [outs[r.request_id] for r in reqs]
 
 
+def seeded_samples(engine, prompt_ids, n, max_tokens, **params):
+    """n requests of prompt_ids, seeds 0 .. n - 1, max_tokens each (ignore_eos), run together -> (each one's
+    tokens as a tuple, each one's final speculation statistics)."""
+    reqs = [
+        engine.make_request(
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **params), prompt_ids=prompt_ids
+        )
+        for i in range(n)
+    ]
+    outs = run_to_end(engine, reqs)
+    return [tuple(tokens_of(outs[r.request_id])) for r in reqs], [outs[r.request_id][-1].spec for r in reqs]
+
+
 def lines_all_accepted(stats) -> bool:
     """Whether every draft of the lines was accepted (a tree's branch drafts, sources alt and branch, aside: a
     perfect drafter's runner-ups are never the target's choice)."""

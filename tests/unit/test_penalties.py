@@ -9,7 +9,15 @@ import torch
 from specgram.request import AUTO_DRAFT, SamplingParams
 
 from .distributions import chi2_critical, chi2_stat
-from .helpers import PROMPTS, cheap_draft_model, run_to_end, tokens_of, vocab4_target_and_draft, wrong_and_right
+from .helpers import (
+    PROMPTS,
+    cheap_draft_model,
+    run_to_end,
+    seeded_samples,
+    tokens_of,
+    vocab4_target_and_draft,
+    wrong_and_right,
+)
 
 PROMPT = "abcabc abcabc abc the cat sat"
 PENALTIES = {
@@ -190,14 +198,7 @@ def vocab_engine(tmp_path_factory):
 
 
 def samples(engine, **params):
-    reqs = [
-        engine.make_request(
-            SamplingParams(max_tokens=3, ignore_eos=True, seed=i, **SAMPLED, **params), prompt_ids=PROMPT_IDS
-        )
-        for i in range(N_SAMPLES)
-    ]
-    outs = run_to_end(engine, reqs)
-    return [tuple(tokens_of(outs[r.request_id])) for r in reqs]
+    return seeded_samples(engine, PROMPT_IDS, N_SAMPLES, 3, **SAMPLED, **params)[0]
 
 
 def test_sampled_output_has_the_processed_distribution_with_and_without_speculation(vocab_engine, monkeypatch):

@@ -14,6 +14,7 @@ from .helpers import (
     pinned_eos,
     run,
     run_to_end,
+    seeded_samples,
     text_of,
     tokens_of,
     vocab4_target_and_draft,
@@ -160,14 +161,7 @@ def tiny_vocab_engine(tmp_path_factory):
 
 
 def sample_outputs(engine, prompt, n, max_tokens, **params):
-    reqs = [
-        engine.make_request(
-            SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **SAMPLE_PARAMS, **params), prompt_ids=prompt
-        )
-        for i in range(n)
-    ]
-    outs = run_to_end(engine, reqs)
-    return [tuple(tokens_of(outs[r.request_id])) for r in reqs], [outs[r.request_id][-1].spec for r in reqs]
+    return seeded_samples(engine, prompt, n, max_tokens, **SAMPLE_PARAMS, **params)
 
 
 PROMPT = [3, 1, 3, 0, 3, 2, 3, 3, 3]  # every (3, x) occurs: n-gram lookup always has a match

@@ -15,7 +15,15 @@ from specgram.speculation.drafter import Branch, Proposal
 from specgram.speculation.ngram import alternatives
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import cheap_draft_model, run, run_to_end, target_and_draft, tokens_of, vocab4_target_and_draft
+from .helpers import (
+    cheap_draft_model,
+    run,
+    run_to_end,
+    seeded_samples,
+    target_and_draft,
+    tokens_of,
+    vocab4_target_and_draft,
+)
 
 PROMPTS = ["the cat sat on the mat. the cat sat on", "abc abc abc abd abc ab", "one two three one two"]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["xy", "xz"]}}, "required": ["a"]}
@@ -36,7 +44,7 @@ def test_lookup_alternatives_leave_the_chosen_continuation():
 
     ids = np.array([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])  # "1 2" was followed by 3, 4 and 5
     found = alternatives(ids, 2, 1, 2, None, [5, 1], 3)
-    assert [t for t, _, _ in found] == [[4, 1], [3, 1]]
+    assert found == [[4, 1], [3, 1]]
 
 
 def test_parents_of_a_proposal_with_branches():
@@ -60,9 +68,9 @@ def engines(tmp_path_factory):
     return target_and_draft(root, 128), target_and_draft(root, 128)
 
 
-def _branched(outs) -> tuple[int, int]:
-    """-> (speculative steps that verified branch drafts, steps whose accepted path took one)."""
-    stats = [o[-1].spec for o in outs]
+def _branched(stats) -> tuple[int, int]:
+    """Requests' final statistics -> (speculative steps that verified branch drafts, steps whose accepted path
+    took one)."""
     return sum(sum(s.branch_hist[1:]) for s in stats), sum(s.branch_taken for s in stats)
 
 
@@ -78,9 +86,9 @@ def test_greedy_identical_with_trees_on_and_off(engines, monkeypatch, drafter, g
         params = dict(max_tokens=40, num_draft_tokens=-1, drafter=drafter, **extra)
         with_trees, lines = run(on, prompts, **params), run(off, prompts, **params)
         assert [tokens_of(o) for o in with_trees] == [tokens_of(o) for o in lines]
-        assert _branched(lines) == (0, 0)
+        assert _branched([o[-1].spec for o in lines]) == (0, 0)
         assert all(o[-1].error is None for o in with_trees)  # every committed token passed its grammar
-    assert _branched(with_trees)[0] > 0, "the trees must branch"
+    assert _branched([o[-1].spec for o in with_trees])[0] > 0, "the trees must branch"
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +102,7 @@ N = 2000
 
 
 def _sample(engine, **params):
-    reqs = [
-        engine.make_request(
-            SamplingParams(max_tokens=3, ignore_eos=True, seed=i, **SAMPLE, **params), prompt_ids=PROMPT4
-        )
-        for i in range(N)
-    ]
-    outs = run_to_end(engine, reqs)
-    return [tuple(tokens_of(outs[r.request_id])) for r in reqs], [outs[r.request_id] for r in reqs]
+    return seeded_samples(engine, PROMPT4, N, 3, **SAMPLE, **params)
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
@@ -117,7 +118,7 @@ def test_greedy_identical_where_branches_are_taken(vocab4, monkeypatch, drafter)
     plain = run_to_end(engine, base := reqs())
     on = run_to_end(engine, spec := reqs(num_draft_tokens=3, drafter=drafter))
     assert [tokens_of(on[r.request_id]) for r in spec] == [tokens_of(plain[r.request_id]) for r in base]
-    verified, taken = _branched([on[r.request_id] for r in spec])
+    verified, taken = _branched([on[r.request_id][-1].spec for r in spec])
     assert verified > 0 and (taken > 0 or drafter == "ngram"), (verified, taken)  # (greedy lookup: the line holds)
 
 
@@ -138,10 +139,18 @@ def test_seeded_output_is_the_same_across_tree_shapes_and_has_the_target_distrib
 
 
 def test_tree_statistics_of_a_step_cut_short():
-    from specgram.spec_stats import SpecStats
+    from types import SimpleNamespace
 
-    s = SpecStats()
+    from specgram.spec_stats import SpecStats
+    from specgram.speculation.rows import VerifyRow
+
     # a line of 2 and 2 branch nodes (rows 3, 4: 0 -> 3 -> 4); the path took the branch, and an accepted draft
     # ended the output after its first token: only one draft counts
-    s.record(["alt"], 1, [-1, 0, 1, 0, 3], [3, 4], line=2)
+    prop = Proposal(
+        [10, 11], sources=["draft_model"] * 2, branches=[Branch(0, 20, "alt", 0.3), Branch(3, 21, "branch", 0.2)]
+    )
+    v = VerifyRow(SimpleNamespace(spec=SpecStats()), proposal=prop, accepted=2, token=5, path=[3, 4])
+    v.record(1)
+    s = v.req.spec
     assert (s.drafted, s.accepted, s.branch_hist, s.depth_hist, s.branch_taken) == (1, 1, [0, 0, 1], [0, 0, 1], 1)
+    assert s.by_source == {"alt": [1, 1]}

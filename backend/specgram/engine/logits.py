@@ -10,7 +10,6 @@ import torch
 
 from ..faults import DeadEnd, Faults
 from ..grammar.masks import StepMasks
-from ..model import tree
 from ..request import Request
 from ..sample import min_tokens, sampling
 from ..sample.noise import NoiseRows
@@ -45,7 +44,7 @@ class LogitsProcessor:
         may follow the committed tokens, and the request fails with DeadEnd. A tree row (branches: never
         penalized) takes mask row (slot, i) at its row i, and the EOS ban by each token's depth."""
         width = logits.shape[1]
-        depths = [tree.depths(p.parents) if p.branches else range(1 + len(p.tokens)) for p in proposals]
+        depths = [p.depths for p in proposals]
         flat = logits.view(-1, logits.shape[-1])  # [B * T, V]
         self._penalize(
             flat,

@@ -62,6 +62,5 @@ class Verifier:
         verify = [plan.verify[b] for b in rows]
         logits = result.verify if len(rows) == len(plan.verify) else result.verify[rows]
         props = [v.proposal for v in verify]
-        trees = [p.parents for p in props]
-        out = sampling.accept([v.req for v in verify], props, logits, self.logits.noise, self.logits.coupled, trees)
+        out = sampling.accept([v.req for v in verify], props, logits, self.logits.noise, self.logits.coupled)
         return list(zip(*out, strict=True))

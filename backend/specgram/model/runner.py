@@ -172,10 +172,10 @@ class ModelRunner:
         computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
         Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on.
         trees: per row its tokens' parents (tree.py: a tree of drafts; None: a plain row), or None."""
-        if trees is not None and all(t is None or tree_rows.is_chain(t) for t in trees):
-            trees = None
         if self.native is not None:
             return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window, trees)
+        if tree_rows.plain(trees):
+            trees = None
         width = max(map(len, rows))
         if self.graphed is not None and trees is None and self.graphed.handles(len(rows), width):
             return self.graphed.forward(rows, slots, starts, last_only)

@@ -31,6 +31,11 @@ def is_chain(parents: list[int]) -> bool:
     return all(p == i - 1 for i, p in enumerate(parents))
 
 
+def plain(trees: list[list[int] | None] | None) -> bool:
+    """Whether no row of a forward is a tree (each None or a chain)."""
+    return trees is None or all(t is None or is_chain(t) for t in trees)
+
+
 def ancestor_masks(parents: list[int]) -> list[int]:
     """-> per token a 64-bit mask: bit b set = it attends to the token b rows before it (bit 0: itself); bits past
     the row's first token are set (the committed positions before the row: always attended)."""
@@ -54,7 +59,7 @@ def ancestor_masks(parents: list[int]) -> list[int]:
 def flat_masks(trees: list[list[int] | None] | None, lengths: list[int]) -> ctypes.Array | None:
     """Every token's ancestor mask, the rows one after another, as the uint64 array the kernels take (rows
     without a tree: every bit); None where no row is a tree."""
-    if trees is None or all(t is None or is_chain(t) for t in trees):
+    if plain(trees):
         return None
     flat: list[int] = []
     for t, n in zip(trees, lengths, strict=True):

@@ -173,17 +173,15 @@ def accept(
     logits: torch.Tensor,
     rows: noise.NoiseRows,
     coupled: bool = True,
-    trees: list[list[int] | None] | None = None,
 ) -> tuple[list[int], list[int], list[list[int]]]:
     """logits: [B, K+1, V] from the verify forward (masked where guided); row (b, i) is reqs[b]'s output position
-    len(output_ids) + i, or in a tree row (trees[b]: its tokens' parents, tree.py) + the token's depth.
+    len(output_ids) + the depth of the row's token i (a line: i; a tree of drafts, Proposal.parents: tree.py).
     -> (accepted drafts per request, the target's next token per request, the row indices of the accepted
     drafts). Greedy rows, and sampled rows when coupled: the longest prefix of drafts equal to the target's own
     choice (in a tree, the path that follows the target's choice from node to node: tree.walk), then its choice.
     Sampled rows otherwise (never trees): speculative (rejection) sampling."""
     B, T, V = logits.shape
     dev = logits.device
-    trees = trees or [None] * B
     k = long_tensor([len(p.tokens) for p in proposals], dev)
     drafts = torch.zeros(B, T - 1, dtype=torch.long)  # built on the host, one non-blocking copy
     for b, p in enumerate(proposals):
@@ -193,9 +191,7 @@ def accept(
     choice = logits.argmax(-1)  # [B, T] greedy choice at every position
     s_rows = [b for b, r in enumerate(reqs) if not r.params.greedy]
     if s_rows and coupled:
-        depth = [
-            tree.depths(t) if t is not None else range(1 + len(p.tokens)) for t, p in zip(trees, proposals, strict=True)
-        ]
+        depth = [p.depths for p in proposals]
         cells = [(b, i) for b in s_rows for i in range(len(depth[b]))]  # padding rows skipped
         flat = long_tensor([b * T + i for b, i in cells], dev)
         picked = coupled_pick(
@@ -215,12 +211,12 @@ def accept(
     accepted_l, nxt_l = accepted.tolist(), nxt.tolist()  # the verify step waits for the device here
     paths = [list(range(1, a + 1)) for a in accepted_l]
     # rows verified as trees (rejection sampling reads a sampled row's line alone: its branches are ignored)
-    tree_rows = [b for b, t in enumerate(trees) if t is not None and (coupled or reqs[b].params.greedy)]
+    tree_rows = [b for b, p in enumerate(proposals) if p.branches and (coupled or reqs[b].params.greedy)]
     if tree_rows:
         chosen = choice.tolist()
         for b in tree_rows:
             tokens = [-1, *proposals[b].tokens, *(n.token for n in proposals[b].branches)]
-            paths[b], nxt_l[b] = tree.walk(trees[b], tokens, chosen[b])
+            paths[b], nxt_l[b] = tree.walk(proposals[b].parents, tokens, chosen[b])
             accepted_l[b] = len(paths[b])
     return accepted_l, nxt_l, paths
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from ..model import tree
 from ..request import Request
 
 # pick(logits [B, V], requests, offsets) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token
@@ -35,9 +36,9 @@ class Proposal:
     sources: list[str] | None = None  # per token, where it came from (statistics, adaptive k); None = the
     # engine tags the forced prefix "forced" and the rest by the drafter
     # tree material (speculation/trees.py): per draft index, a second-best token and the drafter's probability of
-    # it; other whole continuations (from the proposal's start) with their source; the branches chosen to verify
+    # it; other whole continuations (from the proposal's start); the branches chosen to verify
     alts: dict[int, tuple[int, float]] = field(default_factory=dict)
-    others: list[tuple[list[int], str]] = field(default_factory=list)
+    others: list[list[int]] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
 
     def cut(self, n: int) -> Proposal:
@@ -60,6 +61,12 @@ class Proposal:
         if not self.branches:
             return None
         return [-1, *range(len(self.tokens)), *(b.parent for b in self.branches)]
+
+    @property
+    def depths(self) -> list[int]:
+        """Each token of its verify row at its depth past the last committed token (a line: its index)."""
+        parents = self.parents
+        return tree.depths(parents) if parents is not None else list(range(1 + len(self.tokens)))
 
     def tagged(self, n_forced: int, drafter: str) -> Proposal:
         """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then the

@@ -106,32 +106,25 @@ class NgramDrafter(Drafter):
                 legal = r.guide.legal_prefix if r.guide is not None else None
                 ids = np.asarray(r.all_ids + prefix, dtype=np.int64)
                 found, start, in_guide = lookup(ids, rest, self.n_min, self.n_max, extra, legal)
-                source = _source(in_guide, start, r)
+                source = "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
                 if self.alternatives and found:
-                    others = alternatives(ids, rest, self.n_min, self.n_max, extra, found, self.alternatives)
-                    others = [(prefix + t, _source(g, s, r)) for t, s, g in others]
+                    more = alternatives(ids, rest, self.n_min, self.n_max, extra, found, self.alternatives)
+                    others = [prefix + t for t in more]
             prop = Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found), others=others)
             out.append(prop)
         return out
 
 
-def _source(in_guide: bool, start: int, r: Request) -> str:
-    """Where a lookup continuation comes from: the guide's text, the prompt, or the request's own output."""
-    return "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
-
-
 def alternatives(
     ids: np.ndarray, k: int, n_min: int, n_max: int, extra: np.ndarray | None, chosen: list[int], most: int
-) -> list[tuple[list[int], int, bool]]:
+) -> list[list[int]]:
     """Up to `most` other continuations than `chosen` (branches of a tree of drafts, speculation/trees.py), in
-    lookup's order (longest n, latest first), each leaving chosen's and the earlier ones' tokens somewhere ->
-    (tokens, start, whether in extra). Unchecked by the grammar: the tree's planner checks each node it verifies."""
-    out: list[tuple[list[int], int, bool]] = []
+    lookup's order (longest n, latest first), each leaving chosen's and the earlier ones' tokens somewhere.
+    Unchecked by the grammar: the tree's planner checks each node it verifies."""
     seen = [chosen]
-    for _, tokens, start, in_extra in candidates(ids, k, n_min, n_max, extra):
+    for _, tokens, _, _ in candidates(ids, k, n_min, n_max, extra):
         if not any(s[: len(tokens)] == tokens for s in seen):
             seen.append(tokens)
-            out.append((tokens, start, in_extra))
-            if len(out) >= most:
+            if len(seen) > most:
                 break
-    return out
+    return seen[1:]

@@ -59,4 +59,5 @@ class VerifyRow:
         ordered = [sources[r - 1] for r in self.path] + [s for r, s in enumerate(sources, 1) if r not in on_path]
         if used <= self.accepted:
             ordered = ordered[:used]
-        self.req.spec.record(ordered, min(self.accepted, used), p.parents, self.path, len(p.tokens))
+        taken = self.line_accepted < self.accepted
+        self.req.spec.record(ordered, min(self.accepted, used), len(p.branches), max(p.depths), taken)

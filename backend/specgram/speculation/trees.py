@@ -58,7 +58,7 @@ ALT_BUCKETS = (0.1, 0.2, 0.4)  # runner-up probability buckets: [floor, 0.1), [0
 PRIORS = {"alt0": ALT_FLOOR, "alt1": 0.1, "alt2": 0.2, "alt3": 0.4, "branch": 0.1, "branch+": 0.5}
 
 
-def candidates(prop: Proposal, others: list[tuple[list[int], str]], reach: list[float], rate) -> list[tuple]:
+def candidates(prop: Proposal, others: list[list[int]], reach: list[float], rate) -> list[tuple]:
     """A row's candidate branch nodes -> (chance, parent, token, source, key), parents named by candidate index:
     -1 - i is the line's row i (0: the last committed token), j >= 0 the j-th candidate; parents come first.
     reach[i]: the line's chance to reach row i; rate(key): the engine's estimate that the target takes a node
@@ -79,7 +79,7 @@ def candidates(prop: Proposal, others: list[tuple[list[int], str]], reach: list[
     for i, (token, q) in sorted(prop.alts.items()):
         if i < len(line) and token != line[i]:
             add(reach[i] * rate(alt_key(q)), -1 - i, token, ALT, alt_key(q))
-    for seq, _ in others:
+    for seq in others:
         j = next((j for j in range(min(len(seq), len(line))) if seq[j] != line[j]), min(len(seq), len(line)))
         chance, parent = reach[j], -1 - j
         for n, token in enumerate(seq[j:]):
@@ -124,12 +124,13 @@ class TreePlanner:
         """plan()'s choice -> whether the step keeps any tree."""
         pool = []  # (chance, depth, row, candidate index)
         cands: dict[int, list] = {}
+        lines = [v.req.acceptance.chances(v.proposal.sources) if v.proposal.tokens else [] for v in rows]
         for b, v in enumerate(rows):
             r, p = v.req, v.proposal
             if not branchable(r, self.coupled, self.guided) or not (p.alts or p.others or v.shadow):
                 continue
-            others = list(p.others) + ([(v.shadow.tokens, v.shadow.sources[-1])] if v.shadow else [])
-            reach = [1.0, *r.acceptance.chances(p.sources)] if p.tokens else [1.0]
+            others = p.others + ([v.shadow.tokens] if v.shadow else [])
+            reach = [1.0, *lines[b]]
             found = self.faults.guard(r, candidates, p, others, reach, self.rate, default=[])
             cands[b] = found
             depth = {}
@@ -139,7 +140,7 @@ class TreePlanner:
         if not pool:
             return False
         cost = costs.curve()
-        tokens = sum(1 + sum(v.req.acceptance.chances(v.proposal.sources)) for v in rows)
+        tokens = sum(1 + sum(c) for c in lines)
         n_rows = sum(1 + len(v.proposal.tokens) for v in rows)
         seconds = cost(n_rows) + sunk
         base = tokens / seconds
