@@ -148,7 +148,7 @@ def vocab4_target_and_draft(root: Path) -> Engine:
 def cheap_draft_model(monkeypatch, engine) -> None:
     """Freeze engine's step-cost model at a 30 ms step and a 2 ms draft forward: what a draft model much smaller
     than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need
-    not draft at all)."""
+    not draft at all). The measured fallback (speculation/fallback.py) is off: it would see the real costs."""
     from specgram.speculation.costs import StepCosts
 
     costs = StepCosts()
@@ -161,6 +161,7 @@ def cheap_draft_model(monkeypatch, engine) -> None:
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
     monkeypatch.setattr(costs, "record_read", lambda *a: None)
     monkeypatch.setattr(engine.planner, "costs", costs)
+    monkeypatch.setattr(engine.fallback, "enabled", False)
 
 
 # ---- model.py with a fake triton_python_backend_utils -------------------------------------------------------

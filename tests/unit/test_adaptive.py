@@ -22,12 +22,14 @@ def costs_of(a: float, b: float, rows=(1, 2, 4, 8, 16)) -> StepCosts:
     return c
 
 
-def frozen(monkeypatch, costs: StepCosts) -> StepCosts:
-    """costs, not updated by the engine's own timings while a test runs."""
+def freeze(monkeypatch, engine, costs: StepCosts) -> None:
+    """engine's planner costs, not updated by the engine's own timings while a test runs; the measured fallback
+    (speculation/fallback.py) off: it would see the real costs, and the cost model alone is under test."""
     monkeypatch.setattr(costs, "record", lambda *a: None)
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
     monkeypatch.setattr(costs, "record_read", lambda *a: None)
-    return costs
+    monkeypatch.setattr(engine.planner, "costs", costs)
+    monkeypatch.setattr(engine.fallback, "enabled", False)
 
 
 # ---- pure parts -------------------------------------------------------------------------------------------
@@ -326,7 +328,7 @@ def test_a_draft_model_request_under_auto_drafts_by_lookup_where_the_model_does_
     engine = engines["right"]
     costs = costs_of(0.030, 1e-5)
     costs.draft_depth_s = 0.050
-    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs))
+    freeze(monkeypatch, engine, costs)
     fed = []
     drafter = engine.drafters["draft_model"]
     monkeypatch.setattr(drafter, "propose", lambda reqs, *a: fed.append(reqs) or [])
@@ -426,7 +428,7 @@ def test_auto_follows_the_cost_model(engines, monkeypatch):
     only_rows = costs_of(0.0, 0.05)
     monkeypatch.setattr(only_rows, "fit", lambda: (0.0, 0.05, 0.0))  # the fit's intercept is not exactly 0
     for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
-        monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs))
+        freeze(monkeypatch, engine, costs)
         monkeypatch.setattr(engine.planner, "population", adaptive.Population())  # no history from other tests
         spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
         assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
@@ -469,7 +471,7 @@ def tiny_vocab(tmp_path_factory):
 def test_auto_sampling_matches_target_distribution(tiny_vocab, drafter, monkeypatch):
     engine = tiny_vocab
     # 64 rows, rows nearly free: drafts pay (above MIN_GAIN for the batch) wherever lookup finds some
-    monkeypatch.setattr(engine.planner, "costs", frozen(monkeypatch, costs_of(0.030, 0.000001)))
+    freeze(monkeypatch, engine, costs_of(0.030, 0.000001))
     expected = exact_joint(engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
     reqs = [
         engine.make_request(

@@ -1,17 +1,16 @@
 """The engine's step. Single-threaded: one thread owns it (serving/loop.py); nothing here locks.
 
-One step path serves every mix of work:
-    admit (scheduler.py) -> plan: this step's prompt chunks, and drafts for the decoding requests
-    (speculation/planner.py) -> one target forward over every row (step.py) -> completed prompts take their
-    first token; verify rows are masked and accepted (verify.py) and committed (output.py).
+One step path serves every mix of work: admit (scheduler.py) -> plan: this step's prompt chunks, and drafts for
+the decoding requests (speculation/planner.py; none for auto requests where speculation/fallback.py holds them)
+-> one target forward over every row (step.py) -> completed prompts take their first token; verify rows are
+masked and accepted (verify.py) and committed (output.py).
 A request with k = 0 drafts nothing: its verify row is a plain decode over [last token]; a row may branch into a
 tree of drafts (speculation/trees.py). Guided requests carry a Guide (grammar/guide.py); grammar/masks.py holds
 the bitmask rows, by (slot, row), and logits.py applies them with the min_tokens EOS ban wherever a token is chosen.
 
 Failure belongs to a request (faults.py): a request's own work in any phase runs under the step's Faults, and a
 request whose work raised ends with its own error after that phase (_end_failed) while the step goes on for the
-others. A failure of a phase's shared work (the target forward) fails the requests of that phase and no others
-(_contained).
+others. A failure of a phase's shared work (the target forward) fails that phase's requests alone (_contained).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from ..model.runner import ModelRunner
 from ..request import Request, RequestOutput, SamplingParams
 from ..speculation import trees
 from ..speculation.drafter import Drafter, GrammarOnlyDrafter
+from ..speculation.fallback import Fallback
 from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner
 from ..speculation.rows import VerifyRow
@@ -101,6 +101,7 @@ class Engine:
             all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults
         )
         coupled = config.speculative_sampling == "coupled"
+        self.fallback = Fallback(config.spec_fallback)  # plain decoding where drafting realises less
         self.trees = trees.TreePlanner(  # its verify rows' K and V: the target's
             all_drafters, masks, tree_budget, self.faults, coupled, not self.overlap_grammar, target
         )
@@ -127,8 +128,7 @@ class Engine:
 
     def make_request(self, params: SamplingParams, **prompt) -> Request:
         """Validate and tokenize (Intake.make_request: the prompt as text=, messages= with chat= and
-        template_kwargs=, or prompt_ids=);
-        raises InvalidRequest with a user-facing message. Thread-safe."""
+        template_kwargs=, or prompt_ids=); raises InvalidRequest with a user-facing message. Thread-safe."""
         return self.intake.make_request(params, **prompt)
 
     def add(self, req: Request) -> None:
@@ -174,17 +174,17 @@ class Engine:
     # ---- the step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        decoding = [r for r in self.scheduler.running.values() if not r.prefilling]
+        started, decoding = time.perf_counter(), [r for r in self.scheduler.running.values() if not r.prefilling]
         outputs = self._admit()
         plan = StepPlan(self.scheduler.prefill_chunks())
-        self._contained(decoding, outputs, self._draft, plan, decoding)
+        held = self.fallback.begin(decoding, not plan.chunks, started)  # auto requests draft nothing this step
+        self._contained(decoding, outputs, self._draft, plan, decoding, held)
         plan.drop_finished()  # requests that failed while drafting verify nothing
-        if plan.empty:
-            return outputs
-        result = self._contained(plan.requests, outputs, self._forward, plan)
+        result = None if plan.empty else self._contained(plan.requests, outputs, self._forward, plan)
         if result is not None:
             outputs += self._contained(plan.prompts, outputs, self._prefilled, plan, result) or []
             outputs += self._contained(plan.decoding, outputs, self._verified, plan, result) or []
+        self.fallback.end(self.has_work())
         return outputs
 
     def _contained(self, reqs: list[Request], outputs: list[RequestOutput], phase, *args):
@@ -221,13 +221,13 @@ class Engine:
             self.faults.guard(req, self.output.start, req)
         return outputs + self._end_failed()
 
-    def _draft(self, plan: StepPlan, decoding: list[Request]) -> None:
+    def _draft(self, plan: StepPlan, decoding: list[Request], held: bool) -> None:
         """The decoding requests' drafts for this step, cut (adaptive k) and, where the forward blocks, sealed by
         the grammar: verifying a draft the grammar cuts would cost real work there. Where it does not (CUDA),
         the seal runs after the forward is queued: drafts it cuts were verified anyway, and causal attention
         keeps the logits before the cut exact (the KV written past it lies beyond cache_len)."""
         rows = [VerifyRow(r) for r in decoding if not r.finished]  # aborted between admission and now
-        drafted_s = self.planner.draft(rows, self.logits.draft_pick)
+        drafted_s = self.planner.draft(rows, self.logits.draft_pick, held)
         if not self.overlap_grammar:
             for v in rows:
                 v.available = self.planner.seal(v.req, v.available)

@@ -106,12 +106,12 @@ class DraftPlanner:
         )
         return max(k, 0)
 
-    def draft(self, rows: list[VerifyRow], pick: PickFn) -> float:
+    def draft(self, rows: list[VerifyRow], pick: PickFn, held: bool = False) -> float:
         """Each row's drafts for this step (row.available), cut to its k, and its lookup drafts that lost to the
-        draft model's (row.shadow); guided ones stay tentatively accepted in their matchers until seal(). pick:
-        the engine's token choice, for drafters that sample. -> the draft model's seconds (sunk for choose_cuts)."""
+        draft model's (row.shadow); guided ones stay tentatively accepted in their matchers until seal(). pick: the
+        engine's token choice; held: auto requests draft nothing (fallback.py). -> the draft model's seconds."""
         reqs = [v.req for v in rows]
-        ks = [self.draft_len(r) for r in reqs]
+        ks = [0 if held and r.params.auto_draft else self.draft_len(r) for r in reqs]
         prefixes = [
             self.faults.guard(r, self.masks.forced_prefix, r.slot, r.guide, k, self.forced_strings, default=[])
             if r.guide and k

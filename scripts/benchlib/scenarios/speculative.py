@@ -20,7 +20,8 @@ Drafters: ngram (prompt lookup), bf16 (the target checkpoint in bfloat16), int8 
 copy of the target, specgram.model.quantize), int8n (the target's int8 copy on the native kernels, what
 draft_quantization int8 loads where they run: int16 activations on VNNI, else fp32 ones; it reads and writes
 the target's own KV cache). k "auto": the engine
-chooses k per request per step.
+chooses k per request per step; the "-planner" rows run with the engine's fallback to plain decoding off
+(spec_fallback 0: the planner's choices alone).
 --prompt-set chat: open-ended chat prompts instead (free text: nothing in the prompt to copy).
 """
 
@@ -51,7 +52,10 @@ CONFIGS = {
     "int8n-k2": ("draft_model", "int8n", 2),
     "int8n-k4": ("draft_model", "int8n", 4),
     "int8n-auto": ("draft_model", "int8n", -1),
+    "int8n-auto-planner": ("draft_model", "int8n", -1),  # the engine's fallback off: the planner's choices alone
+    "ngram-auto-planner": ("ngram", None, -1),
 }
+PLANNER_ONLY = {"int8n-auto-planner", "ngram-auto-planner"}  # rows run with spec_fallback 0
 PROMPT_SETS = {"copy": COPY_PROMPTS, "chat": CHAT_PROMPTS}
 
 
@@ -173,6 +177,7 @@ def run(args) -> None:
         for _ in range(args.repeat):  # interleaved: load changes hit every row alike
             for n in names:
                 drafter, kind, k = CONFIGS[n]
+                engines[kind].fallback.enabled = n not in PLANNER_ONLY
                 runs[n].append(run_engine(engines[kind], cases, args.max_tokens, c, drafter, k, config=n))
                 report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
         records += [r for rs in runs.values() for r in rs]
@@ -185,7 +190,7 @@ def run(args) -> None:
             rows.append(
                 [
                     c,
-                    n.rsplit("-", 1)[0] if k < 0 else n.rsplit("-k", 1)[0],
+                    n.replace("-auto", "") if k < 0 else n.rsplit("-k", 1)[0],
                     "auto" if k < 0 else k,
                     f"{t:.1f}",
                     f"{alpha:.2f}" if k else "–",
