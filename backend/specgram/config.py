@@ -46,8 +46,9 @@ class EngineConfig:
     max_draft_len: int = 8  # upper bound for a request's num_draft_tokens
     tree_nodes: int = -1  # trees of drafts (speculation/trees.py): branch drafts a verify row may add to its
     # line, chosen per step by the step-cost planner; -1 or "auto" = up to max_draft_len; 0 or "off" = lines only
-    spec_fallback: bool = True  # auto requests decode without drafts at a number of streams where steps that
-    # draft realise fewer tokens per second than steps that do not (speculation/fallback.py, measured as it runs)
+    spec_fallback: bool = False  # auto requests decode without drafts at a number of streams where steps that
+    # draft realise fewer tokens per second than steps that do not (speculation/fallback.py, measured as it runs;
+    # off by default: its probes cost more than it has saved on the workloads measured, docs/performance.md)
     default_max_tokens: int = 128  # used when a request gives no max_tokens
     max_prefill_tokens: int = 512  # prompt tokens prefilled per step; longer prompts are prefilled in chunks
     # over several steps, while the running requests keep decoding

@@ -75,7 +75,8 @@ class Fallback:
         self.at: dict[int, Streams] = {}  # decoding requests -> the check's state there
         self.last: tuple[int, bool] | None = None  # the previous step's (streams, held) where it was a decode step
         self.open: tuple | None = None  # this step's (streams, held, measured, requests, tokens before, start)
-        self.held_steps = 0  # decode steps the auto requests drafted nothing in (statistics)
+        self.steps = 0  # decode steps with an auto request, where this chose (statistics)
+        self.held_steps = 0  # of them, those the auto requests drafted nothing in
 
     def begin(self, decoding: list, decode_only: bool, now: float) -> bool:
         """A step starts at `now` with these decoding requests (decode_only: no prompt chunk in it) -> whether its
@@ -84,7 +85,7 @@ class Fallback:
         if not self.enabled or not decode_only or not any(r.params.auto_draft for r in decoding):
             self.last = None
             return False
-        n = len(decoding)
+        n, self.steps = len(decoding), self.steps + 1
         st = self.at.setdefault(n, Streams(Rate(), Rate()))
         lead = st.leader()
         if st.probing:

@@ -6,6 +6,7 @@
     python scripts/bench.py serving --quick               # c = 1 and 2, 2 requests, 16 tokens
     python scripts/bench.py serving --configs k0,served --repeat 3 --prompt-set chat   # speculation's gain
     python scripts/bench.py serving --configs k0,served-lines,served --repeat 5   # trees of drafts' gain
+    python scripts/bench.py serving --configs k0,served --settings '{"spec_fallback": "0"}'  # engine settings
 
 Every request produces exactly --max-tokens tokens (ignore_eos), greedy, chat-templated prompts; each
 concurrency level sends max(--prompts, c) requests in a closed loop. Per concurrency: aggregate output tok/s,
@@ -74,6 +75,7 @@ def add_options(ap) -> None:
         "guided: JSON-schema guided requests whose prompt does not quote the schema (--configs)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
+    ap.add_argument("--settings", default="{}", help="JSON of engine settings for the server started here")
 
 
 def run(args) -> None:
@@ -81,7 +83,7 @@ def run(args) -> None:
         return compare_configs(args)
     extra = {"ignore_eos": True, **json.loads(args.extra)}
     recs = []
-    with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
+    with served(args.url, json.loads(args.settings), report.raw_dir(args) / "tritonserver.log") as (url, _):
         run_triton(url, [dict(prompt=CHAT_PROMPTS[0])], 8, 1, extra=extra)  # warm-up
         for c in args.concurrency:
             n = max(args.prompts, c)
@@ -126,7 +128,7 @@ def compare_configs(args) -> None:
     # guided answers end with their JSON (a grammar allows only EOS there); the others run --max-tokens
     base = {**({} if guided else {"ignore_eos": True}), **json.loads(args.extra)}
     rows, recs = [], []
-    with served(args.url, log_path=report.raw_dir(args) / "tritonserver.log") as (url, _):
+    with served(args.url, json.loads(args.settings), report.raw_dir(args) / "tritonserver.log") as (url, _):
         for n in names:  # warm-up: every config
             run_triton(url, pool, 8, 2, guided=guided, extra={**base, **CONFIGS[n]})  # compiles the guides
         for c in args.concurrency:

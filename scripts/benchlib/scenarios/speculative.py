@@ -174,13 +174,21 @@ def run(args) -> None:
     rows, records = [], []
     for c in args.concurrency:
         runs: dict[str, list[dict]] = {n: [] for n in names}
+        held = {n: [0, 0] for n in names}  # the fallback's held and decided decode steps over the runs
         for _ in range(args.repeat):  # interleaved: load changes hit every row alike
             for n in names:
                 drafter, kind, k = CONFIGS[n]
-                engines[kind].fallback.enabled = n not in PLANNER_ONLY
+                fb = engines[kind].fallback
+                fb.enabled, before = n not in PLANNER_ONLY, (fb.held_steps, fb.steps)
                 runs[n].append(run_engine(engines[kind], cases, args.max_tokens, c, drafter, k, config=n))
+                held[n] = [held[n][0] + fb.held_steps - before[0], held[n][1] + fb.steps - before[1]]
                 report.log(f"c {c} {n}: {tok_s(runs[n][-1]):.1f} tok/s")
         records += [r for rs in runs.values() for r in rs]
+        notes += [
+            f"- c {c} {n}: auto drafted nothing (the fallback) in {h} of {s} decode steps"
+            for n, (h, s) in held.items()
+            if s
+        ]
         ref_tps = statistics.median(map(tok_s, runs["none"]))
         for n in names:
             _, kind, k = CONFIGS[n]
