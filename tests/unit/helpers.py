@@ -148,7 +148,7 @@ def vocab4_target_and_draft(root: Path) -> Engine:
 def cheap_draft_model(monkeypatch, engine) -> None:
     """Freeze engine's step-cost model at a 30 ms step and a 2 ms draft forward: what a draft model much smaller
     than its target costs, where auto k drafts (the tiny test drafts cost what their targets do, where it need
-    not draft at all). The measured fallback (speculation/fallback.py) is off: it would see the real costs."""
+    not draft at all); frozen (freeze)."""
     from specgram.speculation.costs import StepCosts
 
     costs = StepCosts()
@@ -157,6 +157,12 @@ def cheap_draft_model(monkeypatch, engine) -> None:
             costs.record(n, 0.030 + 1e-4 * n)
     costs.draft_depth_s = 0.002
     costs.read_token_s = 0.0002  # a prompt read at 0.2 ms a token: cheap beside the drafts' gain
+    freeze(monkeypatch, engine, costs)
+
+
+def freeze(monkeypatch, engine, costs) -> None:
+    """engine's planner costs, not updated by the engine's own timings while a test runs; the measured fallback
+    (speculation/fallback.py) off: it would see the real costs, and the cost model alone is under test."""
     monkeypatch.setattr(costs, "record", lambda *a: None)
     monkeypatch.setattr(costs, "record_draft", lambda *a: None)
     monkeypatch.setattr(costs, "record_read", lambda *a: None)

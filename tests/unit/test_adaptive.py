@@ -10,7 +10,16 @@ from specgram.speculation.adaptive import Acceptance, RequestAcceptance, allocat
 from specgram.speculation.costs import StepCosts
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import PROMPTS, cheap_draft_model, run, run_to_end, tokens_of, vocab4_target_and_draft, wrong_and_right
+from .helpers import (
+    PROMPTS,
+    cheap_draft_model,
+    freeze,
+    run,
+    run_to_end,
+    tokens_of,
+    vocab4_target_and_draft,
+    wrong_and_right,
+)
 from .test_speculative import PROMPT, SAMPLE_PARAMS, with_oracle
 
 
@@ -20,16 +29,6 @@ def costs_of(a: float, b: float, rows=(1, 2, 4, 8, 16)) -> StepCosts:
         for n in rows:
             c.record(n, a + b * n)
     return c
-
-
-def freeze(monkeypatch, engine, costs: StepCosts) -> None:
-    """engine's planner costs, not updated by the engine's own timings while a test runs; the measured fallback
-    (speculation/fallback.py) off: it would see the real costs, and the cost model alone is under test."""
-    monkeypatch.setattr(costs, "record", lambda *a: None)
-    monkeypatch.setattr(costs, "record_draft", lambda *a: None)
-    monkeypatch.setattr(costs, "record_read", lambda *a: None)
-    monkeypatch.setattr(engine.planner, "costs", costs)
-    monkeypatch.setattr(engine.fallback, "enabled", False)
 
 
 # ---- pure parts -------------------------------------------------------------------------------------------
