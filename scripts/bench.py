@@ -56,6 +56,7 @@ SCENARIOS = (
     "models",
     "vocab",
     "draft_vocab",
+    "tree_ceiling",
     "lora",
     "gpu",
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import time
 from pathlib import Path
@@ -33,8 +34,12 @@ def table(header: list[str], rows) -> list[str]:
     ]
 
 
+ENV_SHOWN = ("SPECGRAM_KERNEL_ISA",)  # environment settings that change what a run measures, shown in its command
+
+
 def command(args) -> str:
-    return "python " + shlex.join(["scripts/bench.py", *args.argv])
+    env = [f"{k}={shlex.quote(os.environ[k])} " for k in ENV_SHOWN if os.environ.get(k)]
+    return "".join(env) + "python " + shlex.join(["scripts/bench.py", *args.argv])
 
 
 def header(title: str, args, workload: str = "", packages=PACKAGES, command_text: str | None = None) -> list[str]:

