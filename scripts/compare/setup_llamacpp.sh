@@ -4,7 +4,8 @@
 #   bash scripts/compare/setup_llamacpp.sh [CHECKPOINT] [TYPE ...]
 #     -> build/peers/llamacpp/bin/python and build/peers/llamacpp/models/<checkpoint name>-<type>.gguf
 #        (CHECKPOINT default models/SmolLM2-135M-Instruct; TYPE: convert_hf_to_gguf.py's --outtype, default f32 q8_0)
-# Idempotent: an installed llama-cpp-python of the pinned version and existing GGUF files are kept. The first run
+# Idempotent: an installed llama-cpp-python of the pinned version and build flags, and existing GGUF files, are
+# kept (GGUFs by checkpoint folder name and type: delete them after changing the checkpoint in place). The first run
 # compiles llama.cpp (PyPI has only the source dist): several minutes on 2 cores.
 # The GGUF files come from llama.cpp's own converter (vendor/llama.cpp/convert_hf_to_gguf.py in the same source
 # dist, so converter and runtime agree on the format), run in this venv with the converter's own pins (numpy 2,
@@ -44,8 +45,11 @@ if ! { [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/build-args" 2>/dev/null)" ==
   # The source dist is kept: its vendor/llama.cpp holds the converter used below.
   [ -f "$SDIST" ] || "$VENV/bin/pip" download -q --no-binary :all: --no-deps -d "$VENV/src" \
     "llama-cpp-python==$LLAMA_CPP_VERSION"
+  # its dependencies pinned (numpy at the converter's pin), then the package rebuilt alone for these flags
+  "$VENV/bin/pip" install -q "jsonschema==4.26.0" "numpy==2.2.6" "typing-extensions==4.16.0" "diskcache==5.6.3" \
+    "jinja2==3.1.6"
   CMAKE_ARGS="$BUILD_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-    "$VENV/bin/pip" install -q --force-reinstall "$SDIST" "jsonschema==4.26.0"
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps "$SDIST"
   echo "$BUILD_ARGS" > "$VENV/build-args"
 fi
 "$VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"

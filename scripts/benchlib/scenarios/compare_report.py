@@ -24,6 +24,14 @@ ABSENT = [  # the report's "Rows that do not exist, and why"
     "llama.cpp's Q8_0 (the row to set it against); its ids differ from the float32 target's by design.",
 ]
 
+LOSSY = ("int8 target only",)  # ours with an int8 target: output differs from the float32 target's by design
+
+
+def lossy_peer(system: str) -> bool:
+    """A peer whose weights are not float32 (llama.cpp's Q8_0 and other GGUF types but F32): set against ours with
+    an int8 target."""
+    return system.startswith("llama.cpp ") and system != "llama.cpp F32"
+
 
 def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
     """One row of the table. reference = ours in-process, target only, same guide and concurrency (same ids?)."""
@@ -58,10 +66,13 @@ def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """ratio = tok/s / the same system's target-only tok/s at the same guide and concurrency."""
-    base = {(r["system"], r["guided"], r["concurrency"]): r["tok_s"] for r in rows if r["config"] == "target only"}
+    """ratio = tok/s / the same system's target-only tok/s at the same guide and concurrency (ours with an int8
+    target: its own, as the int8 target is a different target, not a drafter)."""
+    plain = ("target only", *LOSSY)
+    base = {(r["system"], r["config"], r["guided"], r["concurrency"]): r["tok_s"] for r in rows if r["config"] in plain}
     for r in rows:
-        b = base.get((r["system"], r["guided"], r["concurrency"]))
+        of = r["config"] if r["config"] in LOSSY else "target only"
+        b = base.get((r["system"], of, r["guided"], r["concurrency"]))
         r["ratio"] = r["tok_s"] / b if b else None
 
 
@@ -76,19 +87,12 @@ def find(rows, system, config, guided, c):
     )
 
 
-LOSSY = ("int8 target only",)  # ours with an int8 target: output differs from the float32 target's by design
-LOSSY_PEERS = ("llama.cpp Q8_0",)  # peers with 8-bit weights: set against ours with an int8 target
-
-
 def best(rows, system, guided, c, lossy: bool = False):
-    """The system's fastest row; lossy=False: exact rows only (ours' int8 target is set against Q8_0 alone)."""
+    """The system's fastest row: of its exact rows, or (lossy) of ours' int8-target rows (set against a lossy peer)."""
     cands = [
         r
         for r in rows
-        if r["system"] == system
-        and r["guided"] == guided
-        and r["concurrency"] == c
-        and (lossy or r["config"] not in LOSSY)
+        if r["system"] == system and r["guided"] == guided and r["concurrency"] == c and (r["config"] in LOSSY) == lossy
     ]
     return max(cands, key=lambda r: r["tok_s"]) if cands else None
 
@@ -133,7 +137,7 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
     peers = sorted({r["system"] for r in rows if r["system"] not in (T, P)})
     for ours, how in ((P, "in-process"), (T, "Triton")):  # the peers run in process (HF; vLLM's LLM class)
         for peer in peers:
-            lossy = peer in LOSSY_PEERS  # set against ours with an int8 target: the target-only rows are both int8
+            lossy = lossy_peer(peer)  # set against ours with an int8 target: the target-only rows are both int8
             mine = "ours int8" if lossy else "ours"
             for c in (c for c in levels if any(r["system"] == peer and r["concurrency"] == c for r in rows)):
                 for g in (False, True):

@@ -1,7 +1,7 @@
 """What trees of drafts could add at best: at each step where a line fails, whether the drafters held the target's
 token as an alternative there, and what that is worth.
 
-    python scripts/bench.py tree_ceiling                      # chat and guided prompts, one stream
+    python scripts/bench.py tree_ceiling                      # chat and guided prompts, one stream (~20 s)
     python scripts/bench.py tree_ceiling --quick              # 2 prompts of each, 32 tokens: a smoke run
 
 The served default in process (drafter auto: the int8 copy with lookup, auto draft length, fp32 target), greedy,
@@ -13,7 +13,8 @@ j (a runner-up there, or another continuation that agrees with the line up to j 
 With a tree, a hit's branch would commit t (which the line's step commits anyway as the target's own token) and
 then what the branch drafts after it. Its ceiling: the branch drafts past t what the next step's line drafted (the
 same drafter from the same tokens) and costs nothing, so each hit merges the next step into this one:
-  ceiling = steps / (steps - hits)    the most tokens per second trees could add over lines at one stream
+  ceiling = steps / (steps - hits)    what trees could add over lines at one stream, for steps of equal cost,
+                                      branches at most a line deep past the fork, from the alternatives kept
 Runner-up leaves (the branches the engine verifies now) commit one token per hit: (tokens + hits) / tokens. And
 the bound for a tree of any width, had it held the target's token at every failed line: steps / (steps - failed).
 """
@@ -57,15 +58,17 @@ def held_material(engine, log: list) -> None:
 
 
 def count(log: list) -> dict:
-    """The logged steps -> steps, tokens, rejections, hits (runner-up / lookup), the ceiling and leaf ratios."""
+    """The logged steps -> steps, tokens, failed lines, hits (runner-up / lookup), and the leaves, ceiling and
+    every-failure ratios. A request's last step counts as a step but not as a hit or a failure (nothing follows it
+    to merge)."""
     steps = tokens = rejected = alt_hits = lookup_hits = 0
     by_request: dict[int, list] = {}
     for row in log:
         by_request.setdefault(row[0], []).append(row)
     for rows in by_request.values():
-        for _, line, alts, others, a, t in rows:
+        for n, (_, line, alts, others, a, t) in enumerate(rows, 1):
             steps, tokens = steps + 1, tokens + a + 1
-            if a >= len(line):
+            if a >= len(line) or n == len(rows):  # taken whole; or its request's last step: no next step to merge
                 continue
             rejected += 1
             alt = alts.get(a)
@@ -100,18 +103,18 @@ def run(args) -> None:
     )
     log: list = []
     held_material(engine, log)
-    rows = []
+    rows, logs = [], {}
     for name, (cases, max_tokens, guided) in sets.items():
         run_engine(engine, cases[:2], 8, 1, "draft_model", -1, guided=guided)  # warm-up: the step costs, adaptive k
         log.clear()
         run_engine(engine, cases, max_tokens, 1, "draft_model", -1, guided=guided)
-        c = count(log)
+        logs[name], c = list(log), count(log)
         report.log(f"{name}: {c}")
         rows.append(
             [
-                name,
+                f"{name}: {len(cases)} prompts, {max_tokens} tokens",
                 c["steps"],
-                f"{c['tokens'] / c['steps']:.2f}",
+                f"{c['tokens'] / max(c['steps'], 1):.2f}",
                 c["rejected"],
                 f"{c['alt_hits']} + {c['lookup_hits']}",
                 f"{c['leaves']:.3f}×",
@@ -122,9 +125,8 @@ def run(args) -> None:
     lines = report.header(
         "What trees could add: the drafters' alternatives at the lines' failures",
         args,
-        f"the served default in process (drafter auto, int8 copy, auto k), lines verified, one stream, greedy; "
-        f"chat: {args.prompts} chat prompts, {args.max_tokens} tokens; guided: {args.prompts} JME cases, "
-        f"{GUIDED_TOKENS} tokens",
+        "the served default in process (drafter auto, int8 copy, auto k), lines verified, one stream, greedy; chat "
+        "prompts and JME extraction cases (those whose answer fits the guided token budget)",
     )
     head = [
         "prompts",
@@ -132,15 +134,16 @@ def run(args) -> None:
         "tokens/step",
         "lines failed",
         "hits (runner-up + lookup)",
-        "leaves",
+        "runner-up leaves",
         "ceiling",
         "every failure",
     ]
     lines += [*report.table(head, rows), ""]
     lines += [
-        "hits: failed lines whose failing position the drafters held the target's token for; leaves: tokens with",
-        "runner-up leaves ÷ without; ceiling: steps ÷ (steps − hits), each hit's branch committing what the next",
-        "step's line did, at no cost; every failure: the same if a tree held the target's token at every failed line",
-        "(steps ÷ (steps − lines failed)).",
+        "hits: failed lines whose failing position the drafters held the target's token for (a request's last step",
+        "not counted); runner-up leaves: tokens with a one-token branch at each runner-up hit ÷ without; ceiling:",
+        "steps ÷ (steps − hits), each hit's branch committing what the next step's line did, at no cost (steps of",
+        "equal cost, branches at most a line deep past the fork, from the alternatives kept); every failure: the same",
+        "had a tree held the target's token at every failed line, steps ÷ (steps − lines failed).",
     ]
-    report.write(args, lines, dict(log=log))
+    report.write(args, lines, dict(logs=logs))
