@@ -5,7 +5,7 @@ writes run records (scripts/benchlib/run.py) as JSON, as scripts/compare/vllm_wo
     build/peers/llamacpp/bin/python scripts/compare/llamacpp_worker.py job.json out.json
 
 job: {gguf: {type: path}, max_tokens, threads, lookup: [0 | k], guided: [false, true], eos: [..],
-      cases: [{name, guide, schema, prompt_ids}]}
+      cases: [{name, guide, prompt_ids}]}
 One Llama per (type, lookup) setting. llama-cpp-python decodes one sequence at a time (no batching of requests),
 so every run is concurrency 1: the cases one after another. Each request feeds the prompt's token ids to
 Llama.generate (greedy: temperature 0, top_k 1) and stops at EOS or max_tokens; the KV cache is reset before each
@@ -55,8 +55,8 @@ class CountingLookup:
         return drafted, accepted
 
 
-def one_request(llm, case: dict, max_tokens: int, eos: set[int], guided: bool, grammar, lookup) -> dict:
-    from benchlib.workload import is_valid, trim_at_eos
+def one_request(llm, case: dict, max_tokens: int, eos: set[int], grammar, lookup) -> dict:
+    from benchlib.workload import trim_at_eos
 
     if lookup is not None:
         lookup.drafts, lookup.prompt_len = [], len(case["prompt_ids"])
@@ -80,15 +80,13 @@ def one_request(llm, case: dict, max_tokens: int, eos: set[int], guided: bool, g
     out = dict(ids=gen, text=text, ttft_s=ttft if ttft is not None else latency, latency_s=latency, finish=finish)
     if lookup is not None:
         out["drafted"], out["accepted"] = lookup.count(ids)
-    if guided:  # with or without a grammar (one its converter rejected)
-        out["valid"] = is_valid(text, case["schema"])  # JSON that validates against its schema (jsonschema)
     return out
 
 
 def run(llm, cases, grammars, lookup, k, guided, max_tokens, eos, gtype) -> dict:
     t_start = time.perf_counter()
     reqs = [
-        dict(case=i, **one_request(llm, c, max_tokens, eos, guided, grammars[i] if guided else None, lookup))
+        dict(case=i, **one_request(llm, c, max_tokens, eos, grammars[i] if guided else None, lookup))
         for i, c in enumerate(cases)
     ]
     wall = time.perf_counter() - t_start
@@ -150,8 +148,7 @@ def main() -> None:
                 run(llm, cases[:2], grammars, lookup, k, guided, 8, eos, gtype)  # warm-up
                 r = run(llm, cases, grammars, lookup, k, guided, job["max_tokens"], eos, gtype)
                 toks = sum(len(q["ids"]) for q in r["requests"])
-                valid = f", {sum(q['valid'] for q in r['requests'])}/{len(cases)} valid" if guided else ""
-                print(f"# {r['system']} {r['config']} guided={guided} c=1: {toks / r['wall_s']:.1f} tok/s{valid}")
+                print(f"# {r['system']} {r['config']} guided={guided} c=1: {toks / r['wall_s']:.1f} tok/s")
                 results.append(r)
                 out = dict(llamacpp=llama_cpp.__version__, results=results, no_grammar=no_grammar)
                 json.dump(out, open(out_path, "w"))

@@ -46,8 +46,7 @@ if ! { [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/build-args" 2>/dev/null)" ==
   [ -f "$SDIST" ] || "$VENV/bin/pip" download -q --no-binary :all: --no-deps -d "$VENV/src" \
     "llama-cpp-python==$LLAMA_CPP_VERSION"
   # its dependencies pinned (numpy at the converter's pin), then the package rebuilt alone for these flags
-  "$VENV/bin/pip" install -q "jsonschema==4.26.0" "numpy==2.2.6" "typing-extensions==4.16.0" "diskcache==5.6.3" \
-    "jinja2==3.1.6"
+  "$VENV/bin/pip" install -q "numpy==2.2.6" "typing-extensions==4.16.0" "diskcache==5.6.3" "jinja2==3.1.6"
   CMAKE_ARGS="$BUILD_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
     "$VENV/bin/pip" install -q --force-reinstall --no-deps "$SDIST"
   echo "$BUILD_ARGS" > "$VENV/build-args"

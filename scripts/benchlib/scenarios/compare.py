@@ -38,7 +38,13 @@ from .compare_workers import run_llamacpp, run_vllm
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 32, "concurrency": [1, 2]}
 QUICK_HELP = "2 prompts, 32 tokens, concurrency 1 and 2"
-SYSTEMS = ("ours", "triton", "hf", "vllm", "llamacpp")
+SYSTEMS = {  # --systems name -> its name in the report's title
+    "ours": "our engine",
+    "triton": "our engine via Triton",
+    "hf": "HF transformers",
+    "vllm": "vLLM-CPU",
+    "llamacpp": "llama.cpp",
+}
 # ours: config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only (guided rows); every
 # drafter also drafts forced tokens first under a guide. int8 draft = an int8 copy of the target drafts.
 # INT8_TARGET: configs run on a second engine whose target is int8 (engine setting weights "int8": the target's
@@ -55,7 +61,7 @@ INT8_TARGET = ("int8 target only",)
 
 
 def add_options(ap) -> None:
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {list(SYSTEMS)}")
     ap.add_argument(
         "--vllm-dtypes",
         nargs="+",
@@ -193,7 +199,7 @@ def measure(args, system: str, tok, cases, eos, max_seq_len) -> dict:
 def run(args) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := set(systems) - set(SYSTEMS):
-        raise SystemExit(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}")
+        raise SystemExit(f"unknown systems {sorted(unknown)}; known: {list(SYSTEMS)}")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -259,14 +265,7 @@ def run(args) -> None:
 
 def render(args, cases, rows, notes, pngs, versions) -> list[str]:
     packages = ("torch", "transformers", "xgrammar", "tritonclient", "nvidia-pytriton")
-    names = {
-        "ours": "our engine",
-        "triton": "our engine via Triton",
-        "hf": "HF transformers",
-        "vllm": "vLLM-CPU",
-        "llamacpp": "llama.cpp",
-    }
-    shown = [names[s] for s in dict.fromkeys(s.strip() for s in args.systems.split(",")) if s in names]
+    shown = [SYSTEMS[s] for s in dict.fromkeys(s.strip() for s in args.systems.split(",")) if s in SYSTEMS]
     title = f"Side by side: {', '.join(shown)} ({'quick run' if args.quick else 'full run'})"
     L = report.header(
         title,

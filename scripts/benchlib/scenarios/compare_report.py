@@ -224,6 +224,7 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # --out's folder may not exist yet (report.write makes it later)
     files = []
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
     for ax, guided in zip(axes, (False, True), strict=True):

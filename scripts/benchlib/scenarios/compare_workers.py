@@ -24,8 +24,9 @@ LLAMACPP_PY = PEERS / "llamacpp" / "bin" / "python"
 
 
 def job_cases(cases: list[dict]) -> list[dict]:
-    """What a worker needs of each case: the same prompt token ids as every system, the guide and its schema."""
-    return [dict(name=c["name"], guide=c["guide"], schema=c["schema"], prompt_ids=c["prompt_ids"]) for c in cases]
+    """What a worker needs of each case: the same prompt token ids as every system, and the guide (validity is
+    counted from the output text by the report, for every system alike)."""
+    return [dict(name=c["name"], guide=c["guide"], prompt_ids=c["prompt_ids"]) for c in cases]
 
 
 def run_worker(python: Path, worker: str, job: dict, label: str, env: dict | None = None) -> dict:
@@ -81,13 +82,14 @@ def run_llamacpp(args, cases, eos: set[int]) -> dict:
     """llama.cpp F32 and Q8_0 (--llamacpp-types) GGUFs converted from args.model: target only and prompt lookup
     k=4, unguided and with llama.cpp's JSON-schema grammar, at concurrency 1 only (llama-cpp-python runs one
     sequence at a time)."""
+    import torch
+
     model = str(Path(args.model).resolve())
     subprocess.run(["bash", str(COMPARE / "setup_llamacpp.sh"), model, *args.llamacpp_types], check=True)
     job = dict(
         gguf={t: str(gguf_path(model, t)) for t in args.llamacpp_types},
         max_tokens=args.max_tokens,
-        # as many threads as our engine's torch uses: the cores this process may run on
-        threads=len(os.sched_getaffinity(0)),
+        threads=torch.get_num_threads(),  # as many threads as our engine's torch uses
         lookup=[0, 4],
         guided=[False, True],
         eos=sorted(eos),

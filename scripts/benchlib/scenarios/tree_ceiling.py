@@ -33,6 +33,8 @@ FLOOR = 0.01  # runner-ups kept from this draft probability (the engine's trees:
 
 
 def held_material(engine, log: list) -> None:
+    from specgram.speculation.trees import LOOKUP_OTHERS
+
     """Wrap the engine's tree planner and verifier (this engine only): every step keeps tree material and
     verifies lines; each verified line's (request id, line, alternatives, other continuations, accepted, token)
     goes to log."""
@@ -41,7 +43,7 @@ def held_material(engine, log: list) -> None:
 
     def keep_material(rows, costs, sunk=0.0):
         for name, drafter in trees.drafters.items():
-            drafter.alternatives = 3 if name == "ngram" else FLOOR
+            drafter.alternatives = LOOKUP_OTHERS if name == "ngram" else FLOOR
         for v in rows:
             v.proposal.branches.clear()
 
