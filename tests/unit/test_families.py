@@ -18,7 +18,7 @@ from specgram.request import SamplingParams
 
 from ..conftest import TEST_DEVICE
 from .helpers import assert_rows_bitwise_independent, run_to_end
-from .tiny import FAMILY_CONFIGS, build_family, save_family
+from .tiny import FAMILY_CONFIGS, build_family, save_family, transformers_logits
 
 NAMES = list(FAMILY_CONFIGS)
 TOL = dict(rtol=1e-4, atol=1e-4) if TEST_DEVICE == "cpu" else dict(rtol=1e-3, atol=1e-3)  # CUDA: other kernels
@@ -26,14 +26,18 @@ TOL = dict(rtol=1e-4, atol=1e-4) if TEST_DEVICE == "cpu" else dict(rtol=1e-3, at
 PROMPTS = [torch.randint(3, 259, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (45, 13)]
 
 
+MAX_SEQ_LEN = 96
+
+
 def reference(model, ids: list[int]) -> torch.Tensor:
-    """transformers' own forward of one sequence -> float32 logits [len, V]."""
-    with torch.inference_mode():
-        return model(torch.tensor([ids], device=model.device)).logits[0].float().cpu()
+    """transformers' own forward of one sequence -> float32 logits [len, V] (as a server of MAX_SEQ_LEN tokens
+    computes them: tiny.transformers_logits)."""
+    return transformers_logits(model, ids, MAX_SEQ_LEN)
 
 
 def check_rows(runner: ModelRunner, model) -> None:
-    """A ragged batched prefill, then a verify row of 3 beside a decode row of 1, against each sequence alone."""
+    """A ragged batched prefill, then a verify row of 3 beside a decode row of 1, against each sequence alone
+    (`model`: a separate copy of the runner's, untouched by it)."""
     got = runner.forward_rows(PROMPTS, [0, 1], [0, 0], last_only=False).cpu()
     for b, ids in enumerate(PROMPTS):
         torch.testing.assert_close(got[b, : len(ids)], reference(model, ids), **TOL)
@@ -46,7 +50,8 @@ def check_rows(runner: ModelRunner, model) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_pytorch_forward_computes_what_transformers_computes(name):
     model = build_family(name, seed=1).to(TEST_DEVICE)  # scripts/gpu_check.sh: on CUDA
-    check_rows(ModelRunner(model, 2, 96, choose_for(model, linear="torch")), model)
+    runner = ModelRunner(model, 2, MAX_SEQ_LEN, choose_for(model, linear="torch"))
+    check_rows(runner, build_family(name, seed=1).to(TEST_DEVICE))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -58,9 +63,9 @@ def test_the_native_forward_covers_a_family_exactly_or_says_why_not(lib, name):
         with pytest.raises(ModelLoadError, match="native CPU forward does not run here: the native forward does not"):
             choose_for(model, linear="native")
         return
-    runner = ModelRunner(model, 4, 96, choose_for(model, linear="native"))
+    runner = ModelRunner(model, 4, MAX_SEQ_LEN, choose_for(model, linear="native"))
     assert runner.native is not None
-    check_rows(runner, model)
+    check_rows(runner, build_family(name, seed=1))
     assert_rows_bitwise_independent(runner)
 
 
@@ -75,7 +80,9 @@ def test_greedy_output_is_transformers_greedy_with_speculation_on_and_off(name, 
     # the int8 copy drafts on CPU; on CUDA (scripts/gpu_check.sh) the checkpoint drafts for itself
     draft = dict(draft_quantization="int8") if TEST_DEVICE == "cpu" else dict(draft_checkpoint=str(path))
     engine = Engine.from_config(
-        EngineConfig(checkpoint=str(path), max_slots=2, max_seq_len=96, device=TEST_DEVICE, dtype="float32", **draft)
+        EngineConfig(
+            checkpoint=str(path), max_slots=2, max_seq_len=MAX_SEQ_LEN, device=TEST_DEVICE, dtype="float32", **draft
+        )
     )
     try:
         outs = {}

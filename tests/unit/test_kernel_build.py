@@ -86,6 +86,13 @@ def test_cache_key_covers_compiler_flags_isa_and_sources(tmp_path, monkeypatch):
         base = kernels.cache_key(gcc, flags)
 
 
+def test_the_cache_key_reads_every_source_and_header_of_the_kernels():
+    """An edit to any file the compiler reads must change the library's name (else a stale build is reused)."""
+    keyed = {f.name for f in kernels.SOURCES + kernels.HEADERS}
+    on_disk = {f.name for f in kernels.HERE.iterdir() if f.suffix in (".c", ".h")}
+    assert keyed == on_disk, on_disk ^ keyed
+
+
 def test_compiler_identity_names_path_and_version(tmp_path):
     a, b = _fake_cc(tmp_path, "1.0"), _fake_cc(tmp_path, "2.0")
     assert kernels.compiler_identity(a) == f"{os.path.realpath(a)} fakecc 1.0"

@@ -36,6 +36,17 @@ def build_tokenizer():
     return fast
 
 
+def randomize_norms_and_biases(model, seed: int, spread: float = 0.2) -> None:
+    """Every norm weight drawn around its neutral value (1, or 0 for a norm that scales by 1 + w: Gemma's) and
+    every bias drawn around 0, in place: identity norms and zero biases would hide a dropped or swapped norm
+    weight, q/k norm or bias from every comparison. Neutral values are read from the freshly built model."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or (name.endswith(".weight") and "norm" in name.rsplit(".", 2)[-2]):
+                p.add_(torch.randn(p.shape, generator=g) * spread)
+
+
 def build_model(
     model_type: str = "llama", seed: int = 0, num_layers: int = 2, hidden: int = 64, init: float = 0.3, **overrides
 ):
@@ -59,7 +70,9 @@ def build_model(
     kwargs.update(overrides)
     cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    randomize_norms_and_biases(model, seed)
+    return model
 
 
 def save_checkpoint(path: Path, model_type: str = "llama", seed: int = 0, **overrides) -> Path:
@@ -85,9 +98,10 @@ FAMILY_CONFIGS = {
     "qwen2": dict(rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),  # q/k/v biases
     "mistral": dict(sliding_window=8),
     "qwen3": dict(head_dim=24),  # q/k norms; a head_dim that is not hidden / heads
+    "qwen3_bias": dict(model_type="qwen3", head_dim=24, attention_bias=True),  # biases on q, k, v and o
     "gemma3_text": dict(
         head_dim=24,
-        query_pre_attn_scalar=24,
+        query_pre_attn_scalar=32,  # the score scale is not head_dim ** -0.5
         sliding_window=8,
         tie_word_embeddings=True,
         layer_types=["sliding_attention"] * 3 + ["full_attention"],
@@ -98,8 +112,8 @@ FAMILY_CONFIGS = {
         ),
     ),  # fmt: skip
     "phi3": dict(),  # fused qkv_proj and gate_up_proj (Phi-3)
-    "phi4_mini": dict(  # Phi-4-mini: phi3 with partial rotary and longrope (the tests stay within its original
-        # length: longrope's long factor applies past it)
+    "phi4_mini": dict(  # Phi-4-mini: phi3 with partial rotary and longrope (served with a max_seq_len within
+        # its original context, it takes the short factor throughout; past it, the long one: model/rotary.py)
         model_type="phi3",
         tie_word_embeddings=True,
         original_max_position_embeddings=512,
@@ -112,11 +126,43 @@ FAMILY_CONFIGS = {
             long_factor=[2.0 + i for i in range(6)],
         ),
     ),  # fmt: skip
+    "phi4_long": dict(  # longrope with an original context the test prompts cross (the long factor throughout)
+        model_type="phi3",
+        original_max_position_embeddings=32,
+        max_position_embeddings=4096,
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=10000.0,
+            partial_rotary_factor=0.75,
+            short_factor=[1.0 + i / 10 for i in range(6)],
+            long_factor=[2.0 + i for i in range(6)],
+            attention_factor=1.0,  # transformers' default here (1.5) sharpens the tiny model's attention enough
+            # that float32 summation order alone moves a logit past the family tests' tolerance
+        ),
+    ),  # fmt: skip
     "smollm3": dict(no_rope_layers=[1, 1, 1, 0], tie_word_embeddings=True),  # every 4th layer without rotary
     "granite": dict(
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0
     ),  # fmt: skip
 }
+
+
+def transformers_logits(model, ids: list[int], max_seq_len: int) -> torch.Tensor:
+    """transformers' own forward of one sequence -> float32 logits [len(ids), V], as a server of max_seq_len
+    tokens computes it. Where longrope's factor depends on the sequence length (transformers takes the long one
+    for a call past the original context) and max_seq_len crosses that context, the server takes the long factor
+    throughout (model/rotary.py): the sequence then runs with filler tokens after it up to past the original
+    context, which leaves its own logits causal and unchanged but for the factor."""
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    original = rope.get("original_max_position_embeddings") or getattr(
+        model.config, "original_max_position_embeddings", None
+    )
+    filler = []
+    if rope.get("rope_type") == "longrope" and original and max_seq_len > original:
+        filler = [3] * max(0, original + 1 - len(ids))
+    with torch.inference_mode():
+        out = model(torch.tensor([ids + filler], device=model.device)).logits[0, : len(ids)]
+    return out.float().cpu()
 
 
 def build_family(name: str, seed: int = 0, **overrides):

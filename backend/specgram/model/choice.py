@@ -39,8 +39,6 @@ def native_gap(cfg, dtype: torch.dtype) -> str | None:
     gap = families.native_gap(arch)
     if gap is not None:
         return gap
-    if getattr(cfg, "attention_bias", False) and arch.family in ("llama", "granite"):
-        return "o_proj bias"  # llama's attention_bias puts a bias on o_proj too (qwen2's not)
     if dtype not in NATIVE_DTYPES:
         return f"dtype {dtype} (float32 or bfloat16 weights are read)"
     return None
@@ -121,10 +119,10 @@ def choose_for(
 def projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     """transformers' weight matmuls of one forward, in order (the lm_head last); q|k|v and gate|up are one
     module each where the checkpoint fuses them (phi3)."""
-    out = []
+    out, fused = [], describe(model.config).fused_projections
     for layer in model.model.layers:
         a, mlp = layer.self_attn, layer.mlp
-        qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]
-        gate_up = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+        qkv = [a.qkv_proj] if fused else [a.q_proj, a.k_proj, a.v_proj]
+        gate_up = [mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj]
         out += [*qkv, a.o_proj, *gate_up, mlp.down_proj]
     return out + [model.lm_head]

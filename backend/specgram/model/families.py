@@ -23,7 +23,7 @@ NATIVE_ACTS = ("silu", "gelu_tanh")  # the native MLP's activations (kernels/nor
 @dataclass(frozen=True)
 class Arch:
     family: str  # the checkpoint's model_type
-    layers: int
+    head_dim: int  # each attention head's size (head_dim(cfg))
     act: str = "silu"  # the MLP's activation: "silu" or "gelu_tanh" (gemma's)
     norm_offset: float = 0.0  # each RMSNorm scales by (offset + weight): 1 for gemma
     qk_norm: bool = False  # an RMSNorm over each head of q and k before rotary (qwen3, gemma3)
@@ -51,6 +51,11 @@ class Arch:
         return sizes.pop() if sizes else None
 
 
+def head_dim(cfg) -> int:
+    """Each attention head's size: the config's head_dim where it names one (qwen3, gemma3), else hidden / heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def _windows(cfg, n: int) -> tuple[int | None, ...]:
     """Each layer's sliding window: from layer_types where the config has them, else the one sliding_window."""
     window = getattr(cfg, "sliding_window", None)
@@ -65,7 +70,11 @@ def _windows(cfg, n: int) -> tuple[int | None, ...]:
 def _base(cfg, **kw) -> Arch:
     n = cfg.num_hidden_layers
     fields = dict(
-        family=cfg.model_type, layers=n, windows=_windows(cfg, n), rope_layers=(True,) * n, layer_tables=(0,) * n
+        family=cfg.model_type,
+        head_dim=head_dim(cfg),
+        windows=_windows(cfg, n),
+        rope_layers=(True,) * n,
+        layer_tables=(0,) * n,
     )
     fields.update(kw)
     return Arch(**fields)

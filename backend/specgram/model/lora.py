@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
+from .families import head_dim
 from .kernels import abi
 
 MAX_RANK = abi.LORA_MAX_RANK  # the kernels' per-row scratch
@@ -75,7 +76,7 @@ def read_multi_lora(path: str) -> dict[str, str]:
 
 def _columns(cfg, product: int, part: int) -> int:
     """The first column of a module's output in its product (q|k|v: q, then k, then v; gate|up: gate, then up)."""
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    D = head_dim(cfg)
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     if product == 0:
         return (0, H * D, (H + Hkv) * D)[part]

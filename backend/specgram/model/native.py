@@ -36,12 +36,12 @@ from itertools import accumulate
 
 import torch
 
+from . import rotary
 from . import tree as tree_rows
 from .kernels import abi
 from .packed import PackedDecoder
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache the kernels read: exact, or half the bytes
-PER_CALL_ROPE = ("dynamic", "longrope")  # rope types whose tables change with the sequence length
 
 
 def _int64s(values: list[int]) -> ctypes.Array:
@@ -62,9 +62,12 @@ class NativeForward(PackedDecoder):
         super().__init__(model, lib, weights, head_ids)
         inner = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
-        rope_type = str(getattr(self.rotary, "rope_type", "default"))
-        self._rope_per_call = any(t in rope_type for t in PER_CALL_ROPE)
+        if not rotary.fixed(self.rotary):  # its tables would change with the call (rotary.freeze first)
+            raise ValueError("a length-dependent rotary module: freeze it (model/rotary.py) before packing")
         self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by cache length
+        width = self._tables(torch.zeros(1, 1, dtype=torch.long))[0].shape[-1]
+        if width != self.rotary_dims:  # the kernels read rows of rotary_dims floats
+            raise ValueError(f"the rotary tables are {width} wide, the heads rotate {self.rotary_dims} dimensions")
         self._lora, self._lora_keep, self._slot_adapters = None, None, None
 
     def attach_lora(self, adapters, slot_adapters: list[int]) -> None:
@@ -212,18 +215,15 @@ class NativeForward(PackedDecoder):
             return ValueError("tokens of one slot must be adjacent and in consecutive positions")
         return ValueError("a logits row outside the batch" if code == abi.BAD_HEAD_ROW else f"bad batch ({code})")
 
-    def _rotary(self, positions, P: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """-> cos, sin and whether they are tables by position ([tables x P, rotary], built once per cache length
-        with the checkpoint's own rotary module: a position's rows do not depend on the call,
-        tests/unit/test_rotary.py) or the tokens' own rows ([tables x N, rotary]: rope types whose tables change
-        with the sequence length). One table per rotary the family has (gemma3: its global and local bases)."""
-        if self._rope_per_call:
-            pos = positions if isinstance(positions, torch.Tensor) else torch.tensor(list(positions))
-            return *self._tables(pos[None]), False
+    def _rotary(self, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> cos, sin tables by position ([tables x P, rotary]), built once per cache length with the checkpoint's
+        own rotary module (frozen where its frequencies depend on the length: rotary.py), so a position's rows do
+        not depend on the call (tests/unit/test_rotary.py). One table per rotary the family has (gemma3: its
+        global and local bases)."""
         tables = self._rope_tables.get(P)
         if tables is None:
             tables = self._rope_tables[P] = self._tables(torch.arange(P)[None])
-        return *tables, True
+        return tables
 
     def _tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, cos, sin = torch.empty(1, 1, 1), [], []
@@ -255,7 +255,7 @@ class NativeForward(PackedDecoder):
                     f"{name}: expected a contiguous int64 tensor of shape ({N},), got {t.dtype} {tuple(t.shape)}"
                 )
         S, P = cache.v.shape[1], cache.v.shape[3]
-        cos, sin, by_position = self._rotary(positions if tree is None else tree_rows.logical(positions, tree), P)
+        cos, sin = self._rotary(P)
         x = torch.empty(N, self.E) if head_rows is False else None
         head, rows_ptr, R, logits = None, None, 0, None
         if head_rows is not False:
@@ -268,7 +268,7 @@ class NativeForward(PackedDecoder):
             None if x is None else x.data_ptr(),
             cos.data_ptr(),
             sin.data_ptr(),
-            int(by_position),
+            1,  # the tables are by position
             cache.k.data_ptr(),
             cache.v.data_ptr(),
             int(cache.v.dtype == torch.bfloat16),

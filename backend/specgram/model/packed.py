@@ -46,20 +46,22 @@ class PackedDecoder:
         linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
         self.lib, self.weights = lib, weights
         self._embed_weight = inner.embed_tokens.weight.detach().contiguous()  # read by forward.c
-        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
-        self.scaling = float(inner.layers[0].self_attn.scaling)
         arch = self.arch = describe(cfg)
+        self.H, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, arch.head_dim
+        self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
+        self.scaling = arch.attn_scale if arch.attn_scale is not None else self.D**-0.5
+        if any(float(layer.self_attn.scaling) != self.scaling for layer in inner.layers):
+            raise ValueError(f"{arch.family}: the attention modules' score scale is not the family's {self.scaling}")
         self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
         norm = lambda m: _norm_weight(m, arch.norm_offset)  # noqa: E731
         self.layers = []
         for i, layer in enumerate(inner.layers):
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
-            qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]  # fused: phi3
+            fused = arch.fused_projections  # phi3: q|k|v and gate|up are one matrix each in the checkpoint
+            qkv = [a.qkv_proj] if fused else [a.q_proj, a.k_proj, a.v_proj]
             L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
-            L.o = linear([a.o_proj.weight], [None])
-            gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+            L.o = linear([a.o_proj.weight], [a.o_proj.bias])  # a bias where attention_bias sets one (llama, qwen3)
+            gu = [mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj]
             L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
             L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
             L.w_in, L.eps_in = norm(layer.input_layernorm)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
-from . import lora, torch_forward
+from . import lora, rotary, torch_forward
 from . import tree as tree_rows
 from .choice import ForwardChoice, choose_for, projections
 from .families import DOCS, FAMILIES, describe
@@ -94,6 +94,7 @@ class ModelRunner:
         cfg = model.config
         self.config, self.arch = cfg, describe(cfg)
         torch_forward.plug(model)
+        rotary.freeze(model.model.rotary_emb, max_seq_len, self.arch.rope_types)  # longrope, dynamic: one table
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         kind, weights, kv_dtype, static_width = forward.kind, forward.weights, forward.kv_dtype, forward.static_width
@@ -110,7 +111,7 @@ class ModelRunner:
         self.head_ids = head_ids if self.native is not None else None  # logits [.., V'] of these ids (None: all)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = self.arch.head_dim
         window = self.arch.window if self.native is not None else None  # the torch forward's layers say theirs
         self.window = window if window and window < max_seq_len else None
         self.max_seq_len = max_seq_len

@@ -67,15 +67,6 @@ def flat_masks(trees: list[list[int] | None] | None, lengths: list[int]) -> ctyp
     return (ctypes.c_uint64 * len(flat))(*flat)
 
 
-def logical(positions, masks) -> list[int]:
-    """Each token's rotary position: its cache position less the positions its ancestor mask skips."""
-    out = []
-    for p, m in zip(positions.tolist() if isinstance(positions, torch.Tensor) else positions, masks, strict=True):
-        named = ALL if p >= 63 else (2 << p) - 1
-        out.append(p - bin(~m & named).count("1"))
-    return out
-
-
 def tensors(trees: list[list[int] | None], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row parents (None: a plain row) -> (ancestor masks as int64 two's complement, depths), both [B, width],
     for the PyTorch forward: padding entries are plain (every bit, depth = index)."""

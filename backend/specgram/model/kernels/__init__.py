@@ -62,20 +62,7 @@ SOURCES = [
     HERE / n
     for n in ("gemm.c", "gemm_i8a8.c", "rope.c", "attention.c", "norm.c", "lora.c", "forward.c", "scratch.c", "isa.c")
 ]
-HEADERS = [
-    HERE / n
-    for n in (
-        "specgram.h",
-        "vec.h",
-        "vec_avx512.h",
-        "vec_avx2.h",
-        "vexp.h",
-        "scratch.h",
-        "deal.h",
-        "team.h",
-        "barrier.h",
-    )
-]
+HEADERS = sorted(HERE.glob("*.h"))  # every header: each one is part of the build cache key
 PREBUILT_DIR = HERE / "_build"  # `python -m specgram.model.kernels build`; git-ignored
 CACHE_ENV, DEBUG_ENV, ISA_ENV = "SPECGRAM_KERNEL_CACHE", "SPECGRAM_KERNEL_DEBUG", "SPECGRAM_KERNEL_ISA"
 VNNI_ENV = "SPECGRAM_KERNEL_VNNI"
