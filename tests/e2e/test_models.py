@@ -13,7 +13,7 @@ import pytest
 from collect import errors_of, ids_of, last_value, stream_infer, text_of
 from triton_server import REPO, TritonServer, model_repository_with
 
-from tests.unit.tiny import FAMILY_CONFIGS, build_family, build_tokenizer, save_family
+from tests.unit.tiny import FAMILY_CONFIGS, build_family, build_tokenizer, save_family, transformers_logits
 
 GEMMA = REPO / "models" / "gemma-3-270m"
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -96,6 +96,7 @@ def test_a_guided_json_answer_validates(gemma_server):
 # ---- every family, served: tiny random checkpoints of each family's distinguishing config -----------------------
 
 FAMILY_PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+SERVED_MAX_SEQ_LEN = 2048  # past phi4_mini's and phi4_long's original contexts: longrope's long factor
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILY_CONFIGS))
@@ -103,7 +104,8 @@ def family_server(request, tmp_path_factory):
     """(family name, its tiny checkpoint's transformers model, a tritonserver serving that checkpoint)."""
     name = request.param
     path = save_family(tmp_path_factory.mktemp(name) / "ckpt", name, seed=3)
-    repo = model_repository_with({"checkpoint": str(path)}, tmp_path_factory.mktemp(f"{name}-repo") / "repo")
+    settings = {"checkpoint": str(path), "max_seq_len": str(SERVED_MAX_SEQ_LEN)}
+    repo = model_repository_with(settings, tmp_path_factory.mktemp(f"{name}-repo") / "repo")
     server = TritonServer(model_repository=repo, model="llm", log_path=path.parent / "tritonserver.log")
     server.start()
     try:
@@ -120,10 +122,9 @@ def test_each_family_serves_transformers_greedy_ids_and_raw_logprobs(family_serv
     name, model, server = family_server
     tok = build_tokenizer()
     ids = tok(FAMILY_PROMPT)["input_ids"]
-    with torch.inference_mode():
-        for _ in range(N):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        want = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [len, V]
+    for _ in range(N):  # as a server of SERVED_MAX_SEQ_LEN computes it (longrope: the long factor throughout)
+        ids.append(int(transformers_logits(model, ids, SERVED_MAX_SEQ_LEN)[-1].argmax()))
+    want = torch.log_softmax(transformers_logits(model, ids, SERVED_MAX_SEQ_LEN), -1)  # [len, V]
     n_prompt = len(ids) - N
     for k in (0, 4, -1):
         resps = complete(

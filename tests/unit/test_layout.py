@@ -108,6 +108,7 @@ LAYERS = [
     {"specgram.speculation"},
     {"specgram.engine"},
     {"specgram.serving"},
+    {"specgram.check_model"},  # a user's tool over the whole engine
 ]
 
 

@@ -48,8 +48,17 @@ def randomize_norms_and_biases(model, seed: int, spread: float = 0.2) -> None:
 
 
 def build_model(
-    model_type: str = "llama", seed: int = 0, num_layers: int = 2, hidden: int = 64, init: float = 0.3, **overrides
+    model_type: str = "llama",
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden: int = 64,
+    init: float = 0.3,
+    random_norms: bool = False,
+    **overrides,
 ):
+    """random_norms: randomize_norms_and_biases (the family models; the engine tests' models keep identity norms
+    and zero biases, whose repetitive output their premises rest on: a stop string that recurs, EOS as the
+    argmax at several positions)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     vocab = len(SPECIALS) + 256
@@ -71,7 +80,8 @@ def build_model(
     cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    randomize_norms_and_biases(model, seed)
+    if random_norms:
+        randomize_norms_and_biases(model, seed)
     return model
 
 
@@ -149,26 +159,16 @@ FAMILY_CONFIGS = {
 
 def transformers_logits(model, ids: list[int], max_seq_len: int) -> torch.Tensor:
     """transformers' own forward of one sequence -> float32 logits [len(ids), V], as a server of max_seq_len
-    tokens computes it. Where longrope's factor depends on the sequence length (transformers takes the long one
-    for a call past the original context) and max_seq_len crosses that context, the server takes the long factor
-    throughout (model/rotary.py): the sequence then runs with filler tokens after it up to past the original
-    context, which leaves its own logits causal and unchanged but for the factor."""
-    rope = getattr(model.config, "rope_parameters", None) or {}
-    original = rope.get("original_max_position_embeddings") or getattr(
-        model.config, "original_max_position_embeddings", None
-    )
-    filler = []
-    if rope.get("rope_type") == "longrope" and original and max_seq_len > original:
-        filler = [3] * max(0, original + 1 - len(ids))
-    with torch.inference_mode():
-        out = model(torch.tensor([ids + filler], device=model.device)).logits[0, : len(ids)]
-    return out.float().cpu()
+    tokens computes it (longrope past its original context: the long factor throughout, model/reference.py)."""
+    from specgram.model import reference
+
+    return reference.logits(model, ids, max_seq_len)
 
 
 def build_family(name: str, seed: int = 0, **overrides):
-    """A tiny random model of a family of FAMILY_CONFIGS (4 layers, float32)."""
+    """A tiny random model of a family of FAMILY_CONFIGS (4 layers, float32), its norm weights and biases random."""
     kw = {**FAMILY_CONFIGS[name], **overrides}
-    return build_model(kw.pop("model_type", name), seed, num_layers=4, **kw)
+    return build_model(kw.pop("model_type", name), seed, num_layers=4, random_norms=True, **kw)
 
 
 def save_family(path: Path, name: str, seed: int = 0, **overrides) -> Path:
