@@ -49,6 +49,7 @@ def test_head_ids_are_the_most_frequent_with_the_special_tokens():
     chars = tok.convert_tokens_to_ids(["a", "b", "c", "Ġ", "d"])  # byte-level: the space is "Ġ"
     assert set(ids.tolist()) == {0, 1, 2, *chars}  # the specials, then by count (the rest fills in id order)
     assert draft_vocab.head_ids(tok, 259, 259, corpus, keep={2}) is None
+    assert draft_vocab.head_ids(tok, 259, 2, corpus, keep={2}).tolist() == [0, 1, 2]  # a size below the specials'
 
 
 def test_a_corpus_folder_is_read_file_by_file(tmp_path):
@@ -104,9 +105,20 @@ def test_greedy_output_is_unchanged(engines, prompt, k):
     head = engines[24].drafters["draft_model"].runner.head_ids
     assert head is not None and len(head) == 24
     base, _ = _ids(engines[0], dict(max_tokens=24, num_draft_tokens=0), prompt)
-    for engine in engines.values():
+    for size, engine in engines.items():
         got, final = _ids(engine, dict(max_tokens=24, num_draft_tokens=k, drafter="draft_model"), prompt)
         assert got == base
+        if k > 0:  # every head drafted (the reduced one's acceptance over all prompts: below)
+            assert final.spec.drafted > 0, (size, final.spec)
+
+
+def test_the_reduced_head_drafts_tokens_the_target_accepts(engines):
+    accepted = 0
+    for prompt in PROMPTS[:3]:
+        _, final = _ids(engines[24], dict(max_tokens=24, num_draft_tokens=3, drafter="draft_model"), prompt)
+        assert final.spec.by_source["draft_model"][0] > 0, final.spec
+        accepted += final.spec.by_source["draft_model"][1]
+    assert accepted > 0
 
 
 def test_a_guide_outside_the_draft_vocabulary_ends_drafts_not_the_request(engines):
@@ -129,17 +141,19 @@ def test_seeded_sampling_is_unchanged(engines):
     for k in (3, -1):
         got, final = _ids(engines[24], dict(num_draft_tokens=k, drafter="draft_model", **sampled), PROMPTS[0])
         assert got == base
+        if k > 0:
+            assert final.spec.drafted > 0 and final.spec.accepted > 0, final.spec
 
 
 @needs_native
 def test_rejection_sampling_keeps_the_distribution(tmp_path):
-    """vocab 4 with a draft over 2 of the entries (q zero at the other two): the output's joint distribution over
-    3 tokens is still the target's."""
+    """vocab 4 with a draft over 3 of the entries (q zero at the fourth): the output's joint distribution over 3
+    tokens is still the target's."""
     target = save_checkpoint(tmp_path / "t", seed=1, vocab_size=4, init=0.08)
     draft = save_checkpoint(tmp_path / "d", seed=2, vocab_size=4, init=0.08)
     engine = _engine(target, draft_checkpoint=str(draft), draft_quantization="none", draft_vocab=2, max_slots=64)
     engine.logits.coupled = False
-    assert engine.drafters["draft_model"].runner.head_ids.tolist() == [0, 1]  # the specials first: 0, 1 of 0, 1, 2
+    assert engine.drafters["draft_model"].runner.head_ids.tolist() == [0, 1, 2]  # size 2 grows to the 3 specials
     prompt, params = [3, 1, 3, 0, 3, 2, 3, 3, 3], dict(temperature=0.9, top_p=0.95)
     reqs = [
         engine.make_request(

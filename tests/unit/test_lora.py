@@ -57,6 +57,21 @@ def test_each_family_with_an_adapter_computes_what_peft_computes(name, linear, t
     torch.testing.assert_close(got[: len(row)], reference(peft, PROMPTS[0] + row)[len(PROMPTS[0]) :], **TOL)
 
 
+@pytest.mark.parametrize("linear", ["torch", "native"])
+def test_an_rslora_adapter_computes_what_peft_computes(linear, tmp_path):
+    """rsLoRA scales its update by alpha / sqrt(r), not alpha / r: at r = 8 the two differ by 2.8x."""
+    if linear == "native" and kernels.load() is None:
+        pytest.skip("native kernels unavailable")
+    model = build_family("qwen2", seed=1).to(TEST_DEVICE if linear == "torch" else "cpu")
+    peft = save_lora(model, tmp_path / "rs", r=8, seed=4, modules=["q_proj", "v_proj", "down_proj"], rslora=True)
+    assert peft.peft_config["default"].use_rslora
+    runner = ModelRunner(model, 2, 96, choose_for(model, linear=linear))
+    with_adapters(runner, model, [tmp_path / "rs"])
+    runner.slot_adapters[0] = 0
+    got = runner.forward_rows(PROMPTS[:1], [0], [0], last_only=False)[0].cpu()
+    torch.testing.assert_close(got[: len(PROMPTS[0])], reference(peft, PROMPTS[0]), **TOL)
+
+
 @native_only
 @pytest.mark.parametrize("weights", ["auto", "int8"])
 def test_mixed_adapters_in_one_batch_are_bitwise_each_alone(tmp_path, weights):

@@ -8,6 +8,7 @@ forward does not run it, an int8 draft is torch's dynamic-quantized copy (model/
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..config import EngineConfig
@@ -19,6 +20,8 @@ from ..speculation import draft_vocab
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter
 from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str):
@@ -84,8 +87,14 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
         cache = target.cache if d.shares_cache else None
         head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
         draft = ModelRunner(base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head)
-        if adapters is not None and config.lora_draft and d.source == "target" and draft.native is not None:
-            draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would
+        if adapters is not None and config.lora_draft:
+            if d.source == "target" and draft.native is not None:
+                draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would
+            else:
+                log.info(
+                    "lora_draft: the draft model drafts as its base model (adapters apply to the target's own "
+                    "copy on the native CPU forward only); the target verifies with each request's adapter"
+                )
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
     return target, tokenizer, drafters
 

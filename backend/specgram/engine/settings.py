@@ -1,5 +1,8 @@
 """Every "auto" of an EngineConfig resolved once, for this machine and these checkpoints: Settings, the typed
-record that loading, the engine and the intake read (nothing else resolves a setting).
+record that loading, the engine and the intake read. A few settings are resolved where they are used, from the
+config and what loading made: the tree budget (`tree_nodes`, speculation/trees.py), coupled sampling
+(`speculative_sampling`) and grammar overlap (on CUDA) in engine.py, the sliding window in model/runner.py, and
+`lora_draft` in loading.py (which logs where it cannot apply).
 
 config.py checks each setting's own words and ranges; `resolve` decides what depends on the machine (CUDA, the
 kernels' ISA, VNNI), on the checkpoints (family, dtype) and on the other settings, and refuses a combination

@@ -56,12 +56,14 @@ def size_of(setting: int, vocab: int) -> int:
 
 
 def head_ids(tokenizer, vocab: int, size: int, corpus: list[str], keep: set[int]) -> torch.Tensor | None:
-    """-> the `size` most frequent ids of `corpus` under `tokenizer` (with `keep` and the special tokens), sorted
-    (a long tensor: the draft head's rows), or None where that is the whole vocabulary of `vocab` ids."""
+    """-> the `size` most frequent ids of `corpus` under `tokenizer`, `keep` and the special tokens always among
+    them (a size below their count grows to it), sorted (a long tensor: the draft head's rows), or None where
+    that is the whole vocabulary of `vocab` ids."""
+    keep = {k for k in set(keep) | set(getattr(tokenizer, "all_special_ids", [])) if 0 <= k < vocab}
+    size = max(size, len(keep))
     if size >= vocab:
         return None
     counts: Counter = Counter()
     for text in corpus:
         counts.update(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
-    keep = set(keep) | set(getattr(tokenizer, "all_special_ids", []))
     return torch.tensor(sorted(ranked(counts, vocab, keep)[:size]), dtype=torch.long)
