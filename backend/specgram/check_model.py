@@ -9,8 +9,9 @@ It loads the checkpoint with the served defaults (and the settings given), then 
   exact        the same ids at draft lengths 0, 4 and auto, and all prompts in one batch (with each adapter)
   guided       a JSON-schema request (compact layout) finishes and validates
   speed        a decode step at one stream against the memory bound (weight bytes / a plain read's bandwidth)
-It exits 1 on a mismatch, naming the first differing position and what to try. A lossy weight form (int8) is
-compared with transformers for information only; its exactness with itself is checked as for any form.
+It exits 1 on a mismatch, naming the first differing position and what to try, and 2 where the server could not
+load the checkpoint (saying why). A lossy weight form (int8) is compared with transformers for information only;
+its exactness with itself is checked as for any form.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ModelLoadError
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three facts about the Moon:\n1."]
 TOKENS = 16  # generated per prompt in the id checks
 SCHEMA = {
@@ -38,7 +41,9 @@ SCHEMA = {
     "required": ["answer", "ok", "n"],
     "additionalProperties": False,
 }
-TOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2}  # logits' max abs diff, relative to their largest magnitude
+# logits' max abs diff, relative to their largest magnitude, by the dtype a forward computes in (the reference:
+# transformers in float32; the native forward computes in float32 whatever its weights' dtype)
+TOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 SERVED_DEFAULTS = dict(  # model_repository/llm/config.pbtxt's engine parameters that differ from EngineConfig's
     device="auto", drafter="auto", draft_quantization="auto", prefix_cache="auto",
     default_num_draft_tokens="auto", default_num_draft_tokens_guided="auto",
@@ -67,7 +72,9 @@ def _peak_rss() -> int:
 
 
 def _checkpoint_bytes(path: str) -> int:
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0
+    """The weight files' bytes (safetensors, else PyTorch .bin)."""
+    files = list(Path(path).glob("*.safetensors")) or list(Path(path).glob("*.bin")) if path else []
+    return sum(f.stat().st_size for f in files)
 
 
 def _ids(engine, prompt_ids, k: int, drafter=None, lora=None, guide: str | None = None, max_tokens: int = TOKENS):
@@ -147,6 +154,8 @@ def _weight_bytes(runner) -> int:
 
 
 def _speed(engine, prompt: list[int]) -> Row:
+    if engine.device.type != "cpu":
+        return Row("speed", f"decode ({engine.device})", None, "the memory bound is measured on the CPU only")
     from .engine.generate import generate
     from .request import SamplingParams
 
@@ -159,20 +168,20 @@ def _speed(engine, prompt: list[int]) -> Row:
     return Row("speed", f"decode, one stream ({engine.target.linear_kind})", None, detail)
 
 
-def check_logits(path: str, label: str, settings, max_seq_len: int, prompt_ids: list[list[int]]) -> list[Row]:
-    """Each forward's prefill, decode and verify rows of `path` against transformers' forward of each sequence."""
+def check_logits(path: str, label: str, ref, dtype, settings, max_seq_len: int, prompt_ids) -> list[Row]:
+    """Each forward's prefill, decode and verify rows of `path` (loaded in `dtype`, as served) against `ref`,
+    transformers' float32 model of it."""
     from .errors import ModelLoadError
     from .model import reference
     from .model.choice import choose
     from .model.runner import ModelRunner, load_model
 
-    ref = load_model(path, settings.device, settings.dtype).eval()
     rows = []
     for kind in ("native", "torch"):
         weights = settings.target.weights if kind == "native" and label == "target" else "auto"
-        model = load_model(path, settings.device, settings.dtype)
+        model = load_model(path, settings.device, dtype)
         try:
-            choice = choose(model.config, settings.device, settings.dtype, linear=kind, weights=weights)
+            choice = choose(model.config, settings.device, dtype, linear=kind, weights=weights)
         except ModelLoadError as e:
             rows.append(Row("logits", f"{label}, {kind}", None, f"not run here: {e}"))
             continue
@@ -188,7 +197,7 @@ def check_logits(path: str, label: str, settings, max_seq_len: int, prompt_ids: 
             agree += int((mine.argmax(-1) == want.argmax(-1)).sum())
             total += len(want)
         lossy = weights != "auto"
-        ok = None if lossy else diff <= TOL[settings.dtype] * max(scale, 1.0)
+        ok = None if lossy else diff <= TOL.get(runner.dtype, TOL[torch.bfloat16]) * max(scale, 1.0)
         detail = f"max abs diff {diff:.2e} (logits up to {scale:.1f}), top-1 {agree}/{total}" + (
             f", {weights}: lossy, not judged" if lossy else ""
         )
@@ -202,18 +211,18 @@ def check_logits(path: str, label: str, settings, max_seq_len: int, prompt_ids: 
     return rows
 
 
-def check_greedy(path: str, settings, max_seq_len: int, prompt_ids, served: list[list[int]], lossy: bool) -> list[Row]:
+def check_greedy(ref, dtype, max_seq_len: int, prompt_ids, served: list[list[int]], lossy: bool) -> list[Row]:
+    """The served greedy ids against `ref`'s (transformers, float32); a first difference where transformers' own
+    top-2 gap is within the served dtype's tolerance is a tie, named and not failed."""
     from .model import reference
-    from .model.runner import load_model
 
-    ref = load_model(path, settings.device, settings.dtype).eval()
     rows = []
     for i, (p, got) in enumerate(zip(prompt_ids, served, strict=True)):
         want, gaps = reference.greedy(ref, p, len(got), max_seq_len)
         at = _first_diff(want, got)
-        tie = at < len(want) and gaps[at] <= TOL[settings.dtype]
+        tie = at < len(want) and gaps[at] <= TOL.get(dtype, TOL[torch.bfloat16])
         ok = None if lossy else (at == len(want) or tie)
-        detail = "equal" if at == len(want) else f"first differing position {at} (top-2 gap there {gaps[at]:.1e})"
+        detail = "equal" if at == len(want) else f"first differing position {at} (relative top-2 gap {gaps[at]:.1e})"
         if tie:
             detail += ": a tie within float error"
         rows.append(Row("greedy", f"prompt {i} vs transformers", ok, detail, "" if ok is not False else "see logits"))
@@ -223,13 +232,14 @@ def check_greedy(path: str, settings, max_seq_len: int, prompt_ids, served: list
 def run(args) -> list[Row]:
     from .config import EngineConfig
     from .engine.engine import Engine
+    from .model.runner import load_model
 
     params = {**SERVED_DEFAULTS, "checkpoint": args.path, "max_seq_len": str(args.max_seq_len), "max_slots": "4"}
     if args.draft:
         params["draft_checkpoint"] = args.draft
     if args.lora:
         params.update(enable_lora="1", lora_adapters=args.lora)
-    params.update(kv.split("=", 1) for kv in args.set)
+    params.update(args.set)
     rss0 = _rss()
     engine = Engine.from_config(EngineConfig.from_dict(params))
     load = Row(
@@ -237,7 +247,7 @@ def run(args) -> list[Row]:
         f"peak {_gib(_peak_rss() - rss0)}, resident {_gib(_rss() - rss0)} over the process's own; checkpoints "
         f"{_gib(_checkpoint_bytes(args.path) + _checkpoint_bytes(args.draft))}",
     )  # fmt: skip
-    settings, tok = engine.settings, engine.tokenizer
+    settings, tok, max_seq_len = engine.settings, engine.tokenizer, engine.config.max_seq_len
     prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]
     adapters = list(json.loads(Path(args.lora).read_text())) if args.lora else []
     try:
@@ -246,12 +256,23 @@ def run(args) -> list[Row]:
         engine.close()
     del engine
     gc.collect()
-    lossy = settings.target.weights != "auto"
-    rows = [load, *check_logits(args.path, "target", settings, args.max_seq_len, prompt_ids)]
+    ref = load_model(args.path, settings.device, torch.float32).eval()  # transformers' own, once per checkpoint
+    rows = [load, *check_logits(args.path, "target", ref, settings.dtype, settings, max_seq_len, prompt_ids)]
+    rows += check_greedy(ref, settings.dtype, max_seq_len, prompt_ids, served, settings.target.weights != "auto")
+    del ref
+    gc.collect()
     if args.draft:
-        rows += check_logits(args.draft, "draft", settings, args.max_seq_len, prompt_ids)
-    rows += check_greedy(args.path, settings, args.max_seq_len, prompt_ids, served, lossy)
+        ref = load_model(args.draft, settings.device, torch.float32).eval()
+        dtype = settings.draft.dtype if settings.draft is not None else settings.dtype
+        rows += check_logits(args.draft, "draft", ref, dtype, settings, max_seq_len, prompt_ids)
     return rows + engine_rows
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 def report(rows: list[Row]) -> str:
@@ -269,9 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="", help="a draft checkpoint (draft_checkpoint)")
     ap.add_argument("--lora", default="", help="a multi_lora.json: its adapters are checked too")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="the server's max_seq_len (longrope reads it)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other engine parameter")
+    ap.add_argument(
+        "--set", action="append", type=_setting, default=[], metavar="KEY=VALUE", help="any other engine parameter"
+    )
     args = ap.parse_args(argv)
-    rows = run(args)
+    try:
+        rows = run(args)
+    except ModelLoadError as e:  # the server would not load it either: say why, apart from a mismatch
+        print(f"could not load the checkpoint as the server would: {e}", file=sys.stderr)
+        return 2
     print(report(rows))
     return 1 if any(r.ok is False for r in rows) else 0
 

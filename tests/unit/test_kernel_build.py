@@ -88,8 +88,12 @@ def test_cache_key_covers_compiler_flags_isa_and_sources(tmp_path, monkeypatch):
 
 def test_the_cache_key_reads_every_source_and_header_of_the_kernels():
     """An edit to any file the compiler reads must change the library's name (else a stale build is reused)."""
+    import re
+
     keyed = {f.name for f in kernels.SOURCES + kernels.HEADERS}
     on_disk = {f.name for f in kernels.HERE.iterdir() if f.suffix in (".c", ".h")}
+    included = {m for f in kernels.HERE.glob("*.[ch]") for m in re.findall(r'#include "([^"]+)"', f.read_text())}
+    assert "tree.h" in included and included <= keyed, included - keyed  # what the compiler reads of ours
     assert keyed == on_disk, on_disk ^ keyed
 
 

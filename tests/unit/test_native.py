@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from specgram.errors import ModelLoadError
-from specgram.model import kernels
+from specgram.model import kernels, reference
 from specgram.model.choice import choose, choose_for
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
@@ -50,7 +50,7 @@ def _runners(model, **kw):
         ("qwen2", {}),  # q/k/v projections with bias
         ("mistral", {"sliding_window": 8}),  # attention window shorter than the prompt
         ("llama", {"num_key_value_heads": 4}),  # no grouping
-        # rotary by a table per position (scaled), and per call (dynamic: its tables change past 16 positions)
+        # rotary by a table per position (scaled), and dynamic NTK past 16 positions (frozen at max_seq_len 96)
         ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
         (
             "llama",
@@ -66,8 +66,7 @@ def test_forward_matches_transformers(lib, model_type, overrides):
     native, eager = _runners(model)
     assert native.linear_kind == "native" and eager.linear_kind == "torch" and native.native.lib is lib
     ids = torch.randint(3, 259, (1, 30), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        ref = model(ids).logits[0]  # [30, V]
+    ref = reference.logits(build_model(model_type, seed=1, **overrides), ids[0].tolist(), 96)  # [30, V]
     prefill = native.forward_rows([ids[0, :20].tolist()], [1], [0], last_only=False)[0]
     decode = native.forward_rows([ids[0, 20:].tolist()], [1], [20], last_only=False)[0]
     got = torch.cat([prefill, decode])

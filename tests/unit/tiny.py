@@ -92,6 +92,14 @@ def save_checkpoint(path: Path, model_type: str = "llama", seed: int = 0, **over
     return path
 
 
+LONGROPE = dict(  # Phi-4-mini's rope at tiny scale: partial rotary (12 of 16 dimensions), short and long factors
+    rope_type="longrope",
+    rope_theta=10000.0,
+    partial_rotary_factor=0.75,
+    short_factor=[1.0 + i / 10 for i in range(6)],
+    long_factor=[2.0 + i for i in range(6)],
+)
+
 # Each family's distinguishing features at tiny scale (4 layers, hidden 64, 4 heads of 16, 2 KV heads unless
 # said): what its real checkpoints' configs set, so the family tests exercise what differs.
 FAMILY_CONFIGS = {
@@ -128,28 +136,16 @@ FAMILY_CONFIGS = {
         tie_word_embeddings=True,
         original_max_position_embeddings=512,
         max_position_embeddings=4096,
-        rope_parameters=dict(
-            rope_type="longrope",
-            rope_theta=10000.0,
-            partial_rotary_factor=0.75,
-            short_factor=[1.0 + i / 10 for i in range(6)],
-            long_factor=[2.0 + i for i in range(6)],
-        ),
-    ),  # fmt: skip
+        rope_parameters=dict(LONGROPE),  # a copy: transformers adds to it
+    ),
     "phi4_long": dict(  # longrope with an original context the test prompts cross (the long factor throughout)
         model_type="phi3",
         original_max_position_embeddings=32,
         max_position_embeddings=4096,
-        rope_parameters=dict(
-            rope_type="longrope",
-            rope_theta=10000.0,
-            partial_rotary_factor=0.75,
-            short_factor=[1.0 + i / 10 for i in range(6)],
-            long_factor=[2.0 + i for i in range(6)],
-            attention_factor=1.0,  # transformers' default here (1.5) sharpens the tiny model's attention enough
-            # that float32 summation order alone moves a logit past the family tests' tolerance
-        ),
-    ),  # fmt: skip
+        # transformers' default attention factor here (1.5) sharpens the tiny model's attention enough that
+        # float32 summation order alone moves a logit past the family tests' tolerance
+        rope_parameters=dict(LONGROPE, attention_factor=1.0),
+    ),
     "smollm3": dict(no_rope_layers=[1, 1, 1, 0], tie_word_embeddings=True),  # every 4th layer without rotary
     "granite": dict(
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0

@@ -36,6 +36,7 @@ from itertools import accumulate
 
 import torch
 
+from ..errors import ModelLoadError
 from . import rotary
 from . import tree as tree_rows
 from .kernels import abi
@@ -63,11 +64,14 @@ class NativeForward(PackedDecoder):
         inner = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         if not rotary.fixed(self.rotary):  # its tables would change with the call (rotary.freeze first)
-            raise ValueError("a length-dependent rotary module: freeze it (model/rotary.py) before packing")
+            raise ModelLoadError("a length-dependent rotary module: freeze it (model/rotary.py) before packing")
         self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by cache length
         width = self._tables(torch.zeros(1, 1, dtype=torch.long))[0].shape[-1]
         if width != self.rotary_dims:  # the kernels read rows of rotary_dims floats
-            raise ValueError(f"the rotary tables are {width} wide, the heads rotate {self.rotary_dims} dimensions")
+            raise ModelLoadError(
+                f"the rotary tables are {width} wide where the native forward rotates {self.rotary_dims} dimensions "
+                "of each head: serve this checkpoint with linear torch"
+            )
         self._lora, self._lora_keep, self._slot_adapters = None, None, None
 
     def attach_lora(self, adapters, slot_adapters: list[int]) -> None:

@@ -11,6 +11,7 @@ import ctypes
 
 import torch
 
+from ..errors import ModelLoadError
 from .families import describe
 from .int8 import ACTIVATIONS
 from .kernels import abi
@@ -51,7 +52,10 @@ class PackedDecoder:
         self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
         self.scaling = arch.attn_scale if arch.attn_scale is not None else self.D**-0.5
         if any(float(layer.self_attn.scaling) != self.scaling for layer in inner.layers):
-            raise ValueError(f"{arch.family}: the attention modules' score scale is not the family's {self.scaling}")
+            raise ModelLoadError(
+                f"{arch.family}: the attention modules' score scale is not the family's {self.scaling} (the native "
+                "forward reads the family's): serve this checkpoint with linear torch"
+            )
         self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
         norm = lambda m: _norm_weight(m, arch.norm_offset)  # noqa: E731
         self.layers = []

@@ -25,8 +25,10 @@ import types
 
 import torch
 
+from ..errors import ModelLoadError
+
 LENGTH_DEPENDENT = ("longrope", "dynamic")  # rope types (or parts of their names) recomputed by length per call
-FROZEN = "specgram_frozen"  # set on a module freeze() fixed
+FROZEN = "specgram_frozen"  # set on a module freeze() fixed: the max_seq_len it was fixed at
 
 
 def rope_types(rotary: torch.nn.Module) -> list[str]:
@@ -41,13 +43,18 @@ def length_dependent(rotary: torch.nn.Module) -> bool:
 
 def fixed(rotary: torch.nn.Module) -> bool:
     """Whether the module's tables are a function of the position alone (not length-dependent, or frozen)."""
-    return not length_dependent(rotary) or getattr(rotary, FROZEN, False)
+    return not length_dependent(rotary) or getattr(rotary, FROZEN, None) is not None
 
 
 def freeze(rotary: torch.nn.Module, max_seq_len: int, layer_types: tuple[str | None, ...] = (None,)) -> bool:
     """Fix a length-dependent rotary module's frequencies at those transformers uses for a call reaching position
     max_seq_len - 1, and stop it from updating them again (its forward without transformers' per-call update).
     -> whether it froze the module (one that is fixed already is left untouched)."""
+    at = getattr(rotary, FROZEN, None)
+    if at is not None and at != max_seq_len:  # one model, two runners of other lengths: one table cannot serve both
+        raise ModelLoadError(
+            f"this model's rotary is fixed at max_seq_len {at}; a runner of {max_seq_len} needs its own"
+        )
     if fixed(rotary):
         return False
     forward = type(rotary).forward
@@ -57,5 +64,5 @@ def freeze(rotary: torch.nn.Module, max_seq_len: int, layer_types: tuple[str | N
         forward(rotary, x, position_ids=last, **({"layer_type": layer_type} if layer_type else {}))
     plain = torch.no_grad()(inspect.unwrap(forward))  # the module's forward without the per-call update
     rotary.forward = types.MethodType(plain, rotary)  # the frequencies as they are now, from here on
-    setattr(rotary, FROZEN, True)
+    setattr(rotary, FROZEN, max_seq_len)
     return True

@@ -78,8 +78,9 @@ class ModelRunner:
         """forward: which forward runs the model, with its weights, KV dtype and static width (choice.py; None =
         choose_for(model), every setting auto). The native CPU forward keeps activations and the KV cache in
         float32 (bfloat16 with kv_dtype so) and the matmul weights in the model's dtype or an int8 form (int8.py);
-        `model` itself stays as loaded (tests use it as the reference). Several runners may share one `model`
-        (an int8 copy of a target), each with its own cache or (cache=) one of them sharing another's.
+        `model` itself stays as loaded, but for a rotary whose frequencies depend on the length: fixed at
+        max_seq_len (rotary.py). Several runners of one max_seq_len may share one `model` (an int8 copy of a
+        target), each with its own cache or (cache=) one of them sharing another's.
         static_width > 0 turns on the static path (CUDA graphs on GPU, cuda_graphs.py) for forwards of up to
         that many new tokens per row; the cache then gets a scratch slot (for padding rows) and static_width
         positions of headroom per row (for the padded entries of a row near max_seq_len).
