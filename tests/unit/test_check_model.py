@@ -14,7 +14,7 @@ import torch
 from specgram import check_model
 from specgram.model import packed
 
-from .tiny import FAMILY_CONFIGS, save_family
+from .tiny import FAMILY_CONFIGS, save_family, save_family_with_loras
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_CONFIGS))
@@ -58,3 +58,23 @@ def test_check_model_passes_on_the_default_model():
     )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "logits  target, native" in r.stdout and "FAIL" not in r.stdout, r.stdout
+
+
+def test_check_model_checks_a_draft_checkpoint_and_each_adapter(tmp_path, capsys):
+    loras = {"a": dict(r=4, seed=5), "b": dict(r=8, seed=6, modules=["o_proj", "gate_proj"])}
+    path, _, _, listing = save_family_with_loras(tmp_path, "qwen2", 3, loras)
+    draft = save_family(tmp_path / "draft", "qwen2", seed=4)
+    code = check_model.main([str(path), "--draft", str(draft), "--lora", str(listing), "--max-seq-len", "256"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "logits  draft, native" in out and "logits  draft, torch" in out, out
+    for name in ("a", "b"):
+        assert f"k=4 vs k=0 alone, adapter {name}" in out and f"batched, k=auto vs k=0 alone, adapter {name}" in out
+
+
+def test_check_model_says_why_a_checkpoint_does_not_load(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    assert check_model.main([str(tmp_path), "--set", "max_slots=2"]) == 2
+    assert "model_type 'bert'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check_model.main([str(tmp_path), "--set", "max_slots"])
