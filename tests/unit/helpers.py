@@ -4,6 +4,7 @@ and loading model.py (the exact distributions and the chi-square test: distribut
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -200,3 +201,16 @@ def initialize_args(params: dict, kind: str = "CPU", device_id: str = "0") -> di
         "model_name": "llm",
         "model_version": "1",
     }
+
+
+@functools.cache
+def _reference(path: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def reference_model(engine) -> torch.nn.Module:
+    """transformers' own float32 model of an engine's checkpoint, loaded whole (the engine's native forward never
+    makes one: its weights are read straight into their served form), one per checkpoint and device."""
+    return _reference(str(engine.config.checkpoint), str(engine.target.device))

@@ -33,8 +33,8 @@ def test_check_model_fails_where_the_served_copy_of_a_weight_differs(tmp_path, c
     real = packed._norm_weight
     g = torch.Generator().manual_seed(0)
 
-    def off(norm, offset=0.0):  # every norm weight of the served (native) copy perturbed, as a packing bug would
-        w, eps = real(norm, offset)
+    def off(norm, offset=0.0, read=None):  # every norm weight of the served (native) copy off, as a packing bug
+        w, eps = real(norm, offset, read)
         return w + 0.5 * torch.randn(w.shape, generator=g), eps
 
     monkeypatch.setattr(packed, "_norm_weight", off)

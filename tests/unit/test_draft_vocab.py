@@ -21,7 +21,7 @@ from specgram.request import SamplingParams
 from specgram.speculation import draft_vocab
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
-from .helpers import PROMPTS, run_to_end, tokens_of
+from .helpers import PROMPTS, reference_model, run_to_end, tokens_of
 from .tiny import build_model, build_tokenizer, save_checkpoint
 
 NATIVE = kernels.load() is not None and os.environ.get("SPECGRAM_TEST_LINEAR", "auto") != "torch"
@@ -166,7 +166,7 @@ def test_rejection_sampling_keeps_the_distribution(tmp_path):
     stats = [outs[r.request_id][-1].spec for r in reqs]
     assert sum(s.drafted for s in stats) > 1500 and 0 < sum(s.accepted for s in stats)
     stat, df = chi2_stat(
-        [tuple(tokens_of(outs[r.request_id])) for r in reqs], exact_joint(engine.target.model, prompt, 3, **params)
+        [tuple(tokens_of(outs[r.request_id])) for r in reqs], exact_joint(reference_model(engine), prompt, 3, **params)
     )
     assert stat < chi2_critical(df), (stat, df)
     engine.close()

@@ -9,7 +9,7 @@ import torch
 
 from specgram.request import AUTO_DRAFT, SamplingParams
 
-from .helpers import PROMPTS, cheap_draft_model, run_to_end, tokens_of, wrong_and_right
+from .helpers import PROMPTS, cheap_draft_model, reference_model, run_to_end, tokens_of, wrong_and_right
 
 PROMPT = "abcabc abcabc abc the cat sat"
 TOP = 5
@@ -43,7 +43,7 @@ def test_logprobs_are_transformers_log_softmax(engines):
     ids, rows, final = generate(engine, num_draft_tokens=4)
     prompt = engine.make_request(SamplingParams(), text=PROMPT).prompt_ids
     with torch.no_grad():
-        logits = engine.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        logits = reference_model(engine)(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     ref = torch.log_softmax(logits, -1)  # [len(ids), V]
     for i, (t, row) in enumerate(zip(ids, rows, strict=True)):
         assert row[0].token_id == t and row[0].rank == 1, "greedy: the chosen token is the most likely"
@@ -128,7 +128,7 @@ def test_processed_logprobs_of_a_sampled_request_divide_by_the_temperature(proce
     assert raw_ids == ids, "the mode changes what is reported, not what is chosen"
     prompt = processed.make_request(SamplingParams(), text=PROMPT).prompt_ids
     with torch.no_grad():
-        logits = processed.target.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        logits = reference_model(processed)(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     for reported, ref in ((rows, torch.log_softmax(logits / 0.7, -1)), (raw_rows, torch.log_softmax(logits, -1))):
         assert all(
             abs(row[0].logprob - ref[i, t].item()) < 1e-4 for i, (t, row) in enumerate(zip(ids, reported, strict=True))

@@ -22,6 +22,7 @@ from .helpers import (
     PROMPTS,
     lines_all_accepted,
     pinned_eos,
+    reference_model,
     run,
     run_to_end,
     text_of,
@@ -46,7 +47,7 @@ def prompt_ids(engine, text):
 def hf_greedy(engine, text, max_new, eos, min_new=0):
     """The independent reference: HF generate with its own min_new_tokens logits processor."""
     ids = prompt_ids(engine, text)
-    out = engine.target.model.generate(
+    out = reference_model(engine).generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),
         max_new_tokens=max_new,
@@ -76,7 +77,7 @@ def edges(engines, eos):
     for text in PROMPTS:
         ids, out = prompt_ids(engine, text), hf_greedy(engine, text, MAX, eos, N)
         with torch.no_grad():
-            logits = engine.target.model(torch.tensor([ids + out])).logits[0, len(ids) - 1 : len(ids) - 1 + N]
+            logits = reference_model(engine)(torch.tensor([ids + out])).logits[0, len(ids) - 1 : len(ids) - 1 + N]
         pairs += [(text, m) for h in (logits.argmax(-1) == eos).nonzero().flatten().tolist() for m in (h, h + 1)]
     assert sum(m > 2 for _, m in pairs) >= 4, "EOS must be the target's choice at several positions past the first"
     return pairs
@@ -271,9 +272,9 @@ def test_sampling_with_min_tokens_matches_the_renormalised_distribution(vocab4_e
     others) and ends a sequence at EOS after that; plain and speculative sampling must both follow it."""
     engine = vocab4_engine
     [eos] = engine.eos_ids
-    unbanned = exact_joint(engine.target.model, VOCAB_PROMPT, 4, **SAMPLE_PARAMS, eos=eos)
+    unbanned = exact_joint(reference_model(engine), VOCAB_PROMPT, 4, **SAMPLE_PARAMS, eos=eos)
     assert sum(p for s, p in unbanned.items() if eos in s[:2]) > 0.2, "EOS must be likely below min_tokens"
-    expected = exact_joint(engine.target.model, VOCAB_PROMPT, 4, **SAMPLE_PARAMS, eos=eos, min_tokens=2)
+    expected = exact_joint(reference_model(engine), VOCAB_PROMPT, 4, **SAMPLE_PARAMS, eos=eos, min_tokens=2)
     reqs = [
         engine.make_request(
             SamplingParams(max_tokens=4, min_tokens=2, seed=i, num_draft_tokens=k, drafter=drafter, **SAMPLE_PARAMS),

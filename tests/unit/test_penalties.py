@@ -12,6 +12,7 @@ from .distributions import chi2_critical, chi2_stat
 from .helpers import (
     PROMPTS,
     cheap_draft_model,
+    reference_model,
     run_to_end,
     seeded_samples,
     tokens_of,
@@ -66,7 +67,7 @@ def greedy(engine, text, **params):
 def test_each_processor_matches_the_reference(engines, name):
     engine = engines["wrong"]
     ids, req = greedy(engine, PROMPT, num_draft_tokens=0, **PENALTIES[name])
-    assert ids == reference_greedy(engine.target.model, req.prompt_ids, 24, PENALTIES[name])
+    assert ids == reference_greedy(reference_model(engine), req.prompt_ids, 24, PENALTIES[name])
     plain, _ = greedy(engine, PROMPT, num_draft_tokens=0)
     assert ids != plain, "the processor must change this output, or the test proves nothing"
 
@@ -202,7 +203,7 @@ def samples(engine, **params):
 
 
 def test_sampled_output_has_the_processed_distribution_with_and_without_speculation(vocab_engine, monkeypatch):
-    expected = exact_penalised(vocab_engine.target.model, PROMPT_IDS, 3)
+    expected = exact_penalised(reference_model(vocab_engine), PROMPT_IDS, 3)
     plain = samples(vocab_engine, num_draft_tokens=0)
     stat, df = chi2_stat(plain, expected)
     assert stat < chi2_critical(df), (stat, df)

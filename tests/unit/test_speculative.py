@@ -12,6 +12,7 @@ from .helpers import (
     PROMPTS,
     lines_all_accepted,
     pinned_eos,
+    reference_model,
     run,
     run_to_end,
     seeded_samples,
@@ -170,7 +171,7 @@ N_SAMPLES = 3000
 
 @pytest.fixture(scope="module")
 def expected(tiny_vocab_engine):
-    return exact_joint(tiny_vocab_engine.target.model, PROMPT, 3, **SAMPLE_PARAMS)
+    return exact_joint(reference_model(tiny_vocab_engine), PROMPT, 3, **SAMPLE_PARAMS)
 
 
 @pytest.fixture(scope="module")

@@ -15,18 +15,19 @@ def check_logits(path: str, label: str, ref, dtype, settings, max_seq_len: int, 
     from ..errors import ModelLoadError
     from ..model import reference
     from ..model.choice import choose
-    from ..model.runner import ModelRunner, load_model
+    from ..engine.loading import model_of
+    from ..model.runner import ModelRunner
 
     rows = []
     for kind in ("native", "torch"):
         weights = settings.target.weights if kind == "native" and label == "target" else "auto"
-        model = load_model(path, settings.device, dtype)
+        model, tensors = model_of(path, settings.device, dtype, kind == "native")  # as the engine loads it
         try:
             choice = choose(model.config, settings.device, dtype, linear=kind, weights=weights)
         except ModelLoadError as e:
             rows.append(Row("logits", f"{label}, {kind}", None, f"not run here: {e}"))
             continue
-        runner = ModelRunner(model, len(prompt_ids), max_seq_len, choice)
+        runner = ModelRunner(model, len(prompt_ids), max_seq_len, choice, tensors=tensors)
         extra = [[11, 12, 13, 14]] + [[15]] * (len(prompt_ids) - 1)  # a verify row of 4 beside decode rows of 1
         got = [runner.forward_rows(prompt_ids, list(range(len(prompt_ids))), [0] * len(prompt_ids), False)]
         got.append(runner.forward_rows(extra, list(range(len(prompt_ids))), [len(p) for p in prompt_ids], False))

@@ -1,7 +1,8 @@
 """Loading: the target, the tokenizer, the EOS ids and the draft model, as engine/settings.py resolved them.
 
-An int8 draft on the native forward shares the loaded model with the target (model/int8.py packs its own int8
-weights rather than copying the model); the target's own native copy reads and writes the target's KV cache
+On the native forward a model is a skeleton whose weights go one tensor at a time from the checkpoint's files
+into their served form (model/checkpoint.py); an int8 draft there reads the target's checkpoint into its own
+int8 weights (model/int8.py); the target's own native copy reads and writes the target's KV cache
 (nothing to read at admission, no second cache); any other draft has a KV cache of its own. Where the native
 forward does not run it, an int8 draft is torch's dynamic-quantized copy (model/quantize.py).
 """
@@ -11,9 +12,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 from ..config import EngineConfig
 from ..errors import ModelLoadError
-from ..model import lora
+from ..model import footprint, lora
+from ..model.checkpoint import ModuleTensors, TensorFiles, skeleton
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
 from ..speculation import draft_vocab
@@ -65,11 +69,50 @@ def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
     return eos_ids(tokenizer, gen, AutoConfig.from_pretrained(path))
 
 
+def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
+    """A checkpoint's model for a runner -> (model, where the native forward reads its weights). On the native
+    forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
+    elsewhere, or for a checkpoint without safetensors files or with tensors named otherwise, transformers'
+    whole model."""
+    if native and TensorFiles.present(path):
+        model = skeleton(path, dtype)
+        tensors = ModuleTensors(model, TensorFiles(path))
+        missing = tensors.missing(model)
+        if not missing:
+            return model, tensors
+        log.info("%s: tensors named otherwise (%s ...): loading the whole model through transformers", path, missing[0])
+    return load_model(path, device, dtype), None
+
+
+def footprint_of(config: EngineConfig, settings: Settings) -> list[footprint.Part]:
+    """What the load will keep resident, from the checkpoints' configs (skeletons: nothing read)."""
+    target = skeleton(config.checkpoint, settings.dtype)
+    t = settings.target
+    native = t.kind == "native"
+    kv = torch.bfloat16 if t.kv_dtype == "bfloat16" else (torch.float32 if native else settings.dtype)
+    slots, positions = config.max_slots, config.max_seq_len
+    parts = footprint.runner_parts(
+        "target", target, t.weights if native else "auto", settings.dtype,
+        footprint.kv_part("target", target.config, slots, positions, kv),
+    )  # fmt: skip
+    d = settings.draft
+    if d is not None:
+        own = d.source == "target"
+        model = target if own else skeleton(config.draft_checkpoint, d.dtype)
+        cache = None if d.shares_cache else footprint.kv_part("draft", model.config, slots, positions, kv)
+        label = "draft copy" if own else "draft"
+        parts += footprint.runner_parts(label, model, "auto" if d.int8 == "none" else "int8", d.dtype, cache)
+    return parts
+
+
 def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object, dict[str, Drafter]]:
-    """-> (target runner, tokenizer, the configured model drafters by name), as `settings` resolved them."""
+    """-> (target runner, tokenizer, the configured model drafters by name), as `settings` resolved them. On the
+    CPU, a load whose resident bytes would exceed the memory available is refused first (model/footprint.py)."""
     path = str(Path(config.checkpoint))
-    model = load_model(path, settings.device, settings.dtype)
-    target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target)
+    if settings.device.type == "cpu":
+        footprint.check(footprint_of(config, settings))
+    model, tensors = model_of(path, settings.device, settings.dtype, settings.target.kind == "native")
+    target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
     adapters = load_adapters(config, model) if config.enable_lora else None
     if adapters is not None:
         target.attach_lora(adapters)
@@ -79,14 +122,18 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     if d is not None:
         if d.source == "checkpoint":
             check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
-            base = load_model(config.draft_checkpoint, settings.device, d.dtype)
+            base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
         else:
-            base = model  # an int8 copy shares the loaded model (int8.py packs its own)
+            base, base_tensors = model, tensors  # an int8 copy reads the target's checkpoint (int8.py packs its own)
         if d.int8 == "torch":
+            if base_tensors is not None:  # a skeleton has no weights to quantize: the whole model
+                base, base_tensors = load_model(str(base_tensors.files.path), settings.device, d.dtype), None
             base = quantize_dynamic_int8(base)
         cache = target.cache if d.shares_cache else None
         head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
-        draft = ModelRunner(base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head)
+        draft = ModelRunner(
+            base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head, tensors=base_tensors
+        )
         if adapters is not None and config.lora_draft:
             if d.source == "target" and draft.native is not None:
                 draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would

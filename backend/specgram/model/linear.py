@@ -35,10 +35,14 @@ def pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """weight [N, K] -> packed [ceil(N / 32), K, 32] of `dtype` (float32, bfloat16, or int8 for a weight that is
     int8 already), contiguous; element [b, k, j] = weight[32 b + j, k], zero past N."""
     n, k = weight.shape
-    blocks = -(-n // BLOCK)
-    padded = torch.zeros(blocks * BLOCK, k, dtype=weight.dtype)
-    padded[:n] = weight.detach().cpu()
-    return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous().to(dtype)
+    blocks, full = -(-n // BLOCK), n // BLOCK
+    out = torch.empty(blocks, k, BLOCK, dtype=dtype)  # written in one pass: no padded or transposed copy of W
+    w = weight.detach().cpu()
+    out[:full] = w[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2)
+    if full < blocks:  # the last block: its rows past N are zero
+        out[full].zero_()
+        out[full, :, : n - full * BLOCK] = w[full * BLOCK :].T
+    return out
 
 
 def pack_k4(q: torch.Tensor) -> torch.Tensor:

@@ -59,10 +59,9 @@ class NativeForward(PackedDecoder):
     """A model's forward on the kernels: its packed weights and structs (PackedDecoder) and the calls into
     forward.c, with the rotary tables by cache length."""
 
-    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto", head_ids: torch.Tensor | None = None):
-        super().__init__(model, lib, weights, head_ids)
-        inner = model.model
-        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+    def __init__(self, model: torch.nn.Module, lib, *args, **kwargs):  # PackedDecoder's arguments
+        super().__init__(model, lib, *args, **kwargs)
+        self.rotary = model.model.rotary_emb
         if not rotary.fixed(self.rotary):  # its tables would change with the call (rotary.freeze first)
             raise ModelLoadError("a length-dependent rotary module: freeze it (model/rotary.py) before packing")
         self._rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by cache length

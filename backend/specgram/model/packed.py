@@ -12,20 +12,21 @@ import ctypes
 import torch
 
 from ..errors import ModelLoadError
+from .checkpoint import ModuleTensors
 from .families import describe
 from .int8 import ACTIVATIONS
 from .kernels import abi
-from .linear import data_ptr, make_linear
+from .linear import NativeLinear, data_ptr, make_linear
 
 
 class _Layer:
     """One layer's packed products (qkv, o, gate_up, down) and norm weights, set by PackedDecoder."""
 
 
-def _norm_weight(norm: torch.nn.Module, offset: float = 0.0) -> tuple[torch.Tensor, float]:
+def _norm_weight(norm: torch.nn.Module, offset: float = 0.0, read=None) -> tuple[torch.Tensor, float]:
     """An RMSNorm's weight as the kernels scale by it (gemma's (1 + w), summed in float32 as gemma does) and its
-    epsilon (transformers names it variance_epsilon or eps)."""
-    w = norm.weight.detach().float()
+    epsilon (transformers names it variance_epsilon or eps). read: the module's weight as stored (ModuleTensors)."""
+    w = (norm.weight.detach() if read is None else read(norm)).float()
     eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
     return (w + offset if offset else w).contiguous(), float(eps)
 
@@ -33,20 +34,32 @@ def _norm_weight(norm: torch.nn.Module, offset: float = 0.0) -> tuple[torch.Tens
 class PackedDecoder:
     """The weights, norms and structs of one model as forward.c reads them."""
 
-    def __init__(self, model: torch.nn.Module, lib, weights: str = "auto", head_ids: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lib,
+        weights: str = "auto",
+        head_ids: torch.Tensor | None = None,
+        tensors: ModuleTensors | None = None,
+    ):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
         matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
         "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
         kernels.has_vnni). head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only,
         in this order (a draft's reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's
-        entry (a row of the product, its own per-channel scale)."""
+        entry (a row of the product, its own per-channel scale). tensors: where each module's weights are read
+        (checkpoint.py: one at a time from the files of a skeleton model); None: the model's own parameters."""
         cfg = model.config
         inner = model.model
+        src = tensors or ModuleTensors(model)
         wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
         act = ACTIVATIONS.get(weights, "float32")
-        linear = lambda ws, bs: make_linear(ws, bs, lib, wdt, act)  # noqa: E731
+
+        def linear(modules: list[torch.nn.Module]) -> NativeLinear:  # each weight read, packed, then let go
+            return make_linear([src.weight(m) for m in modules], [src.bias(m) for m in modules], lib, wdt, act)
+
         self.lib, self.weights = lib, weights
-        self._embed_weight = inner.embed_tokens.weight.detach().contiguous()  # read by forward.c
+        self._embed_weight = src.embedding()  # read by forward.c
         arch = self.arch = describe(cfg)
         self.H, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, arch.head_dim
         self.E, self.inter = cfg.hidden_size, cfg.intermediate_size
@@ -57,17 +70,16 @@ class PackedDecoder:
                 "forward reads the family's): serve this checkpoint with linear torch"
             )
         self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
-        norm = lambda m: _norm_weight(m, arch.norm_offset)  # noqa: E731
+        norm = lambda m: _norm_weight(m, arch.norm_offset, src.weight)  # noqa: E731
         self.layers = []
         for i, layer in enumerate(inner.layers):
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
             fused = arch.fused_projections  # phi3: q|k|v and gate|up are one matrix each in the checkpoint
             qkv = [a.qkv_proj] if fused else [a.q_proj, a.k_proj, a.v_proj]
-            L.qkv = linear([m.weight for m in qkv], [m.bias for m in qkv])
-            L.o = linear([a.o_proj.weight], [a.o_proj.bias])  # a bias where attention_bias sets one (llama, qwen3)
-            gu = [mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj]
-            L.gate_up = linear([m.weight for m in gu], [m.bias for m in gu])
-            L.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias])
+            L.qkv = linear(qkv)
+            L.o = linear([a.o_proj])  # a bias where attention_bias sets one (llama, qwen3)
+            L.gate_up = linear([mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj])
+            L.down = linear([mlp.down_proj])
             L.w_in, L.eps_in = norm(layer.input_layernorm)
             (L.w_attn_out, L.eps_attn_out), (L.w_mlp_out, L.eps_mlp_out) = (None, 0.0), (None, 0.0)
             if arch.sandwich_norms:  # gemma3: the branch outputs normed; the MLP's input norm is its own
@@ -82,10 +94,11 @@ class PackedDecoder:
             L.rope, L.table, L.sliding = arch.rope_layers[i], arch.layer_tables[i], arch.windows[i] is not None
             self.layers.append(L)
         self.w_final, self.eps_final = norm(inner.norm)
-        head_w, head_b = model.lm_head.weight, model.lm_head.bias
+        head_w, head_b = src.weight(model.lm_head), src.bias(model.lm_head)
         if head_ids is not None:
             head_w, head_b = head_w[head_ids], None if head_b is None else head_b[head_ids]
-        self.lm_head = linear([head_w], [head_b])
+        self.lm_head = make_linear([head_w], [head_b], lib, wdt, act)
+        del head_w, head_b
         self._layer_structs, self._decoder = self._describe()
         self._head = self.lm_head.descriptor()
 

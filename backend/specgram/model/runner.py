@@ -26,6 +26,7 @@ import torch
 from ..errors import ModelLoadError
 from . import lora, rotary, torch_forward
 from . import tree as tree_rows
+from .checkpoint import ModuleTensors
 from .choice import ForwardChoice, choose_for, projections
 from .families import DOCS, FAMILIES, describe
 from .kv_cache import KVCache, WriteIndex, make_write_index
@@ -74,6 +75,7 @@ class ModelRunner:
         forward: ForwardChoice | None = None,
         cache: KVCache | None = None,
         head_ids: torch.Tensor | None = None,
+        tensors: ModuleTensors | None = None,
     ):
         """forward: which forward runs the model, with its weights, KV dtype and static width (choice.py; None =
         choose_for(model), every setting auto). The native CPU forward keeps activations and the KV cache in
@@ -89,21 +91,23 @@ class ModelRunner:
         own K and V of every committed token, and the target's verify overwrites what the copy wrote past them).
         kv_dtype is then that cache's.
         head_ids [V'] long: the native forward's logits are those of these vocabulary entries only, in this order
-        (a draft's reduced vocabulary); the PyTorch forward computes the whole vocabulary (self.head_ids None)."""
+        (a draft's reduced vocabulary); the PyTorch forward computes the whole vocabulary (self.head_ids None).
+        tensors: where the native forward reads the weights (checkpoint.py: `model` a skeleton on the meta device,
+        its weights read one at a time from the checkpoint's files); None: the model's own parameters."""
         forward = forward or choose_for(model)
         self.model = model.eval()
         cfg = model.config
         self.config, self.arch = cfg, describe(cfg)
         torch_forward.plug(model)
         rotary.freeze(model.model.rotary_emb, max_seq_len, self.arch.rope_types)  # longrope, dynamic: one table
-        self.device = next(model.parameters()).device
+        self.device = torch.device("cpu") if tensors is not None else next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         kind, weights, kv_dtype, static_width = forward.kind, forward.weights, forward.kv_dtype, forward.static_width
         self.native = None
         if kind == "native":
             from .native import NativeForward
 
-            self.native = NativeForward(model, forward.lib, weights, head_ids)
+            self.native = NativeForward(model, forward.lib, weights, head_ids, tensors)
             self.dtype = torch.float32  # activations (and the KV cache unless kv_dtype says)
         kv = torch.bfloat16 if kv_dtype == "bfloat16" else self.dtype
         self.linear_kind, self.weights, self.kv_dtype = kind, weights, kv_dtype

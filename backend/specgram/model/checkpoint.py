@@ -1,0 +1,134 @@
+"""A checkpoint read one tensor at a time, for the native CPU forward: its weights go straight into their served
+form (packed.py) and no full-precision framework module is ever made.
+
+What it replaces: transformers' from_pretrained materializes the whole model in the load dtype (a bfloat16
+checkpoint served from float32 packs became a float32 copy first), and its parameters, views of the memory-mapped
+files, keep every page the packing touched resident beside the packed weights. Here the model is built on the
+meta device (its structure, config and generation config: what the engine and the packing read of it), and each
+tensor is read from its safetensors file when the packing asks for it: the file is mapped for that read only,
+so at any time the load holds what is packed so far plus one tensor.
+
+The skeleton's rotary module is the one part that computes (native.py builds its tables with it): it is made
+again on the CPU from the config. A checkpoint without safetensors files (PyTorch .bin) is loaded by
+transformers as before (runner.load_model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+class TensorFiles:
+    """A checkpoint folder's tensors by name, each read from its safetensors file on demand."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if (self.path / INDEX).exists():
+            weight_map = json.loads((self.path / INDEX).read_text())["weight_map"]
+            self.files = {name: self.path / f for name, f in weight_map.items()}
+        elif (self.path / SINGLE).exists():
+            from safetensors import safe_open
+
+            with safe_open(str(self.path / SINGLE), "pt") as f:
+                self.files = dict.fromkeys(f.keys(), self.path / SINGLE)
+        else:
+            raise FileNotFoundError(f"{self.path} has no {SINGLE} or {INDEX}")
+
+    @staticmethod
+    def present(path: str | Path) -> bool:
+        return (Path(path) / INDEX).exists() or (Path(path) / SINGLE).exists()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor `name`, a view of its file's mapping: the pages are read as the caller reads the tensor and
+        the mapping goes with the tensor's last reference (convert it, then drop it)."""
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise ModelLoadError(f"{self.path}: the checkpoint has no tensor {name!r}")
+        with safe_open(str(self.files[name]), "pt") as f:
+            return f.get_tensor(name)
+
+    def nbytes(self) -> int:
+        return sum(f.stat().st_size for f in set(self.files.values()))
+
+
+def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The transformers model of a checkpoint folder on the meta device, in `dtype` (what the packing serves), with
+    the checkpoint's generation config and a working rotary module on the CPU; ModelLoadError with the reason."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    except Exception as e:  # transformers raises many types; the message is what the user needs
+        raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: the config's own
+        pass
+    rotary = model.model.rotary_emb
+    model.model.rotary_emb = type(rotary)(config=model.config)  # outside the meta context: on the CPU
+    return model.eval()
+
+
+def tied(model: torch.nn.Module) -> bool:
+    """Whether the head is the embedding (no lm_head tensor of its own in the checkpoint)."""
+    return model.lm_head.weight is model.model.embed_tokens.weight
+
+
+class ModuleTensors:
+    """The tensors a PackedDecoder reads, by module: from a TensorFiles (a skeleton model) or, for a model loaded
+    whole (tests, the PyTorch path's models), from the module's own parameters."""
+
+    def __init__(self, model: torch.nn.Module, files: TensorFiles | None = None):
+        self.files = files
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.tied = tied(model)
+        self.embed, self.head = model.model.embed_tokens, model.lm_head
+        self._embedding: torch.Tensor | None = None
+
+    def embedding(self) -> torch.Tensor:
+        """The embedding rows as forward.c reads them, made once and shared by every PackedDecoder of this model
+        (a target and its int8 copy): float32 or bfloat16 as stored (bfloat16 rows widen exactly), any other
+        float dtype as float32; read from the files, a copy of its own (a view of the file's mapping would keep
+        its pages mapped), else the module's own storage where it can."""
+        if self._embedding is None:
+            w = (
+                self.embed.weight.detach()
+                if self.files is None
+                else self.files.get(f"{self.names[id(self.embed)]}.weight")
+            )
+            dtype = w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32
+            self._embedding = w.to(dtype, copy=self.files is not None).contiguous()
+        return self._embedding
+
+    def missing(self, model: torch.nn.Module) -> list[str]:
+        """The model's parameters the files do not hold under the model's own names (none for a whole model)."""
+        if self.files is None:
+            return []
+        return [name for name, _ in model.named_parameters() if name not in self.files]
+
+    def weight(self, module: torch.nn.Module) -> torch.Tensor:
+        return self._read(module, "weight")
+
+    def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
+        return None if getattr(module, "bias", None) is None else self._read(module, "bias")
+
+    def _read(self, module: torch.nn.Module, what: str) -> torch.Tensor:
+        if self.files is None:
+            return getattr(module, what).detach()
+        if self.tied and what == "weight" and module in (self.embed, self.head):
+            return self.embedding()  # read once: the head packs from the rows already in memory
+        return self.files.get(f"{self.names[id(module)]}.{what}")

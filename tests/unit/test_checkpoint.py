@@ -1,0 +1,120 @@
+"""Loading in the served form (model/checkpoint.py, model/footprint.py): on the native forward a checkpoint's
+tensors go one at a time from its safetensors files into the packed weights, which are bitwise those packed from
+transformers' whole model; a bfloat16 checkpoint is never widened whole; sharded and .bin checkpoints load; the
+load's peak memory stays near what it keeps; a load that cannot fit is refused before it reads anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from specgram.config import EngineConfig
+from specgram.engine.engine import Engine
+from specgram.engine.loading import model_of
+from specgram.errors import ModelLoadError
+from specgram.model import footprint, kernels
+from specgram.model.checkpoint import TensorFiles
+from specgram.model.choice import choose
+from specgram.model.runner import ModelRunner
+
+from .tiny import build_family, build_tokenizer, save_family
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="the native CPU forward's kernels do not build here")
+PROMPTS = [torch.randint(3, 259, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (45, 13)]
+CPU = torch.device("cpu")
+
+
+def _logits(model, tensors, weights="auto") -> torch.Tensor:
+    choice = choose(model.config, CPU, torch.float32, linear="native", weights=weights)
+    runner = ModelRunner(model, 2, 96, choice, tensors=tensors)
+    assert runner.native is not None
+    first = runner.forward_rows(PROMPTS, [0, 1], [0, 0], last_only=False)
+    return torch.cat([first, runner.forward_rows([[7, 8, 9], [11, 12, 13]], [0, 1], [45, 13], last_only=False)], 1)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_bias", "gemma3_text", "phi4_mini"])
+@pytest.mark.parametrize("weights", ["auto", "int8"])
+def test_read_tensor_by_tensor_the_forward_is_bitwise_the_whole_models(name, weights, tmp_path):
+    path = str(save_family(tmp_path / name, name, seed=2))
+    skeleton, tensors = model_of(path, CPU, torch.float32, native=True)
+    assert tensors is not None and next(skeleton.parameters()).device.type == "meta"
+    whole, none = model_of(path, CPU, torch.float32, native=False)
+    assert none is None and next(whole.parameters()).device.type == "cpu"
+    assert torch.equal(_logits(skeleton, tensors, weights), _logits(whole, None, weights))
+
+
+def test_a_bfloat16_checkpoint_is_served_in_float32_without_a_float32_copy_of_its_embedding(tmp_path):
+    path = tmp_path / "bf16"
+    build_family("llama", seed=2).to(torch.bfloat16).save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    skeleton, tensors = model_of(str(path), CPU, torch.float32, native=True)
+    assert tensors.embedding().dtype == torch.bfloat16  # rows widen exactly in the kernels
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # bfloat16 values, widened
+    with torch.inference_mode():
+        want = ref(torch.tensor([PROMPTS[0]])).logits[0]
+    got = _logits(skeleton, tensors)[0, : len(PROMPTS[0])]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_sharded_and_bin_checkpoints_load(tmp_path):
+    model = build_family("qwen2", seed=2)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    files = TensorFiles(tmp_path / "sharded")
+    assert len({f.name for f in files.files.values()}) > 1
+    skeleton, tensors = model_of(str(tmp_path / "sharded"), CPU, torch.float32, native=True)
+    assert tensors is not None and torch.equal(_logits(skeleton, tensors), _logits(model, None))
+    (tmp_path / "bin").mkdir()
+    model.config.save_pretrained(tmp_path / "bin")
+    torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    whole, tensors = model_of(str(tmp_path / "bin"), CPU, torch.float32, native=True)  # transformers reads it
+    assert tensors is None and torch.equal(_logits(whole, None), _logits(model, None))
+
+
+def test_a_load_that_cannot_fit_is_refused_before_it_reads_anything(tmp_path):
+    parts = [footprint.Part("target weights (float32)", 3 * footprint.GiB), footprint.Part("target KV cache", 2**30)]
+    with pytest.raises(ModelLoadError, match=r"needs about 4\.4 GiB \(target weights \(float32\) 3\.00, .* 2\.0 GiB"):
+        footprint.check(parts, free=2 * footprint.GiB)
+    footprint.check(parts, free=5 * footprint.GiB)
+    path = save_family(tmp_path / "llama", "llama", seed=2)
+    huge = EngineConfig(checkpoint=str(path), max_slots=256, max_seq_len=2**24, linear="native")  # a 2 TiB cache
+    with pytest.raises(ModelLoadError, match=r"needs about .* target KV cache 4096\.00 .* lower max_slots"):
+        Engine.from_config(huge)
+
+
+# A subprocess, so that its peak is its load's own: a random llama of ~60M parameters (240 MB in float32).
+MEASURE = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    def status():
+        f = dict(l.split(":", 1) for l in Path("/proc/self/status").read_text().splitlines())
+        return {k: int(f[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS")}
+    from specgram.config import EngineConfig
+    from specgram.engine.engine import Engine
+    before = status()
+    engine = Engine.from_config(EngineConfig(checkpoint=sys.argv[1], max_slots=2, max_seq_len=256,
+                                             draft_quantization="int8", linear="native"))
+    after = status()
+    weights = sum(b.numel() * b.element_size() for r in (engine.target, engine.drafters["draft_model"].runner)
+                  for m in r.native.linear_layers() for b in m.buffers() if b is not None)
+    print(json.dumps(dict(peak=after["VmHWM"] - before["VmRSS"], kept=after["VmRSS"] - before["VmRSS"],
+                          weights=weights, embedding=engine.target.native._embed_weight.nbytes)))
+    engine.close()
+""")
+
+
+def test_the_load_peaks_near_what_it_keeps(tmp_path):
+    path = save_family(tmp_path / "mid", "llama", seed=2, hidden_size=768, intermediate_size=2304, num_hidden_layers=8)
+    r = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    assert m["weights"] > 200e6  # the float32 packs and the int8 copy
+    assert m["kept"] <= 1.15 * (m["weights"] + m["embedding"]) + 150e6, m  # 150 MB: KV cache, tokenizer, grammar
+    assert m["peak"] <= 1.2 * m["kept"], m
