@@ -110,11 +110,20 @@ MEASURE = textwrap.dedent("""
 """)
 
 
-def test_the_load_peaks_near_what_it_keeps(tmp_path):
-    path = save_family(tmp_path / "mid", "llama", seed=2, hidden_size=768, intermediate_size=2304, num_hidden_layers=8)
+def _measure(path) -> dict:
     r = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    m = json.loads(r.stdout.strip().splitlines()[-1])
-    assert m["weights"] > 200e6  # the float32 packs and the int8 copy
-    assert m["kept"] <= 1.15 * (m["weights"] + m["embedding"]) + 150e6, m  # 150 MB: KV cache, tokenizer, grammar
-    assert m["peak"] <= 1.2 * m["kept"], m
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_load_peaks_near_what_it_keeps(tmp_path):
+    """What stays resident is the packed weights (float32 and the int8 copy) and the embedding over what a tiny
+    model's load keeps (imports, tokenizer, grammar tables: measured here, not assumed); the peak is near it."""
+    tiny = _measure(save_family(tmp_path / "tiny", "llama", seed=2))
+    mid = _measure(
+        save_family(tmp_path / "mid", "llama", seed=2, hidden_size=768, intermediate_size=2304, num_hidden_layers=8)
+    )
+    assert mid["weights"] > 200e6  # the float32 packs and the int8 copy
+    grew = mid["kept"] - tiny["kept"]
+    assert grew <= 1.1 * (mid["weights"] + mid["embedding"] - tiny["weights"] - tiny["embedding"]) + 30e6, (tiny, mid)
+    assert mid["peak"] <= 1.25 * mid["kept"], mid  # a layer's temporaries in flight weigh more against 300 MB than GB

@@ -12,10 +12,10 @@ from .common import TOL, Row, first_diff
 def check_logits(path: str, label: str, ref, dtype, settings, max_seq_len: int, prompt_ids) -> list[Row]:
     """Each forward's prefill, decode and verify rows of `path` (loaded in `dtype`, as served) against `ref`,
     transformers' float32 model of it."""
+    from ..engine.loading import model_of
     from ..errors import ModelLoadError
     from ..model import reference
     from ..model.choice import choose
-    from ..engine.loading import model_of
     from ..model.runner import ModelRunner
 
     rows = []

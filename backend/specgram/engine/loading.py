@@ -17,7 +17,7 @@ import torch
 from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import footprint, lora
-from ..model.checkpoint import ModuleTensors, TensorFiles, skeleton
+from ..model.checkpoint import ModuleTensors, TensorFiles, release_freed_memory, skeleton
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
 from ..speculation import draft_vocab
@@ -143,6 +143,7 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
                     "copy on the native CPU forward only); the target verifies with each request's adapter"
                 )
         drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
+    release_freed_memory()
     return target, tokenizer, drafters
 
 

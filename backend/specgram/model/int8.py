@@ -37,13 +37,20 @@ RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8)
 ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}  # what NativeLinear's activations are under each
 
 
+CHUNK = 4096  # rows quantized at a time: each row is on its own, so chunks only bound the float temporaries
+
+
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] (any float dtype) -> (q int8 [N, K], scale float32 [N]) with weight ~ q * scale[:, None]."""
-    w = weight.detach().to("cpu", torch.float32)
-    scale = w.abs().amax(dim=1) / QMAX  # [N]
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # zero rows: q = 0 / 1 = 0
-    q = torch.round(w / safe[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
-    return q, scale.contiguous()
+    n = weight.shape[0]
+    q, scale = torch.empty(weight.shape, dtype=torch.int8), torch.empty(n, dtype=torch.float32)
+    for i in range(0, n, CHUNK):
+        w = weight[i : i + CHUNK].detach().to("cpu", torch.float32)
+        s = w.abs().amax(dim=1) / QMAX  # [rows]
+        safe = torch.where(s > 0, s, torch.ones_like(s))  # zero rows: q = 0 / 1 = 0
+        q[i : i + CHUNK] = torch.round(w / safe[:, None]).clamp_(-QMAX, QMAX)
+        scale[i : i + CHUNK] = s
+    return q, scale
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import ctypes
 import torch
 
 from ..errors import ModelLoadError
-from .checkpoint import ModuleTensors
+from .checkpoint import ModuleTensors, release_freed_memory
 from .families import describe
 from .int8 import ACTIVATIONS
 from .kernels import abi
@@ -93,6 +93,8 @@ class PackedDecoder:
                 (L.q_norm, L.qk_eps), (L.k_norm, _) = norm(a.q_norm), norm(a.k_norm)
             L.rope, L.table, L.sliding = arch.rope_layers[i], arch.layer_tables[i], arch.windows[i] is not None
             self.layers.append(L)
+            if src.files is not None:  # read from the files: the layer's temporaries go back, not into the peak
+                release_freed_memory()
         self.w_final, self.eps_final = norm(inner.norm)
         head_w, head_b = src.weight(model.lm_head), src.bias(model.lm_head)
         if head_ids is not None:
