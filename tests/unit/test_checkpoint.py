@@ -15,10 +15,12 @@ import torch
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
-from specgram.engine.loading import model_of
+from specgram.engine.loading import footprint_of, model_of
+from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.model import footprint, kernels
-from specgram.model.checkpoint import TensorFiles
+from specgram.model.checkpoint import ModuleTensors, TensorFiles
+from specgram.model.checkpoint import skeleton as skeleton_of
 from specgram.model.choice import choose
 from specgram.model.runner import ModelRunner
 
@@ -46,6 +48,18 @@ def test_read_tensor_by_tensor_the_forward_is_bitwise_the_whole_models(name, wei
     whole, none = model_of(path, CPU, torch.float32, native=False)
     assert none is None and next(whole.parameters()).device.type == "cpu"
     assert torch.equal(_logits(skeleton, tensors, weights), _logits(whole, None, weights))
+
+
+def test_no_mapping_of_the_checkpoint_outlives_the_load(tmp_path):
+    import gc
+    from pathlib import Path
+
+    path = save_family(tmp_path / "maps", "qwen2", seed=2)  # biases and norms: small tensors kept as they are
+    skeleton, tensors = model_of(str(path), CPU, torch.float32, native=True)
+    runner = ModelRunner(skeleton, 2, 96, choose(skeleton.config, CPU, torch.float32, linear="native"), tensors=tensors)
+    gc.collect()
+    maps = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(path) in line]
+    assert runner.native is not None and not maps, maps
 
 
 def test_a_bfloat16_checkpoint_is_served_in_float32_without_a_float32_copy_of_its_embedding(tmp_path):
@@ -78,6 +92,33 @@ def test_sharded_and_bin_checkpoints_load(tmp_path):
     assert tensors is None and torch.equal(_logits(whole, None), _logits(model, None))
 
 
+def test_tensors_that_do_not_fit_the_model_are_refused_or_read_by_transformers(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_family(tmp_path / "cut", "llama", seed=2)
+    state = load_file(str(path / "model.safetensors"))
+    state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"][:, :120].clone()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    model = skeleton_of(path, torch.float32)
+    assert "down_proj" in ModuleTensors(model, TensorFiles(path)).unfit(model)
+    with pytest.raises(ModelLoadError, match="could not load the checkpoint"):  # transformers refuses the shape
+        model_of(str(path), CPU, torch.float32, native=True)
+    (tmp_path / "lost").mkdir()
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "lost" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match="could not read the checkpoint"):
+        TensorFiles(tmp_path / "lost")
+
+
+def test_the_estimate_reads_the_embedding_as_stored(tmp_path):
+    path = save_family(tmp_path / "f32", "llama", seed=2)
+    config = EngineConfig(checkpoint=str(path), max_slots=2, max_seq_len=64, dtype="bfloat16", linear="native")
+    parts, remedies = footprint_of(config, resolve(config))
+    sizes = {p.what: p.nbytes for p in parts}
+    assert sizes["target embedding"] == 259 * 64 * 4  # float32 as stored, though served in bfloat16
+    assert "weights int8" in remedies
+
+
 def test_a_load_that_cannot_fit_is_refused_before_it_reads_anything(tmp_path):
     parts = [footprint.Part("target weights (float32)", 3 * footprint.GiB), footprint.Part("target KV cache", 2**30)]
     with pytest.raises(ModelLoadError, match=r"needs about 4\.4 GiB \(target weights \(float32\) 3\.00, .* 2\.0 GiB"):
@@ -104,8 +145,10 @@ MEASURE = textwrap.dedent("""
     after = status()
     weights = sum(b.numel() * b.element_size() for r in (engine.target, engine.drafters["draft_model"].runner)
                   for m in r.native.linear_layers() for b in m.buffers() if b is not None)
+    from specgram.engine.loading import footprint_of
+    estimate = sum(p.nbytes for p in footprint_of(engine.config, engine.settings)[0])
     print(json.dumps(dict(peak=after["VmHWM"] - before["VmRSS"], kept=after["VmRSS"] - before["VmRSS"],
-                          weights=weights, embedding=engine.target.native._embed_weight.nbytes)))
+                          weights=weights, embedding=engine.target.native._embed_weight.nbytes, estimate=estimate)))
     engine.close()
 """)
 
@@ -126,4 +169,5 @@ def test_the_load_peaks_near_what_it_keeps(tmp_path):
     assert mid["weights"] > 200e6  # the float32 packs and the int8 copy
     grew = mid["kept"] - tiny["kept"]
     assert grew <= 1.1 * (mid["weights"] + mid["embedding"] - tiny["weights"] - tiny["embedding"]) + 30e6, (tiny, mid)
+    assert abs(grew - (mid["estimate"] - tiny["estimate"])) <= 0.1 * grew, (tiny, mid)  # the load's own estimate
     assert mid["peak"] <= 1.25 * mid["kept"], mid  # a layer's temporaries in flight weigh more against 300 MB than GB

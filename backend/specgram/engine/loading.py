@@ -72,37 +72,48 @@ def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
 def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
     """A checkpoint's model for a runner -> (model, where the native forward reads its weights). On the native
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
-    elsewhere, or for a checkpoint without safetensors files or with tensors named otherwise, transformers'
-    whole model."""
+    elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
+    (other names, shapes or dtypes, a quantized format), transformers' whole model."""
     if native and TensorFiles.present(path):
         model = skeleton(path, dtype)
         tensors = ModuleTensors(model, TensorFiles(path))
-        missing = tensors.missing(model)
-        if not missing:
+        why = tensors.unfit(model)
+        if why is None:
             return model, tensors
-        log.info("%s: tensors named otherwise (%s ...): loading the whole model through transformers", path, missing[0])
+        log.info("%s: %s: loading the whole model through transformers", path, why)
     return load_model(path, device, dtype), None
 
 
-def footprint_of(config: EngineConfig, settings: Settings) -> list[footprint.Part]:
-    """What the load will keep resident, from the checkpoints' configs (skeletons: nothing read)."""
-    target = skeleton(config.checkpoint, settings.dtype)
-    t = settings.target
-    native = t.kind == "native"
-    kv = torch.bfloat16 if t.kv_dtype == "bfloat16" else (torch.float32 if native else settings.dtype)
+def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footprint.Part], tuple[str, ...]]:
+    """What the load will keep resident, from the checkpoints' configs and file headers (nothing else read), and
+    the settings that would lower it."""
     slots, positions = config.max_slots, config.max_seq_len
-    parts = footprint.runner_parts(
-        "target", target, t.weights if native else "auto", settings.dtype,
-        footprint.kv_part("target", target.config, slots, positions, kv),
-    )  # fmt: skip
-    d = settings.draft
+
+    def runner(label, path, model, forward, weights, dtype, cache: bool, embedding: bool):
+        native = forward.kind == "native"
+        kv = torch.bfloat16 if forward.kv_dtype == "bfloat16" else (torch.float32 if native else dtype)
+        emb = dtype
+        if native and TensorFiles.present(path):  # kept as stored (checkpoint.py)
+            stored = TensorFiles(path).dtype("model.embed_tokens.weight")
+            emb = stored if stored in (torch.float32, torch.bfloat16) else torch.float32
+        part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
+        return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)
+
+    t, d = settings.target, settings.draft
+    target = skeleton(config.checkpoint, settings.dtype)
+    weights = t.weights if t.kind == "native" else "auto"
+    parts = runner("target", config.checkpoint, target, t, weights, settings.dtype, True, True)
+    remedies = ("weights int8",) if t.kind == "native" and weights == "auto" else ()
     if d is not None:
         own = d.source == "target"
-        model = target if own else skeleton(config.draft_checkpoint, d.dtype)
-        cache = None if d.shares_cache else footprint.kv_part("draft", model.config, slots, positions, kv)
-        label = "draft copy" if own else "draft"
-        parts += footprint.runner_parts(label, model, "auto" if d.int8 == "none" else "int8", d.dtype, cache)
-    return parts
+        path = config.checkpoint if own else config.draft_checkpoint
+        model = target if own else skeleton(path, d.dtype)
+        shared = own and d.int8 == "native"  # the target's native copy: its embedding is the target's
+        form = "auto" if d.int8 == "none" else "int8"
+        parts += runner("draft copy" if own else "draft", path, model, d.forward, form, d.dtype,
+                        not d.shares_cache, not shared)  # fmt: skip
+        remedies += ("draft_quantization none",) if own else ("draft_quantization int8",) if form == "auto" else ()
+    return parts, remedies
 
 
 def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object, dict[str, Drafter]]:
@@ -110,7 +121,8 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     CPU, a load whose resident bytes would exceed the memory available is refused first (model/footprint.py)."""
     path = str(Path(config.checkpoint))
     if settings.device.type == "cpu":
-        footprint.check(footprint_of(config, settings))
+        parts, remedies = footprint_of(config, settings)
+        footprint.check(parts, remedies=remedies)
     model, tensors = model_of(path, settings.device, settings.dtype, settings.target.kind == "native")
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
     adapters = load_adapters(config, model) if config.enable_lora else None

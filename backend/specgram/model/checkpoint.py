@@ -28,21 +28,32 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # what the packing reads
+
+
 class TensorFiles:
-    """A checkpoint folder's tensors by name, each read from its safetensors file on demand."""
+    """A checkpoint folder's tensors by name, each read from its safetensors file on demand; every file's header
+    (names, shapes, dtypes) read once here. ModelLoadError where a file is missing or unreadable."""
 
     def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
         self.path = Path(path)
         if (self.path / INDEX).exists():
             weight_map = json.loads((self.path / INDEX).read_text())["weight_map"]
-            self.files = {name: self.path / f for name, f in weight_map.items()}
-        elif (self.path / SINGLE).exists():
-            from safetensors import safe_open
-
-            with safe_open(str(self.path / SINGLE), "pt") as f:
-                self.files = dict.fromkeys(f.keys(), self.path / SINGLE)
+            files = sorted({self.path / f for f in weight_map.values()})
         else:
-            raise FileNotFoundError(f"{self.path} has no {SINGLE} or {INDEX}")
+            files = [self.path / SINGLE]
+        self.files: dict[str, Path] = {}
+        self.meta: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> (shape, safetensors dtype)
+        try:
+            for file in files:
+                with safe_open(str(file), "pt") as f:
+                    for name in f.keys():
+                        part = f.get_slice(name)
+                        self.files[name], self.meta[name] = file, (tuple(part.get_shape()), part.get_dtype())
+        except Exception as e:  # a missing shard, a damaged header: safetensors raises several types
+            raise ModelLoadError(f"could not read the checkpoint {str(self.path)!r}: {e}") from e
 
     @staticmethod
     def present(path: str | Path) -> bool:
@@ -51,18 +62,23 @@ class TensorFiles:
     def __contains__(self, name: str) -> bool:
         return name in self.files
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor `name`, a view of its file's mapping: the pages are read as the caller reads the tensor and
-        the mapping goes with the tensor's last reference (convert it, then drop it)."""
+    def get(self, name: str, own: bool = False) -> torch.Tensor:
+        """The tensor `name`, a view of its file's mapping (own: a copy of its own). A view's pages are read as the
+        caller reads it and the mapping goes with its last reference: pack it, then drop it."""
         from safetensors import safe_open
 
         if name not in self.files:
             raise ModelLoadError(f"{self.path}: the checkpoint has no tensor {name!r}")
-        with safe_open(str(self.files[name]), "pt") as f:
-            return f.get_tensor(name)
+        try:
+            with safe_open(str(self.files[name]), "pt") as f:
+                t = f.get_tensor(name)
+        except Exception as e:
+            raise ModelLoadError(f"could not read {name!r} from {self.files[name]}: {e}") from e
+        return t.clone() if own else t
 
-    def nbytes(self) -> int:
-        return sum(f.stat().st_size for f in set(self.files.values()))
+    def dtype(self, name: str) -> torch.dtype | None:
+        """The stored dtype of `name` as torch names it (None: one the packing does not read)."""
+        return DTYPES.get(self.meta[name][1])
 
 
 def release_freed_memory() -> None:
@@ -126,21 +142,33 @@ class ModuleTensors:
             self._embedding = w.to(dtype, copy=self.files is not None).contiguous()
         return self._embedding
 
-    def missing(self, model: torch.nn.Module) -> list[str]:
-        """The model's parameters the files do not hold under the model's own names (none for a whole model)."""
+    def unfit(self, model: torch.nn.Module) -> str | None:
+        """None where the files hold every parameter of the model under its own name, in its shape and in a float
+        dtype the packing reads; else the first that does not (the model is then loaded whole, by transformers,
+        which knows other names, checks shapes and reads quantized formats)."""
         if self.files is None:
-            return []
-        return [name for name, _ in model.named_parameters() if name not in self.files]
+            return None
+        if getattr(model.config, "quantization_config", None):
+            return "a quantized checkpoint (quantization_config)"
+        for name, p in model.named_parameters():
+            if name not in self.files:
+                return f"no tensor {name!r}"
+            shape, dtype = self.files.meta[name]
+            if shape != tuple(p.shape) or dtype not in DTYPES:
+                return f"{name!r} is {dtype} {list(shape)} where the model has {list(p.shape)}"
+        return None
 
-    def weight(self, module: torch.nn.Module) -> torch.Tensor:
-        return self._read(module, "weight")
+    def weight(self, module: torch.nn.Module, own: bool = False) -> torch.Tensor:
+        """The module's weight as stored; own: a copy of its own (a norm's, kept as it is: no view of a file's
+        mapping outlives the load)."""
+        return self._read(module, "weight", own)
 
     def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
-        return None if getattr(module, "bias", None) is None else self._read(module, "bias")
+        return None if getattr(module, "bias", None) is None else self._read(module, "bias", own=True)
 
-    def _read(self, module: torch.nn.Module, what: str) -> torch.Tensor:
+    def _read(self, module: torch.nn.Module, what: str, own: bool) -> torch.Tensor:
         if self.files is None:
             return getattr(module, what).detach()
         if self.tied and what == "weight" and module in (self.embed, self.head):
             return self.embedding()  # read once: the head packs from the rows already in memory
-        return self.files.get(f"{self.names[id(module)]}.{what}")
+        return self.files.get(f"{self.names[id(module)]}.{what}", own)

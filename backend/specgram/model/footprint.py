@@ -5,7 +5,8 @@ A runner keeps (native CPU forward): its matmul weights in the served form (floa
 byte per weight and a float32 scale per output row), the embedding (float32 or bfloat16 as stored), the norms
 (negligible) and, unless it shares another's, a KV cache of layers x slots x KV heads x head size x positions,
 for K and V, in the cache's dtype. The PyTorch forward keeps the model's parameters in its dtype. Loading itself
-holds one tensor more at a time (checkpoint.py), which the margin covers.
+holds one tensor more at a time (checkpoint.py), which the margin covers. Not counted: LoRA adapters (small),
+CUDA graphs' headroom (CUDA is not checked); a reduced draft head is counted whole (an overestimate).
 """
 
 from __future__ import annotations
@@ -36,17 +37,23 @@ def _matmuls(model: torch.nn.Module) -> tuple[int, int]:
     return sum(m.weight.numel() for m in mods), sum(m.weight.shape[0] for m in mods)
 
 
-def runner_parts(label: str, model: torch.nn.Module, weights: str, dtype: torch.dtype, kv: Part | None) -> list[Part]:
-    """A runner's resident bytes: its matmul weights in their form ("auto": `dtype`; else int8), its embedding
-    (not for a "draft copy": it shares its target's) and its KV cache (kv; None: it shares another's)."""
+def runner_parts(
+    label: str, model: torch.nn.Module, weights: str, dtype: torch.dtype, kv: Part | None,
+    embedding: torch.dtype | None, native: bool,
+) -> list[Part]:  # fmt: skip
+    """A runner's resident bytes: its matmul weights in their form ("auto": `dtype`; else int8), its embedding in
+    `embedding` (None: it shares another runner's) and its KV cache (kv; None: it shares another's). A tied head
+    is a second copy on the native forward (packed), the embedding itself on PyTorch's."""
     n, rows = _matmuls(model)
+    emb = model.model.embed_tokens.weight
+    if not native and model.lm_head.weight is emb:
+        n, rows = n - emb.numel(), rows - emb.shape[0]  # counted as the embedding
     if weights == "auto":
         parts = [Part(f"{label} weights ({str(dtype).removeprefix('torch.')})", n * BYTES[dtype])]
     else:
         parts = [Part(f"{label} weights (int8)", n + 4 * rows)]
-    emb = model.model.embed_tokens.weight
-    if label != "draft copy":
-        parts.append(Part(f"{label} embedding", emb.numel() * BYTES.get(emb.dtype, 4)))
+    if embedding is not None:
+        parts.append(Part(f"{label} embedding", emb.numel() * BYTES[embedding]))
     return parts + ([kv] if kv is not None else [])
 
 
@@ -68,14 +75,15 @@ def available() -> int | None:
     return None
 
 
-def check(parts: list[Part], free: int | None = None) -> None:
-    """ModelLoadError naming each part where their sum (with MARGIN) exceeds the memory available."""
+def check(parts: list[Part], free: int | None = None, remedies: tuple[str, ...] = ()) -> None:
+    """ModelLoadError naming each part, and `remedies` (the settings that would lower them), where their sum
+    (with MARGIN) exceeds the memory available."""
     free = available() if free is None else free
     need = int(sum(p.nbytes for p in parts) * MARGIN)
     if free is not None and need > free:
         listed = ", ".join(f"{p.what} {p.nbytes / GiB:.2f}" for p in parts)
+        todo = ", ".join(("lower max_slots or max_seq_len", *remedies, "or use a machine with more memory"))
         raise ModelLoadError(
             f"this load needs about {need / GiB:.1f} GiB ({listed} GiB, and {MARGIN - 1:.0%} margin) where "
-            f"{free / GiB:.1f} GiB are available: lower max_slots or max_seq_len, serve int8 weights "
-            "(weights int8), set draft_quantization none, or use a machine with more memory"
+            f"{free / GiB:.1f} GiB are available: {todo}"
         )

@@ -70,7 +70,7 @@ class PackedDecoder:
                 "forward reads the family's): serve this checkpoint with linear torch"
             )
         self.rotary_dims = int(self.D * arch.rotary_fraction)  # the rotating dimensions of a head (transformers' own)
-        norm = lambda m: _norm_weight(m, arch.norm_offset, src.weight)  # noqa: E731
+        norm = lambda m: _norm_weight(m, arch.norm_offset, lambda n: src.weight(n, own=True))  # noqa: E731
         self.layers = []
         for i, layer in enumerate(inner.layers):
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()

@@ -82,7 +82,7 @@ def run(args) -> None:
                 report.log(f"{side} {name} weights {weights}: " + json.dumps(r))
                 rows.append([side, name, weights, f"{disk / gib:.2f}", f"{r['peak'] / gib:.2f}",
                              f"{r['kept'] / gib:.2f}", f"{r['file'] / gib:.2f}", f"{r['peak'] / max(r['kept'], 1):.2f}",
-                             f"{r['peak'] / disk:.2f}", f"{r['load_s']:.1f}"])  # fmt: skip
+                             f"{r['peak'] / disk:.2f}" if disk else "–", f"{r['load_s']:.1f}"])  # fmt: skip
     lines = report.header(
         "Memory at load",
         args,
