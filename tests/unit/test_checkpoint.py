@@ -116,6 +116,8 @@ def test_the_estimate_reads_the_embedding_as_stored(tmp_path):
     parts, remedies = footprint_of(config, resolve(config))
     sizes = {p.what: p.nbytes for p in parts}
     assert sizes["target embedding"] == 259 * 64 * 4  # float32 as stored, though served in bfloat16
+    assert TensorFiles(path).dtype("model.embed_tokens.weight") == torch.float32
+    assert TensorFiles(path).dtype("no.such.tensor") is None  # other names: the served dtype is assumed
     assert "weights int8" in remedies
 
 

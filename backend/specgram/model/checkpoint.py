@@ -77,8 +77,9 @@ class TensorFiles:
         return t.clone() if own else t
 
     def dtype(self, name: str) -> torch.dtype | None:
-        """The stored dtype of `name` as torch names it (None: one the packing does not read)."""
-        return DTYPES.get(self.meta[name][1])
+        """The stored dtype of `name` as torch names it (None: no such tensor, or a dtype the packing does not
+        read)."""
+        return DTYPES.get(self.meta[name][1]) if name in self.meta else None
 
 
 def release_freed_memory() -> None:
