@@ -3,12 +3,16 @@
     python scripts/bench.py memory --model models/Qwen2.5-Coder-1.5B-Instruct \
         --draft models/Qwen2.5-Coder-0.5B-Instruct                  # the pair, and the target alone
     python scripts/bench.py memory --base <rev>                     # also another commit's engine, same settings
+    python scripts/bench.py memory --model build/random/qwen2.5-7b --weights int8 --decode 16
+                                                        # a 7B-class random checkpoint (scripts/random_checkpoint.py)
 
 Each row is one process that imports the engine, then loads it (max_slots 8, max_seq_len 2048, the served
 defaults: the target's int8 copy drafts where the native forward runs and no draft checkpoint is given) and
 reports its peak resident memory during the load (VmHWM), what stays resident after it (VmRSS, and how much of
 that is file pages: RssFile), both less the process's own before the load, and the load's wall time, beside the
 checkpoints' bytes on disk. The page cache is warm after the first row (the files were read once already).
+--decode N: then N tokens at one stream without drafts; the median step against the memory bound (the served
+matmul weights' bytes over a plain read's bandwidth, measured in the same process).
 """
 
 from __future__ import annotations
@@ -39,8 +43,22 @@ a = json.loads(sys.argv[1])
 before, t0 = status(), time.perf_counter()
 engine = Engine.from_config(EngineConfig.from_dict(a["params"]))
 wall, after = time.perf_counter() - t0, status()
-print("RESULT " + json.dumps(dict(peak=after["VmHWM"] - before["VmRSS"], kept=after["VmRSS"] - before["VmRSS"],
-                                  file=after["RssFile"] - before["RssFile"], load_s=wall)))
+out = dict(peak=after["VmHWM"] - before["VmRSS"], kept=after["VmRSS"] - before["VmRSS"],
+           file=after["RssFile"] - before["RssFile"], load_s=wall)
+if a["decode"]:  # one stream, no drafts: the median decode step against the weights' bytes over a plain read
+    import torch
+    from specgram.engine.generate import generate
+    from specgram.request import SamplingParams
+    req = engine.make_request(SamplingParams(max_tokens=a["decode"], ignore_eos=True, num_draft_tokens=0),
+                              prompt_ids=list(range(10, 42)))
+    steps = sorted(generate(engine, [req]).step_s[2:])
+    buf, best = torch.ones(64 * 2**20), float("inf")
+    for _ in range(4):
+        t = time.perf_counter(); buf.sum(); best = min(best, time.perf_counter() - t)
+    weights = sum(b.numel() * b.element_size() for m in engine.target.native.linear_layers() for b in m.buffers()
+                  if b is not None)
+    out.update(step_s=steps[len(steps) // 2], bound_s=weights / (buf.numel() * 4 / best), weight_bytes=weights)
+print("RESULT " + json.dumps(out))
 engine.close()
 """
 
@@ -49,20 +67,27 @@ def add_options(ap) -> None:
     ap.add_argument("--draft", default="", help="a draft checkpoint: rows with it, and with the target alone")
     ap.add_argument("--base", default="", help="also load with this commit's engine (git revision)")
     ap.add_argument("--weights", nargs="+", default=["auto"], help="the target's weights forms (auto, int8)")
+    ap.add_argument("--decode", type=int, default=0, help="also time this many decode steps at one stream")
 
 
 def _bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0
 
 
-def _load(backend: str, params: dict) -> dict:
+def _load(backend: str, params: dict, decode: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([backend, str(REPO / "scripts")])}
-    done = subprocess.run([sys.executable, "-c", _SIDE, json.dumps({"params": params})], env=env,
+    done = subprocess.run([sys.executable, "-c", _SIDE, json.dumps({"params": params, "decode": decode})], env=env,
                           capture_output=True, text=True, check=False)  # fmt: skip
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"the load with {backend} failed:\n{done.stderr[-3000:]}")
+    if line is None:  # a refused load is a row too: its error's last line
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
     return json.loads(line[len("RESULT ") :])
+
+
+def _decode(r: dict) -> str:
+    if "step_s" not in r:
+        return "–"
+    return f"{r['step_s'] * 1e3:.0f} ({r['step_s'] / r['bound_s']:.2f}×)"
 
 
 def run(args) -> None:
@@ -76,13 +101,16 @@ def run(args) -> None:
         for name, extra in settings:
             for side, backend in sides.items():
                 params = {**base, **extra, "weights": weights}
-                r = _load(backend, params)
+                r = _load(backend, params, args.decode)
                 disk = _bytes(args.model) + _bytes(extra.get("draft_checkpoint", ""))
                 raw.append(dict(side=side, setting=name, weights=weights, disk=disk, **r))
                 report.log(f"{side} {name} weights {weights}: " + json.dumps(r))
+                if "error" in r:
+                    rows.append([side, name, weights, f"{disk / gib:.2f}", f"not loaded: {r['error'][:300]}"])
+                    continue
                 rows.append([side, name, weights, f"{disk / gib:.2f}", f"{r['peak'] / gib:.2f}",
                              f"{r['kept'] / gib:.2f}", f"{r['file'] / gib:.2f}", f"{r['peak'] / max(r['kept'], 1):.2f}",
-                             f"{r['peak'] / disk:.2f}" if disk else "–", f"{r['load_s']:.1f}"])  # fmt: skip
+                             f"{r['peak'] / disk:.2f}" if disk else "–", f"{r['load_s']:.1f}", _decode(r)])  # fmt: skip
     lines = report.header(
         "Memory at load",
         args,
@@ -90,7 +118,7 @@ def run(args) -> None:
     )
     lines += report.table(
         ["engine", "setting", "weights", "checkpoints GiB", "peak GiB", "resident GiB", "of it file pages GiB",
-         "peak ÷ resident", "peak ÷ checkpoints", "load s"],
+         "peak ÷ resident", "peak ÷ checkpoints", "load s", "decode ms/step (× bound)"],
         rows,
     )  # fmt: skip
     report.write(args, lines, dict(loads=raw))
