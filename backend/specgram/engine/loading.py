@@ -17,7 +17,7 @@ import torch
 from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import footprint, lora
-from ..model.checkpoint import ModuleTensors, TensorFiles, release_freed_memory, skeleton
+from ..model.checkpoint import ModuleTensors, TensorFiles, kept_dtype, release_freed_memory, skeleton
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
 from ..speculation import draft_vocab
@@ -94,8 +94,7 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         kv = torch.bfloat16 if forward.kv_dtype == "bfloat16" else (torch.float32 if native else dtype)
         emb = dtype
         if native and TensorFiles.present(path):  # kept as stored (checkpoint.py)
-            stored = TensorFiles(path).dtype("model.embed_tokens.weight")
-            emb = stored if stored in (torch.float32, torch.bfloat16) else torch.float32
+            emb = kept_dtype(TensorFiles(path).dtype("model.embed_tokens.weight"))
         part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)
 
@@ -137,9 +136,7 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
             base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
         else:
             base, base_tensors = model, tensors  # an int8 copy reads the target's checkpoint (int8.py packs its own)
-        if d.int8 == "torch":
-            if base_tensors is not None:  # a skeleton has no weights to quantize: the whole model
-                base, base_tensors = load_model(str(base_tensors.files.path), settings.device, d.dtype), None
+        if d.int8 == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
             base = quantize_dynamic_int8(base)
         cache = target.cache if d.shares_cache else None
         head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None

@@ -31,6 +31,12 @@ SINGLE = "model.safetensors"
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # what the packing reads
 
 
+def kept_dtype(stored: torch.dtype | None) -> torch.dtype:
+    """The dtype an embedding stored in `stored` is kept in: float32 or bfloat16 as they are (the kernels widen
+    bfloat16 rows exactly), anything else as float32."""
+    return stored if stored in (torch.float32, torch.bfloat16) else torch.float32
+
+
 class TensorFiles:
     """A checkpoint folder's tensors by name, each read from its safetensors file on demand; every file's header
     (names, shapes, dtypes) read once here. ModelLoadError where a file is missing or unreadable."""
@@ -139,8 +145,7 @@ class ModuleTensors:
                 if self.files is None
                 else self.files.get(f"{self.names[id(self.embed)]}.weight")
             )
-            dtype = w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32
-            self._embedding = w.to(dtype, copy=self.files is not None).contiguous()
+            self._embedding = w.to(kept_dtype(w.dtype), copy=self.files is not None).contiguous()
         return self._embedding
 
     def unfit(self, model: torch.nn.Module) -> str | None:

@@ -18,7 +18,6 @@ import torch
 
 from ..errors import ModelLoadError
 
-BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.int8: 1}
 MARGIN = 1.1  # the largest tensor in flight, allocator slack, the grammar's tables
 GiB = 2**30
 
@@ -49,11 +48,11 @@ def runner_parts(
     if not native and model.lm_head.weight is emb:
         n, rows = n - emb.numel(), rows - emb.shape[0]  # counted as the embedding
     if weights == "auto":
-        parts = [Part(f"{label} weights ({str(dtype).removeprefix('torch.')})", n * BYTES[dtype])]
+        parts = [Part(f"{label} weights ({str(dtype).removeprefix('torch.')})", n * dtype.itemsize)]
     else:
         parts = [Part(f"{label} weights (int8)", n + 4 * rows)]
     if embedding is not None:
-        parts.append(Part(f"{label} embedding", emb.numel() * BYTES[embedding]))
+        parts.append(Part(f"{label} embedding", emb.numel() * embedding.itemsize))
     return parts + ([kv] if kv is not None else [])
 
 
@@ -61,7 +60,7 @@ def kv_part(label: str, cfg, slots: int, positions: int, dtype: torch.dtype) -> 
     from .families import head_dim
 
     per = cfg.num_hidden_layers * slots * cfg.num_key_value_heads * head_dim(cfg) * positions * 2
-    return Part(f"{label} KV cache", per * BYTES[dtype])
+    return Part(f"{label} KV cache", per * dtype.itemsize)
 
 
 def available() -> int | None:

@@ -71,10 +71,12 @@ def _worktree(rev: str) -> str:
     return str(path)
 
 
-def _side(backend: str, settings: dict) -> dict:
+def run_side(backend: str, script: str, payload: dict) -> dict:
+    """Run `script` in a fresh process with the engine package of `backend` -> the JSON of its "RESULT " line;
+    RuntimeError with the end of its stderr where it prints none."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([backend, str(REPO / "scripts")])}
     done = subprocess.run(
-        [sys.executable, "-c", _SIDE, json.dumps(settings)], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", script, json.dumps(payload)], env=env, capture_output=True, text=True, check=False
     )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -91,7 +93,7 @@ def run(args) -> None:
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for i in range(args.repeat):
         for side in list(sides) if i % 2 == 0 else list(reversed(sides)):
-            runs[side].append(_side(sides[side], settings))
+            runs[side].append(run_side(sides[side], _SIDE, settings))
             report.log(
                 f"round {i + 1} {side}: " + ", ".join(f"{w} {r['tok_s']:.1f}" for w, r in runs[side][-1].items())
             )

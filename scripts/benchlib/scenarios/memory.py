@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 from .. import REPO, report
-from .commits import _worktree
+from .commits import _worktree, run_side
 
 ENGINE = True
 SHARED = {}
@@ -70,18 +67,11 @@ def add_options(ap) -> None:
     ap.add_argument("--decode", type=int, default=0, help="also time this many decode steps at one stream")
 
 
-def _bytes(path: str) -> int:
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0
-
-
 def _load(backend: str, params: dict, decode: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([backend, str(REPO / "scripts")])}
-    done = subprocess.run([sys.executable, "-c", _SIDE, json.dumps({"params": params, "decode": decode})], env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:  # a refused load is a row too: its error's last line
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(line[len("RESULT ") :])
+    try:
+        return run_side(backend, _SIDE, {"params": params, "decode": decode})
+    except RuntimeError as e:  # a refused load is a row too: its error's last line
+        return {"error": str(e).strip().splitlines()[-1]}
 
 
 def _decode(r: dict) -> str:
@@ -91,6 +81,8 @@ def _decode(r: dict) -> str:
 
 
 def run(args) -> None:
+    from specgram.check_model.common import checkpoint_bytes
+
     sides = {"this": str(REPO / "backend")}
     if args.base:
         sides[args.base] = os.path.join(_worktree(args.base), "backend")
@@ -102,7 +94,7 @@ def run(args) -> None:
             for side, backend in sides.items():
                 params = {**base, **extra, "weights": weights}
                 r = _load(backend, params, args.decode)
-                disk = _bytes(args.model) + _bytes(extra.get("draft_checkpoint", ""))
+                disk = checkpoint_bytes(str(args.model)) + checkpoint_bytes(extra.get("draft_checkpoint", ""))
                 raw.append(dict(side=side, setting=name, weights=weights, disk=disk, **r))
                 report.log(f"{side} {name} weights {weights}: " + json.dumps(r))
                 if "error" in r:
