@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import kernels
+from . import int4, kernels
 from .int8 import column_sums, quantize_rows
 from .kernels import abi
 
@@ -61,7 +61,8 @@ class NativeLinear(torch.nn.Module):
     and the kernel computes (x @ q.T) * scale (+ b).
     activations "int16" or "int8" (int8 weights only; needs VNNI, kernels.has_vnni): gemm_i8a8.c's product
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
-    the call to that many bits (int16: as two int8 digits)."""
+    the call to that many bits (int16: as two int8 digits). weight_dtype int4.DTYPE (with int16 or int8
+    activations, on VNNI): 4-bit group-quantized weights, gemm_i4.c's product, `packed` its byte stream."""
 
     def __init__(
         self,
@@ -75,7 +76,11 @@ class NativeLinear(torch.nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight_dtype, self.activations = weight_dtype, activations
         colsum = None
-        if activations in DIGITS:
+        if weight_dtype == int4.DTYPE:
+            if activations not in DIGITS or not kernels.has_vnni(lib):
+                raise ValueError("int4 weights need int16 or int8 activations and a CPU with VNNI (kernels.has_vnni)")
+            packed, scale, self._fn = int4.pack(int4.quantize(weight)), None, lib.specgram_gemm_i4
+        elif activations in DIGITS:
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
                 raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
             q, scale = quantize_rows(weight)
@@ -135,7 +140,9 @@ class NativeLinear(torch.nn.Module):
     def descriptor(self) -> abi.Linear:
         """This product as forward.c's specgram_linear: its kind and the addresses of its buffers (valid while the
         module keeps them)."""
-        if self.activations in DIGITS:
+        if self.weight_dtype == int4.DTYPE:
+            kind = abi.LIN_I4
+        elif self.activations in DIGITS:
             kind = abi.LIN_I8A8
         else:
             kind = {torch.int8: abi.LIN_I8, torch.bfloat16: abi.LIN_BF16}.get(self.weight_dtype, abi.LIN_F32)

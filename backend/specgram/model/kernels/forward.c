@@ -99,25 +99,33 @@ static inline void share(int64_t M, int64_t width, int64_t *m0, int64_t *m1) {
     *m1 = id < nt ? M * (id + 1) / nt : M;
 }
 
-/* The product's input rows [m0, m1) as it reads them: int8 x int8 products' quantized digit rows (u, xs). */
-static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs) {
+/* Whether product L reads its input rows quantized (prepare()). */
+static inline int quantized(const specgram_linear *L) {
+    return L->kind == SPECGRAM_LIN_I8A8 || L->kind == SPECGRAM_LIN_I4;
+}
+
+/* The product's input rows [m0, m1) as it reads them: quantized digit rows (u, xs; int4 products' group sums at
+ * gs) for int8 x int8 and int4 products. */
+static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs,
+                           float *gs) {
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
+    if (L->kind == SPECGRAM_LIN_I4) specgram_i4_quantize_rows(x, m0, m1, L->K, L->K, L->digits, (int8_t *)u, xs, gs);
 }
 
 /* One residual add of d's stream h, this thread's share of its N rows: h += norm_dw(delta) * residual_scale (dw
  * NULL: delta as it is), then x = norm_w(h), as product `next` reads it (NULL: no product follows here). */
 static inline void add_norm_rows(const specgram_decoder *d, float *h, const float *delta, const float *dw, float deps,
                                  const float *w, float eps, float *x, int64_t N, const specgram_linear *next,
-                                 uint8_t *u, float *xs) {
+                                 uint8_t *u, float *xs, float *gs) {
     int64_t m0, m1;
     share(N, d->E, &m0, &m1);
     specgram_add_rmsnorm_rows(h, delta, dw, deps, d->residual_scale, w, eps, x, m0, m1, d->E);
-    if (next != NULL) prepare(next, x, m0, m1, u, xs);
+    if (next != NULL) prepare(next, x, m0, m1, u, xs, gs);
 }
 
 /* y [M, N] = x [M, K] W (+ bias), as every thread of the team's share. */
-static void linear(const specgram_linear *L, const float *x, int64_t M, const uint8_t *u, const float *xs, float *y,
-                   deal_range *ranges, int nthreads) {
+static void linear(const specgram_linear *L, const float *x, int64_t M, const uint8_t *u, const float *xs,
+                   const float *gs, float *y, deal_range *ranges, int nthreads) {
     switch (L->kind) {
     case SPECGRAM_LIN_F32:
         specgram_team_gemm_f32(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
@@ -127,6 +135,10 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
         break;
     case SPECGRAM_LIN_I8:
         specgram_team_gemm_i8(x, M, L->K, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
+        break;
+    case SPECGRAM_LIN_I4:
+        specgram_team_i4((const int8_t *)u, xs, gs, M, L->K, L->w, L->digits, L->N, L->bias, y, L->N, ranges,
+                         nthreads);
         break;
     default:
         specgram_team_i8a8(u, xs, M, L->K, L->w, L->scale, L->colsum, L->digits, L->N, L->bias, y, L->N, ranges,
@@ -156,6 +168,7 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
     if (L == NULL || ranges == NULL) return p;
     int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
     int64_t block = L->kind == SPECGRAM_LIN_I8A8 ? (L->K + 3) / 4 * 128
+                    : L->kind == SPECGRAM_LIN_I4   ? specgram_i4_block_bytes(L->K)
                                         : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
     int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;
     size_t bytes = (size_t)((b1 - b0) * block);
@@ -166,7 +179,7 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
 
 /* The dealt ranges for a product of M rows (NULL: the dynamic schedule of a prefill-sized one). */
 static deal_range *ranges_for(const specgram_linear *L, int64_t M, deal_range *mem, int nthreads) {
-    if (L->kind != SPECGRAM_LIN_I8A8 && !specgram_gemm_deals(M)) return NULL;
+    if (!quantized(L) && !specgram_gemm_deals(M)) return NULL;
     deal_init(mem, (L->N + 31) / 32, nthreads);
     return mem;
 }
@@ -189,10 +202,10 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
-     * u [2 N, ldq]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E];
+     * u [2 N, ldq] and the int4 group sums [N, groups]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E];
      * the residual stream h [N, E]; x [N, E] unless the caller's */
     size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
-                      (size_t)(2 * N * specgram_i8a8_ldq(widest)), N * f,
+                      (size_t)(2 * N * specgram_i8a8_ldq(widest)) + N * specgram_i4_groups(widest) * f, N * f,
                       sizeof(deal_range) * (size_t)((4 * Lc + 1) * nthreads), specgram_attention_plan_bytes(N, Hkv),
                       R * E * f, N * E * f, x ? 0 : N * E * f};
     enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, HEAD_X, H_RES, X_OWN, PARTS };
@@ -204,6 +217,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     float *delta = (float *)(base + offset[DELTA]), *gu = (float *)(base + offset[GU]);
     float *act = (float *)(base + offset[ACT]), *xs = (float *)(base + offset[XS]);
     uint8_t *u = (uint8_t *)(base + offset[U]);
+    float *gs = (float *)(u + 2 * N * specgram_i8a8_ldq(widest));   /* after u's digit rows: int4 group sums */
     float *h = (float *)(base + offset[H_RES]);
     if (x == NULL) x = (float *)(base + offset[X_OWN]);
     deal_range *all_ranges = (deal_range *)(base + offset[RANGES]);
@@ -245,12 +259,12 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
         share(N, E, &m0, &m1);
         embed_rows(d, tokens, m0, m1, h);
         specgram_add_rmsnorm_rows(h, NULL, NULL, 0.0f, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
-        prepare(lin[0], x, m0, m1, u, xs);
+        prepare(lin[0], x, m0, m1, u, xs, gs);
         WAIT(0);
         for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
             const specgram_layer *L = d->layer + l;
             char *kl = (char *)kc + l * kv_layer * esz, *vl = (char *)vc + l * kv_layer * esz;
-            linear(&L->qkv, x, N, u, xs, qkv, rg[j], nthreads);
+            linear(&L->qkv, x, N, u, xs, gs, qkv, rg[j], nthreads);
             WAIT(j + 1);
             LORA(0, x, E, qkv, width, j + 1);
             share(N, width, &m0, &m1);
@@ -261,37 +275,37 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             specgram_team_attention(&plan, q, kl, vl, kv_bf16, slots, positions, tree, H, Hkv, D, P,
                                     L->sliding ? window : 0, d->scaling, att);
             WAIT(j + 1);
-            if (L->o.kind == SPECGRAM_LIN_I8A8) {
+            if (quantized(&L->o)) {
                 share(N, H * D, &m0, &m1);
-                prepare(&L->o, att, m0, m1, u, xs);
+                prepare(&L->o, att, m0, m1, u, xs, gs);
                 WAIT(j + 1);
             }
-            linear(&L->o, att, N, u, xs, delta, rg[j + 1], nthreads);
+            linear(&L->o, att, N, u, xs, gs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
             LORA(1, att, H * D, delta, E, j + 2);
-            add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs);
+            add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs, gs);
             WAIT(j + 2);
-            linear(&L->gate_up, x, N, u, xs, gu, rg[j + 2], nthreads);
+            linear(&L->gate_up, x, N, u, xs, gs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
             LORA(2, x, E, gu, 2 * I, j + 3);
             share(N, I, &m0, &m1);
             specgram_act_mul_rows(gu, act, m0, m1, I, d->act);
-            prepare(&L->down, act, m0, m1, u, xs);
+            prepare(&L->down, act, m0, m1, u, xs, gs);
             WAIT(j + 3);
-            linear(&L->down, act, N, u, xs, delta, rg[j + 3], nthreads);
+            linear(&L->down, act, N, u, xs, gs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
             LORA(3, act, I, delta, E, j + 4);
             add_norm_rows(d, h, delta, L->w_mlp_out, L->eps_mlp_out, L->w_next, L->eps_next, x, N,
-                          l + 1 < Lc ? lin[j + 4] : NULL, u, xs);
+                          l + 1 < Lc ? lin[j + 4] : NULL, u, xs, gs);
             WAIT(j + 4);
         }
         if (R > 0) {
             share(R, E, &m0, &m1);
             for (int64_t r = m0; r < m1 && head_rows; ++r)
                 memcpy((float *)head_x + r * E, x + head_rows[r] * E, sizeof(float) * (size_t)E);
-            prepare(head, head_x, m0, m1, u, xs);
+            prepare(head, head_x, m0, m1, u, xs, gs);
             WAIT(4 * Lc);
-            linear(head, head_x, R, u, xs, logits, rg[4 * Lc], nthreads);
+            linear(head, head_x, R, u, xs, gs, logits, rg[4 * Lc], nthreads);
         }
 #undef LORA
 #undef WAIT

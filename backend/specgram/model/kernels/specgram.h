@@ -18,6 +18,7 @@
 #define SPECGRAM_LIN_BF16 1
 #define SPECGRAM_LIN_I8 2
 #define SPECGRAM_LIN_I8A8 3
+#define SPECGRAM_LIN_I4 4
 
 /* specgram_decoder.act: the MLP's activation of its gate */
 #define SPECGRAM_ACT_SILU 0
@@ -35,9 +36,9 @@
 #define SPECGRAM_BAD_TREE 6
 
 typedef struct {
-    int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
+    int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8, LIN_I4) */
     int64_t K, N;               /* inputs, outputs */
-    const void *w;              /* packed weights (gemm.c / gemm_i8a8.c layouts) */
+    const void *w;              /* packed weights (gemm.c / gemm_i8a8.c / gemm_i4.c layouts) */
     const float *scale;         /* [N] LIN_I8 and LIN_I8A8, else NULL */
     const int32_t *colsum;      /* [N] LIN_I8A8, else NULL */
     const float *bias;          /* [N] or NULL */
@@ -88,6 +89,12 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
                         const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
                         int nthreads);
 int specgram_i8a8_built(void);
+
+/* gemm_i4.c: 4-bit group-quantized weights times rows quantized in the call (VNNI, as gemm_i8a8.c); the bytes of
+ * one packed block of 32 outputs for K inputs. */
+void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int64_t N,
+                      const float *bias, float *y, int64_t ldy, int nthreads);
+int64_t specgram_i4_block_bytes(int64_t K);
 
 /* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
