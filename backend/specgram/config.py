@@ -12,7 +12,7 @@ import torch
 from .errors import ModelLoadError
 
 # the words of the settings the model package reads (it imports them from here)
-WEIGHTS = ("auto", "int8")  # weights: auto = the checkpoint's dtype, int8 = model/int8.py's form
+WEIGHTS = ("auto", "int8", "int4")  # weights: auto = the checkpoint's dtype; model/int8.py's, model/int4.py's form
 KV_DTYPES = ("auto", "bfloat16")  # kv_cache_dtype: the activations' dtype, or bfloat16 (native CPU forward)
 LINEAR_KINDS = ("auto", "native", "torch")  # linear: the CPU forward's matmuls
 PREFIX_MODES = ("auto", "on", "off")  # prefix_cache: auto = on where reuse is bitwise exact (native forward)
@@ -59,7 +59,8 @@ class EngineConfig:
     draft_dtype: str = "auto"  # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
     # when that is empty): native int8 weights where the native forward runs,
-    # PyTorch's dynamic quantization elsewhere; CPU only. "auto": the target's
+    # PyTorch's dynamic quantization elsewhere; CPU only. "int4": a 4-bit copy
+    # (native forward on VNNI only). "auto": the target's
     # int8 copy where the native forward runs the target (no draft_checkpoint,
     # weights not int8 already), else none
     draft_vocab: int = -1  # the int8 copy drafts over this many vocabulary entries, the most frequent in
@@ -95,7 +96,8 @@ class EngineConfig:
     weights: str = "auto"  # the target's matmul weights: auto = as loaded (dtype); "int8" = int8 with a
     # scale per output channel on the native CPU forward, activations quantized
     # per row to int16 where the CPU has VNNI (lossy against the checkpoint,
-    # exact with itself: batch-invariant, speculation token-identical)
+    # exact with itself: batch-invariant, speculation token-identical); "int4"
+    # = 4-bit codes in groups of 32 (model/int4.py; VNNI only), as exact with itself
     kv_cache_dtype: str = "auto"  # the target's KV cache: auto = the activations' dtype (float32 on the native
     # CPU forward); "bfloat16" = half the memory and half the bytes attention
     # reads (native CPU forward only; lossy, exact with itself)
@@ -155,8 +157,10 @@ class EngineConfig:
             raise ModelLoadError(
                 f"engine setting drafter must be auto, draft_model, ngram or grammar; got {self.drafter!r}"
             )
-        if self.draft_quantization not in ("none", "int8", "auto"):
-            raise ModelLoadError(f"draft_quantization must be none, int8 or auto, got {self.draft_quantization!r}")
+        if self.draft_quantization not in ("none", "int8", "int4", "auto"):
+            raise ModelLoadError(
+                f"draft_quantization must be none, int8, int4 or auto, got {self.draft_quantization!r}"
+            )
         for name in ("default_num_draft_tokens", "default_num_draft_tokens_guided"):
             if not -1 <= getattr(self, name) <= self.max_draft_len:
                 raise ModelLoadError(f"{name} must be -1 (auto) or in [0, max_draft_len]")

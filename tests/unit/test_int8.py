@@ -194,12 +194,14 @@ def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(
 def test_the_weights_setting_is_validated(tiny_ckpt):
     ok = EngineConfig(checkpoint=str(tiny_ckpt), weights="int8")
     assert ok.weights == "int8" and EngineConfig(checkpoint=str(tiny_ckpt)).weights == "auto"
-    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8"):
-        EngineConfig(checkpoint=str(tiny_ckpt), weights="int4")
+    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8, int4"):
+        EngineConfig(checkpoint=str(tiny_ckpt), weights="int2")
     for bad, why in ((dict(linear="torch"), "linear is torch"), (dict(cuda_graphs=True), "cuda_graphs is on")):
         with pytest.raises(ModelLoadError, match=f"weights int8 runs on the native CPU forward only.*{why}"):
             resolve(EngineConfig(checkpoint=str(tiny_ckpt), weights="int8", **bad))
-    with pytest.raises(ModelLoadError, match="weights must be one of auto, int8, int8-dynamic, int8-dynamic8"):
+    with pytest.raises(
+        ModelLoadError, match="weights must be one of auto, int8, int4, int8-dynamic, int8-dynamic8, int4-dynamic8"
+    ):
         ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, weights="fp8"))
     with pytest.raises(ModelLoadError, match="native CPU forward only.*linear is torch"):
         ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, linear="torch", weights="int8"))

@@ -26,7 +26,7 @@ def test_auto_resolves_to_the_native_forward_and_the_shared_int8_copy(lib, confi
     assert s.draft is None and s.drafter == "ngram" and s.prefix_cache  # draft_quantization's default: none
     s = resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto"))  # the served model's setting
     d = s.draft
-    assert (d.source, d.int8, d.shares_cache, d.forward.kind, d.forward.weights) == (
+    assert (d.source, d.quantized, d.shares_cache, d.forward.kind, d.forward.weights) == (
         "target",
         "native",
         True,
@@ -72,7 +72,7 @@ def test_each_auto_resolves_by_the_other_settings(lib, config_only, settings, ta
     s = resolve(EngineConfig(checkpoint=config_only, **settings))
     weights = int8_form(lib) if target[1] == "int8*" else target[1]
     assert (s.target.kind, s.target.weights) == (target[0], weights)
-    assert (None if s.draft is None else (s.draft.source, s.draft.int8, s.draft.shares_cache)) == draft
+    assert (None if s.draft is None else (s.draft.source, s.draft.quantized, s.draft.shares_cache)) == draft
     assert s.drafter == drafter and s.prefix_cache == prefix
     assert s.target.static_width == (settings.get("cuda_graphs", False) and 9)
 
@@ -80,7 +80,7 @@ def test_each_auto_resolves_by_the_other_settings(lib, config_only, settings, ta
 def test_a_draft_checkpoint_is_its_own_model_with_its_own_cache(lib, config_only, tiny_ckpt):
     plain = resolve(EngineConfig(checkpoint=config_only, draft_checkpoint=str(tiny_ckpt), draft_dtype="bf16"))
     d = plain.draft
-    assert (d.source, d.int8, d.shares_cache, d.forward.kind, d.dtype) == (
+    assert (d.source, d.quantized, d.shares_cache, d.forward.kind, d.dtype) == (
         "checkpoint",
         "none",
         False,
@@ -89,7 +89,7 @@ def test_a_draft_checkpoint_is_its_own_model_with_its_own_cache(lib, config_only
     )
     named = EngineConfig(checkpoint=config_only, draft_checkpoint=str(tiny_ckpt), draft_quantization="int8")
     copy = resolve(named).draft
-    assert (copy.int8, copy.shares_cache, copy.forward.kv_dtype) == ("native", False, "bfloat16")
+    assert (copy.quantized, copy.shares_cache, copy.forward.kv_dtype) == ("native", False, "bfloat16")
 
 
 def test_without_kernels_everything_falls_back_to_pytorch(config_only, monkeypatch):

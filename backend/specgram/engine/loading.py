@@ -107,8 +107,8 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         own = d.source == "target"
         path = config.checkpoint if own else config.draft_checkpoint
         model = target if own else skeleton(path, d.dtype)
-        shared = own and d.int8 == "native"  # the target's native copy: its embedding is the target's
-        form = "auto" if d.int8 == "none" else "int8"
+        shared = own and d.quantized == "native"  # the target's native copy: its embedding is the target's
+        form = {"none": "auto", "torch": "int8"}.get(d.quantized, d.forward.weights)
         parts += runner("draft copy" if own else "draft", path, model, d.forward, form, d.dtype,
                         not d.shares_cache, not shared)  # fmt: skip
         remedies += ("draft_quantization none",) if own else ("draft_quantization int8",) if form == "auto" else ()
@@ -136,7 +136,7 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
             base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
         else:
             base, base_tensors = model, tensors  # an int8 copy reads the target's checkpoint (int8.py packs its own)
-        if d.int8 == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
+        if d.quantized == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
             base = quantize_dynamic_int8(base)
         cache = target.cache if d.shares_cache else None
         head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None

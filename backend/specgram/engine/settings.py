@@ -13,6 +13,7 @@ weights are loaded.
   dtype / draft_dtype auto   bfloat16 on CUDA, float32 on CPU
   linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
   weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
+  weights int4               4-bit weights with int16 activations (VNNI only: refused elsewhere)
   draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
                              draft_checkpoint is named, else none
   drafter auto               draft_model where a draft model is loaded, else ngram
@@ -33,7 +34,7 @@ import torch
 
 from ..config import DTYPES, EngineConfig
 from ..errors import ModelLoadError
-from ..model.choice import ForwardChoice, choose, int8_form
+from ..model.choice import ForwardChoice, choose, served_form
 from ..model.runner import checkpoint_config
 from ..speculation import draft_vocab
 
@@ -42,7 +43,7 @@ from ..speculation import draft_vocab
 class DraftChoice:
     source: str  # "target" (a copy of the target's model) | "checkpoint" (draft_checkpoint's)
     dtype: torch.dtype  # the dtype its model is loaded in
-    int8: str  # "none" | "native" (int8 weights on the native forward) | "torch" (dynamic quantization)
+    quantized: str  # "none" | "native" (int8 or int4 weights on the native forward) | "torch" (dynamic int8)
     forward: ForwardChoice
     shares_cache: bool  # reads and writes the target's KV cache (the target's native int8 copy)
     vocab: int = 0  # the vocabulary entries its head computes (draft_vocab); 0: all of them
@@ -106,8 +107,8 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     target_cfg = target_cfg if target_cfg is not None else _hf_config(config.checkpoint)
     static = config.max_draft_len + 1 if config.cuda_graphs else 0  # widest graphed forward: a verify
     target = choose(target_cfg, device, dtype, config.linear, config.weights, config.kv_cache_dtype, static)
-    if config.weights == "int8":
-        target = dataclasses.replace(target, weights=int8_form(target.lib))
+    if config.weights != "auto":  # int8, int4 (choose() checked that the machine runs it)
+        target = dataclasses.replace(target, weights=served_form(config.weights, target.lib))
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
     drafter = config.drafter
     if drafter == "auto":
@@ -135,8 +136,8 @@ def _draft(
         quantization = "int8" if native_float and not config.draft_checkpoint else "none"
     if quantization == "none" and not config.draft_checkpoint:
         return None
-    if quantization == "int8" and device.type != "cpu":
-        raise ModelLoadError("draft_quantization int8 runs on CPU only (use a smaller draft model on GPU)")
+    if quantization in ("int8", "int4") and device.type != "cpu":
+        raise ModelLoadError(f"draft_quantization {quantization} runs on CPU only (use a smaller draft model on GPU)")
     source = "checkpoint" if config.draft_checkpoint else "target"
     if source == "checkpoint":
         cfg = draft_cfg if draft_cfg is not None else _hf_config(config.draft_checkpoint)
@@ -148,12 +149,15 @@ def _draft(
     if quantization == "none":
         return DraftChoice(source, base, "none", forward, False, vocab)
     if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
+        if quantization == "int4":
+            raise ModelLoadError("draft_quantization int4 runs on the native CPU forward only, which does not run here")
         return DraftChoice(source, base, "torch", forward, False)
     # the target's own native copy attends to the target's K and V of every committed token (closer drafts than
     # its own int8 ones: docs/performance.md, "The copy shares the target's KV cache"); a copy of another
     # checkpoint keeps a bfloat16 cache of its own (a draft may be lossy, the target verifies)
     shares = source == "target" and target.kind == "native"
-    forward = dataclasses.replace(forward, weights=int8_form(forward.lib), kv_dtype="auto" if shares else "bfloat16")
+    weights = served_form(quantization, forward.lib)
+    forward = choose(cfg, device, base, config.linear, weights, "auto" if shares else "bfloat16", static)
     return DraftChoice(source, base, "native", forward, shares, vocab)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..config import KV_DTYPES, LINEAR_KINDS
 from ..errors import ModelLoadError
-from . import families, kernels
+from . import families, int4, kernels
 from .families import describe
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
@@ -44,6 +44,11 @@ def native_gap(cfg, dtype: torch.dtype) -> str | None:
     return None
 
 
+def served_form(setting: str, lib) -> str:
+    """The runner weights that a `weights` or `draft_quantization` setting (int8, int4) means on library `lib`."""
+    return int8_form(lib) if setting == "int8" else setting
+
+
 def int8_form(lib) -> str:
     """The runner weights that int8 means on kernel library `lib`: int8 weights with activations quantized per row
     to int16 where the CPU has VNNI (as accurate as fp32 activations, and no conversion of each weight in the
@@ -65,8 +70,9 @@ def choose(
     projections are float nn.Linear modules). ModelLoadError, naming the setting, where one cannot hold."""
     if linear not in LINEAR_KINDS:
         raise ModelLoadError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {linear!r}")
-    if weights not in RUNNER_WEIGHTS:
-        raise ModelLoadError(f"weights must be one of {', '.join(RUNNER_WEIGHTS)}, got {weights!r}")
+    forms = dict.fromkeys((*RUNNER_WEIGHTS, *int4.FORMS))
+    if weights not in forms:
+        raise ModelLoadError(f"weights must be one of {', '.join(forms)}, got {weights!r}")
     if kv_dtype not in KV_DTYPES:
         raise ModelLoadError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     kind, lib, why = _native(cfg, device, dtype, linear, static_width, plain)
@@ -80,7 +86,7 @@ def choose(
                     f"native, cuda_graphs off, a float32 or bfloat16 checkpoint it covers), which "
                     f"does not run here: {why}"
                 )
-    if weights in ACTIVATIONS and not kernels.has_vnni(lib):
+    if (weights in ACTIVATIONS or weights in int4.FORMS) and not kernels.has_vnni(lib):
         raise ModelLoadError(
             f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
             f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off"

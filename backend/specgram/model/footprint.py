@@ -2,9 +2,10 @@
 anything is read, so a load that cannot fit is a clear load error, not a process the kernel kills halfway.
 
 A runner keeps (native CPU forward): its matmul weights in the served form (float32 4 bytes, bfloat16 2, int8 1
-byte per weight and a float32 scale per output row), the embedding (float32 or bfloat16 as stored), the norms
-(negligible) and, unless it shares another's, a KV cache of layers x slots x KV heads x head size x positions,
-for K and V, in the cache's dtype. The PyTorch forward keeps the model's parameters in its dtype. Loading itself
+byte per weight and a float32 scale per output row, int4 4.75 bits per weight with its scales: int4.py), the
+embedding (float32 or bfloat16 as stored), the norms (negligible) and, unless it shares another's, a KV cache of
+layers x slots x KV heads x head size x positions, for K and V, in the cache's dtype. The PyTorch forward keeps the
+model's parameters in its dtype. Loading itself
 holds one tensor more at a time (checkpoint.py), which the margin covers. Not counted: LoRA adapters (small),
 CUDA graphs' headroom (CUDA is not checked); a reduced draft head is counted whole (an overestimate).
 """
@@ -28,27 +29,33 @@ class Part:
     nbytes: int
 
 
-def _matmuls(model: torch.nn.Module) -> tuple[int, int]:
-    """-> (weights, output rows) of the forward's matmuls (projections and the head), real or on the meta device."""
+def _matmuls(model: torch.nn.Module) -> tuple[int, int, int]:
+    """-> (weights, output rows, int4 bytes) of the forward's matmuls (projections and the head), real or on the
+    meta device."""
     from .choice import projections
+    from .int4 import packed_bytes
 
     mods = projections(model)
-    return sum(m.weight.numel() for m in mods), sum(m.weight.shape[0] for m in mods)
+    int4 = sum(packed_bytes(*m.weight.shape) for m in mods)
+    return sum(m.weight.numel() for m in mods), sum(m.weight.shape[0] for m in mods), int4
 
 
 def runner_parts(
     label: str, model: torch.nn.Module, weights: str, dtype: torch.dtype, kv: Part | None,
     embedding: torch.dtype | None, native: bool,
 ) -> list[Part]:  # fmt: skip
-    """A runner's resident bytes: its matmul weights in their form ("auto": `dtype`; else int8), its embedding in
+    """A runner's resident bytes: its matmul weights in their form ("auto": `dtype`; int4 forms: int4.py's
+    packing; else int8), its embedding in
     `embedding` (None: it shares another runner's) and its KV cache (kv; None: it shares another's). A tied head
     is a second copy on the native forward (packed), the embedding itself on PyTorch's."""
-    n, rows = _matmuls(model)
+    n, rows, int4 = _matmuls(model)
     emb = model.model.embed_tokens.weight
     if not native and model.lm_head.weight is emb:
         n, rows = n - emb.numel(), rows - emb.shape[0]  # counted as the embedding
     if weights == "auto":
         parts = [Part(f"{label} weights ({str(dtype).removeprefix('torch.')})", n * dtype.itemsize)]
+    elif weights.startswith("int4"):
+        parts = [Part(f"{label} weights (int4)", int4)]
     else:
         parts = [Part(f"{label} weights (int8)", n + 4 * rows)]
     if embedding is not None:

@@ -75,6 +75,12 @@ def _two_level(v: torch.Tensor, sb: int) -> tuple[torch.Tensor, torch.Tensor]:
     return sub.to(torch.uint8), top
 
 
+def packed_bytes(n: int, k: int) -> int:
+    """The bytes pack() makes of an [n, k] weight (its scales included)."""
+    g, sb = groups(k)
+    return -(-n // 32) * (sb * 256 + g * (64 + GROUP * 16))
+
+
 def quantize(weight: torch.Tensor) -> Int4Weight:
     """weight [N, K] (any float dtype) -> its Int4Weight (round to nearest; see the module's docstring)."""
     n, k = weight.shape
@@ -117,9 +123,14 @@ def pack(w: Int4Weight) -> torch.Tensor:
     per_group = torch.cat(
         [pad(w.sc).view(nb, 32, g).transpose(1, 2), pad(w.mn).view(nb, 32, g).transpose(1, 2), codes], dim=2
     )
-    heads = torch.cat(
-        [pad(w.d).view(nb, 32, sb).transpose(1, 2).contiguous(), pad(w.dmin).view(nb, 32, sb).transpose(1, 2)], dim=2
-    ).contiguous().view(torch.uint8)  # [block, super-block, 256]
+    heads = (
+        torch.cat(
+            [pad(w.d).view(nb, 32, sb).transpose(1, 2).contiguous(), pad(w.dmin).view(nb, 32, sb).transpose(1, 2)],
+            dim=2,
+        )
+        .contiguous()
+        .view(torch.uint8)
+    )  # [block, super-block, 256]
     parts = []
     for b in range(sb):
         parts += [heads[:, b], per_group[:, b * SUPER : (b + 1) * SUPER].reshape(nb, -1)]

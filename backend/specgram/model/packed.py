@@ -12,6 +12,7 @@ import ctypes
 import torch
 
 from ..errors import ModelLoadError
+from . import int4
 from .checkpoint import ModuleTensors, release_freed_memory
 from .families import describe
 from .int8 import ACTIVATIONS
@@ -45,7 +46,8 @@ class PackedDecoder:
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
         matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
         "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
-        kernels.has_vnni). head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only,
+        kernels.has_vnni); "int4" / "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8
+        activations (VNNI too). head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only,
         in this order (a draft's reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's
         entry (a row of the product, its own per-channel scale). tensors: where each module's weights are read
         (checkpoint.py: one at a time from the files of a skeleton model); None: the model's own parameters."""
@@ -53,7 +55,8 @@ class PackedDecoder:
         inner = model.model
         src = tensors or ModuleTensors(model)
         wdt = torch.int8 if weights == "int8" or weights in ACTIVATIONS else next(model.parameters()).dtype
-        act = ACTIVATIONS.get(weights, "float32")
+        wdt = int4.DTYPE if weights in int4.FORMS else wdt
+        act = {**ACTIVATIONS, **int4.FORMS}.get(weights, "float32")
 
         def linear(modules: list[torch.nn.Module]) -> NativeLinear:  # each weight read, packed, then let go
             return make_linear([src.weight(m) for m in modules], [src.bias(m) for m in modules], lib, wdt, act)

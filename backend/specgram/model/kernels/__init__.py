@@ -60,7 +60,18 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = [
     HERE / n
-    for n in ("gemm.c", "gemm_i8a8.c", "gemm_i4.c", "rope.c", "attention.c", "norm.c", "lora.c", "forward.c", "scratch.c", "isa.c")
+    for n in (
+        "gemm.c",
+        "gemm_i8a8.c",
+        "gemm_i4.c",
+        "rope.c",
+        "attention.c",
+        "norm.c",
+        "lora.c",
+        "forward.c",
+        "scratch.c",
+        "isa.c",
+    )
 ]
 HEADERS = sorted(HERE.glob("*.h"))  # every header: each one is part of the build cache key
 PREBUILT_DIR = HERE / "_build"  # `python -m specgram.model.kernels build`; git-ignored

@@ -168,8 +168,8 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
     if (L == NULL || ranges == NULL) return p;
     int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
     int64_t block = L->kind == SPECGRAM_LIN_I8A8 ? (L->K + 3) / 4 * 128
-                    : L->kind == SPECGRAM_LIN_I4   ? specgram_i4_block_bytes(L->K)
-                                        : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
+                    : L->kind == SPECGRAM_LIN_I4 ? specgram_i4_block_bytes(L->K)
+                    : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
     int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;
     size_t bytes = (size_t)((b1 - b0) * block);
     p.at = (const char *)L->w + b0 * block;
@@ -202,8 +202,8 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
-     * u [2 N, ldq] and the int4 group sums [N, groups]; xs [N]; ranges [4 layers + 1][nthreads]; the attention plan; the head's input rows [R, E];
-     * the residual stream h [N, E]; x [N, E] unless the caller's */
+     * u [2 N, ldq] then the int4 group sums [N, groups]; xs [N]; ranges [4 layers + 1][nthreads]; the attention
+     * plan; the head's input rows [R, E]; the residual stream h [N, E]; x [N, E] unless the caller's */
     size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
                       (size_t)(2 * N * specgram_i8a8_ldq(widest)) + N * specgram_i4_groups(widest) * f, N * f,
                       sizeof(deal_range) * (size_t)((4 * Lc + 1) * nthreads), specgram_attention_plan_bytes(N, Hkv),
@@ -283,7 +283,8 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             linear(&L->o, att, N, u, xs, gs, delta, rg[j + 1], nthreads);
             WAIT(j + 2);
             LORA(1, att, H * D, delta, E, j + 2);
-            add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u, xs, gs);
+            add_norm_rows(d, h, delta, L->w_attn_out, L->eps_attn_out, L->w_post, L->eps_post, x, N, &L->gate_up, u,
+                          xs, gs);
             WAIT(j + 2);
             linear(&L->gate_up, x, N, u, xs, gs, gu, rg[j + 2], nthreads);
             WAIT(j + 3);
