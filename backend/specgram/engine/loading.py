@@ -18,6 +18,7 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import footprint, lora
 from ..model.checkpoint import ModuleTensors, TensorFiles, kept_dtype, release_freed_memory, skeleton
+from ..model.gguf_checkpoint import DIRECT, GGUFTensors, config_of, gguf_file, pretrained
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner, load_model
 from ..speculation import draft_vocab
@@ -32,7 +33,8 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        where, gguf = pretrained(path)
+        return AutoTokenizer.from_pretrained(where, **gguf)
     except Exception as e:
         raise ModelLoadError(f"could not load the tokenizer from {path!r}: {e}") from e
 
@@ -60,13 +62,13 @@ def eos_ids(tokenizer, *configs) -> set[int]:
 
 def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
     """eos_ids of a checkpoint folder without loading its weights (what the engine stops on)."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import GenerationConfig
 
     try:
-        gen = GenerationConfig.from_pretrained(path)
+        gen = None if gguf_file(path) else GenerationConfig.from_pretrained(path)
     except OSError:  # no generation_config.json
         gen = None
-    return eos_ids(tokenizer, gen, AutoConfig.from_pretrained(path))
+    return eos_ids(tokenizer, gen, config_of(path))
 
 
 def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
@@ -74,9 +76,13 @@ def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTens
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
     (other names, shapes or dtypes, a quantized format), transformers' whole model."""
-    if native and TensorFiles.present(path):
+    file = gguf_file(path)
+    if native and (TensorFiles.present(path) or (file is not None and config_of(path).model_type in DIRECT)):
         model = skeleton(path, dtype)
-        tensors = ModuleTensors(model, TensorFiles(path))
+        files = TensorFiles(path) if file is None else GGUFTensors(file, model.config.num_hidden_layers)
+        if file is not None:
+            files.expect({name: p.shape for name, p in model.named_parameters()})
+        tensors = ModuleTensors(model, files)
         why = tensors.unfit(model)
         if why is None:
             return model, tensors
@@ -93,7 +99,7 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         native = forward.kind == "native"
         kv = torch.bfloat16 if forward.kv_dtype == "bfloat16" else (torch.float32 if native else dtype)
         emb = dtype
-        if native and TensorFiles.present(path):  # kept as stored (checkpoint.py)
+        if native and TensorFiles.present(path) and gguf_file(path) is None:  # kept as stored (checkpoint.py)
             emb = kept_dtype(TensorFiles(path).dtype("model.embed_tokens.weight"))
         part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)

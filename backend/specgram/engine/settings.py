@@ -14,6 +14,8 @@ weights are loaded.
   linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
   weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
   weights int4               4-bit weights with int16 activations (VNNI only: refused elsewhere)
+  weights auto, a GGUF file  its own forms on the native forward with VNNI: int4 where its blocks are Q4_K (kept
+                             exactly), int8 elsewhere (model/gguf_checkpoint.py); int8 without VNNI
   draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
                              draft_checkpoint is named, else none
   drafter auto               draft_model where a draft model is loaded, else ngram
@@ -34,7 +36,9 @@ import torch
 
 from ..config import DTYPES, EngineConfig
 from ..errors import ModelLoadError
-from ..model.choice import ForwardChoice, choose, served_form
+from ..model import kernels
+from ..model.choice import ForwardChoice, choose, int8_form, served_form
+from ..model.gguf_checkpoint import STORED, config_of, gguf_file
 from ..model.runner import checkpoint_config
 from ..speculation import draft_vocab
 
@@ -109,6 +113,9 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     target = choose(target_cfg, device, dtype, config.linear, config.weights, config.kv_cache_dtype, static)
     if config.weights != "auto":  # int8, int4 (choose() checked that the machine runs it)
         target = dataclasses.replace(target, weights=served_form(config.weights, target.lib))
+    elif target.kind == "native" and gguf_file(config.checkpoint) is not None:  # a GGUF file: its own forms
+        form = STORED if kernels.has_vnni(target.lib) else int8_form(target.lib)
+        target = dataclasses.replace(target, weights=form)
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
     drafter = config.drafter
     if drafter == "auto":
@@ -177,10 +184,8 @@ def _draft_vocab(config: EngineConfig, cfg, forward: ForwardChoice) -> int:
 
 
 def _hf_config(path: str):
-    from transformers import AutoConfig
-
-    checkpoint_config(Path(path))  # a folder with a config.json of a supported family
+    checkpoint_config(Path(path))  # a folder with a config.json (or a GGUF file) of a supported family
     try:
-        return AutoConfig.from_pretrained(path)
+        return config_of(path)
     except Exception as e:  # transformers raises many types; the message is what the user needs
         raise ModelLoadError(f"could not read the model config of {path!r}: {e}") from e

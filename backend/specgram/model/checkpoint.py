@@ -101,16 +101,19 @@ def release_freed_memory() -> None:
 def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     """The transformers model of a checkpoint folder on the meta device, in `dtype` (what the packing serves), with
     the checkpoint's generation config and a working rotary module on the CPU; ModelLoadError with the reason."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from .gguf_checkpoint import config_of, gguf_file
 
     try:
-        cfg = AutoConfig.from_pretrained(path)
+        cfg = config_of(path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
     except Exception as e:  # transformers raises many types; the message is what the user needs
         raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
     try:
-        model.generation_config = GenerationConfig.from_pretrained(path)
+        if gguf_file(path) is None:  # a GGUF has none: the config's own
+            model.generation_config = GenerationConfig.from_pretrained(path)
     except OSError:  # no generation_config.json: the config's own
         pass
     rotary = model.model.rotary_emb
@@ -168,6 +171,16 @@ class ModuleTensors:
         """The module's weight as stored; own: a copy of its own (a norm's, kept as it is: no view of a file's
         mapping outlives the load)."""
         return self._read(module, "weight", own)
+
+    def int4(self, modules: list[torch.nn.Module]):
+        """The modules' weights (rows appended in order) as the file stores them in int4.py's form, exactly:
+        where every one is a GGUF Q4_K tensor (gguf_checkpoint.py); else None."""
+        if self.files is None or not hasattr(self.files, "int4"):
+            return None
+        from .int4 import cat
+
+        parts = [self.files.int4(f"{self.names[id(m)]}.weight") for m in modules]
+        return None if any(p is None for p in parts) else cat(parts)
 
     def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
         return None if getattr(module, "bias", None) is None else self._read(module, "bias", own=True)

@@ -19,6 +19,7 @@ from ..config import KV_DTYPES, LINEAR_KINDS
 from ..errors import ModelLoadError
 from . import families, int4, kernels
 from .families import describe
+from .gguf_checkpoint import STORED
 from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # weights the native products read as they are
@@ -70,7 +71,7 @@ def choose(
     projections are float nn.Linear modules). ModelLoadError, naming the setting, where one cannot hold."""
     if linear not in LINEAR_KINDS:
         raise ModelLoadError(f"linear must be one of {', '.join(LINEAR_KINDS)}, got {linear!r}")
-    forms = dict.fromkeys((*RUNNER_WEIGHTS, *int4.FORMS))
+    forms = dict.fromkeys((*RUNNER_WEIGHTS, *int4.FORMS, STORED))
     if weights not in forms:
         raise ModelLoadError(f"weights must be one of {', '.join(forms)}, got {weights!r}")
     if kv_dtype not in KV_DTYPES:
@@ -86,7 +87,7 @@ def choose(
                     f"native, cuda_graphs off, a float32 or bfloat16 checkpoint it covers), which "
                     f"does not run here: {why}"
                 )
-    if (weights in ACTIVATIONS or weights in int4.FORMS) and not kernels.has_vnni(lib):
+    if (weights in ACTIVATIONS or weights in int4.FORMS or weights == STORED) and not kernels.has_vnni(lib):
         raise ModelLoadError(
             f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
             f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off"

@@ -19,6 +19,7 @@ converter permutes q and k rows, so other architectures are loaded whole by tran
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ..errors import ModelLoadError
 from .int4 import GROUP, SUPER, Int4Weight
 
 SUFFIX = ".gguf"
+STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (int16 activations)
 DIRECT = ("qwen2", "qwen3")  # general.architecture values whose tensors are read one at a time
 
 
@@ -65,7 +67,7 @@ def config_of(path: str | Path):
     f = gguf_file(path)
     if f is None:
         return AutoConfig.from_pretrained(path)
-    return _config(str(f), f.stat().st_mtime)
+    return copy.deepcopy(_config(str(f), f.stat().st_mtime))
 
 
 def _quant_type(name: str):

@@ -58,6 +58,14 @@ class Int4Weight:
         return w.view(n, g * GROUP)[:, : self.in_features]
 
 
+def cat(parts: list[Int4Weight]) -> Int4Weight:
+    """Several matrices of the same inputs as one (rows appended in order: fused projections)."""
+    if len(parts) == 1:
+        return parts[0]
+    fields = ("q", "sc", "mn", "d", "dmin")
+    return Int4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in fields), parts[0].in_features)
+
+
 def groups(k: int) -> tuple[int, int]:
     """K inputs -> (groups, super-blocks)."""
     g = -(-k // GROUP)

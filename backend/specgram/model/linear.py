@@ -73,13 +73,17 @@ class NativeLinear(torch.nn.Module):
         activations: str = "float32",
     ):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        if isinstance(weight, int4.Int4Weight):  # quantized already (a GGUF file's Q4_K blocks)
+            self.out_features, self.in_features = weight.q.shape[0], weight.in_features
+        else:
+            self.out_features, self.in_features = weight.shape
         self.weight_dtype, self.activations = weight_dtype, activations
         colsum = None
         if weight_dtype == int4.DTYPE:
             if activations not in DIGITS or not kernels.has_vnni(lib):
                 raise ValueError("int4 weights need int16 or int8 activations and a CPU with VNNI (kernels.has_vnni)")
-            packed, scale, self._fn = int4.pack(int4.quantize(weight)), None, lib.specgram_gemm_i4
+            q = weight if isinstance(weight, int4.Int4Weight) else int4.quantize(weight)
+            packed, scale, self._fn = int4.pack(q), None, lib.specgram_gemm_i4
         elif activations in DIGITS:
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
                 raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
@@ -156,14 +160,18 @@ def make_linear(
     lib,
     weight_dtype: torch.dtype,
     activations: str = "float32",
+    stored: int4.Int4Weight | None = None,
 ) -> NativeLinear:
     """One module computing the concatenation of several projections of the same input (fused when > 1), with
-    its weights packed as weight_dtype (float32, bfloat16 or int8) and its input as `activations` (NativeLinear)."""
-    weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+    its weights packed as weight_dtype (float32, bfloat16, int8 or int4.DTYPE) and its input as `activations`
+    (NativeLinear). stored: the int4 weights as a file stores them (weights then only give the shapes)."""
     if all(b is None for b in biases):
         bias = None
     else:
         bias = torch.cat(
-            [b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
+            [b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
         )
+    if stored is not None:
+        return NativeLinear(stored, bias, weight_dtype, lib, activations)
+    weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     return NativeLinear(weight, bias, weight_dtype, lib, activations)

@@ -15,6 +15,7 @@ from ..errors import ModelLoadError
 from . import int4
 from .checkpoint import ModuleTensors, release_freed_memory
 from .families import describe
+from .gguf_checkpoint import STORED
 from .int8 import ACTIVATIONS
 from .kernels import abi
 from .linear import NativeLinear, data_ptr, make_linear
@@ -43,14 +44,15 @@ class PackedDecoder:
         head_ids: torch.Tensor | None = None,
         tensors: ModuleTensors | None = None,
     ):
-        """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every
-        matmul's weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" /
-        "int8-dynamic8" = those int8 weights times activations quantized per row to int16 / int8 (needs VNNI:
-        kernels.has_vnni); "int4" / "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8
-        activations (VNNI too). head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only,
-        in this order (a draft's reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's
-        entry (a row of the product, its own per-channel scale). tensors: where each module's weights are read
-        (checkpoint.py: one at a time from the files of a skeleton model); None: the model's own parameters."""
+        """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every matmul's
+        weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" / "int8-dynamic8" = those int8
+        weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni); "int4" /
+        "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8 activations (VNNI too); "gguf" = a GGUF
+        file's forms (gguf_checkpoint.py: int4 where its blocks are Q4_K, else int8, int16 activations). head_ids [V']
+        long: the lm_head computes the logits of these vocabulary entries only, in this order (a draft's reduced
+        vocabulary: speculation/draft_vocab.py); each is bitwise the full head's entry (a row of the product, its own
+        per-channel scale). tensors: where each module's weights are read (checkpoint.py: one at a time from the files
+        of a skeleton model); None: the model's own parameters."""
         cfg = model.config
         inner = model.model
         src = tensors or ModuleTensors(model)
@@ -59,7 +61,13 @@ class PackedDecoder:
         act = {**ACTIVATIONS, **int4.FORMS}.get(weights, "float32")
 
         def linear(modules: list[torch.nn.Module]) -> NativeLinear:  # each weight read, packed, then let go
-            return make_linear([src.weight(m) for m in modules], [src.bias(m) for m in modules], lib, wdt, act)
+            stored = src.int4(modules) if weights in (*int4.FORMS, STORED) else None  # a file's Q4_K blocks
+            biases = [src.bias(m) for m in modules]
+            if stored is not None:  # kept exactly: no float weight read
+                form = (int4.DTYPE, "int16") if weights == STORED else (wdt, act)
+                return make_linear([m.weight for m in modules], biases, lib, *form, stored=stored)
+            form = (torch.int8, "int16") if weights == STORED else (wdt, act)  # STORED: int8 for any other type
+            return make_linear([src.weight(m) for m in modules], biases, lib, *form)
 
         self.lib, self.weights = lib, weights
         self._embed_weight = src.embedding()  # read by forward.c
