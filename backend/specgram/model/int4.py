@@ -45,6 +45,12 @@ class Int4Weight:
     dmin: torch.Tensor
     in_features: int
 
+    def rows(self, index: torch.Tensor) -> Int4Weight:
+        """These output rows only, in this order."""
+        return Int4Weight(
+            self.q[index], self.sc[index], self.mn[index], self.d[index], self.dmin[index], self.in_features
+        )
+
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (s, m) fp32 [N, G]: each group's step and minimum, as the kernel forms them."""
         idx = torch.arange(self.sc.shape[1]) // SUPER

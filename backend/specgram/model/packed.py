@@ -60,14 +60,18 @@ class PackedDecoder:
         wdt = int4.DTYPE if weights in int4.FORMS else wdt
         act = {**ACTIVATIONS, **int4.FORMS}.get(weights, "float32")
 
-        def linear(modules: list[torch.nn.Module]) -> NativeLinear:  # each weight read, packed, then let go
+        def linear(modules: list[torch.nn.Module], rows: torch.Tensor | None = None) -> NativeLinear:
+            """The product of these modules (fused), each weight read, packed, then let go; rows: only these
+            output rows (one module)."""
+            pick = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])  # noqa: E731
             stored = src.int4(modules) if weights in (*int4.FORMS, STORED) else None  # a file's Q4_K blocks
-            biases = [src.bias(m) for m in modules]
+            biases = [pick(src.bias(m)) for m in modules]
             if stored is not None:  # kept exactly: no float weight read
                 form = (int4.DTYPE, "int16") if weights == STORED else (wdt, act)
-                return make_linear([m.weight for m in modules], biases, lib, *form, stored=stored)
+                stored = stored if rows is None else stored.rows(rows)
+                return make_linear([pick(m.weight) for m in modules], biases, lib, *form, stored=stored)
             form = (torch.int8, "int16") if weights == STORED else (wdt, act)  # STORED: int8 for any other type
-            return make_linear([src.weight(m) for m in modules], biases, lib, *form)
+            return make_linear([pick(src.weight(m)) for m in modules], biases, lib, *form)
 
         self.lib, self.weights = lib, weights
         self._embed_weight = src.embedding()  # read by forward.c
@@ -107,11 +111,7 @@ class PackedDecoder:
             if src.files is not None:  # read from the files: the layer's temporaries go back, not into the peak
                 release_freed_memory()
         self.w_final, self.eps_final = norm(inner.norm)
-        head_w, head_b = src.weight(model.lm_head), src.bias(model.lm_head)
-        if head_ids is not None:
-            head_w, head_b = head_w[head_ids], None if head_b is None else head_b[head_ids]
-        self.lm_head = make_linear([head_w], [head_b], lib, wdt, act)
-        del head_w, head_b
+        self.lm_head = linear([model.lm_head], head_ids)
         self._layer_structs, self._decoder = self._describe()
         self._head = self.lm_head.descriptor()
 

@@ -1,0 +1,128 @@
+"""GGUF files as checkpoints (model/gguf_checkpoint.py): which paths name one; every tensor read as transformers'
+own GGUF reader de-quantizes it; Q4_K blocks kept exactly in int4's form; an engine serving the file as it comes
+(weights auto: int4 where the blocks are Q4_K, int8 elsewhere; weights int4: int4 throughout) with its tokenizer,
+chat template and EOS from the metadata, its logits those of transformers' reading of the file up to the
+activations' quantization, and its output identical with itself at every draft length and batch."""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import pytest
+import torch
+
+from specgram.config import EngineConfig
+from specgram.engine.engine import Engine
+from specgram.model import int4, kernels
+from specgram.model.choice import choose_for
+from specgram.model.gguf_checkpoint import GGUFTensors, gguf_file
+from specgram.model.runner import ModelRunner
+
+from .helpers import PROMPTS, logits_against, run, tokens_of
+from .tiny import build_tokenizer
+from .tiny_gguf import LAYERS, save_gguf, transformers_model
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
+
+MIXED = {"attn_v.1": "Q8_0", "ffn_down.1": "Q5_0"}  # as a Q4_K_M file mixes: layer 1's v and down in other types
+
+
+@pytest.fixture(scope="module")
+def q4k_file(tmp_path_factory):
+    """Every projection and the head in Q4_K (the embedding Q8_0)."""
+    return save_gguf(tmp_path_factory.mktemp("gguf-q4k") / "tiny-q4_k.gguf", seed=1, types={"output": "Q4_K"})
+
+
+@pytest.fixture(scope="module")
+def mixed_file(tmp_path_factory):
+    return save_gguf(tmp_path_factory.mktemp("gguf-mixed") / "tiny-mixed.gguf", seed=2, types=MIXED)
+
+
+@pytest.fixture
+def needs_vnni(lib, monkeypatch):
+    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
+    if not kernels.has_vnni(lib):
+        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (int4 products)")
+    return lib
+
+
+def engine(path, **kw) -> Engine:
+    kw.setdefault("max_slots", 4)
+    kw.setdefault("max_seq_len", 256)
+    return Engine.from_config(EngineConfig(checkpoint=str(path), device="cpu", **kw))
+
+
+def test_a_checkpoint_names_a_gguf_file_or_a_folder_holding_only_one(tmp_path, q4k_file):
+    assert gguf_file(q4k_file) == q4k_file and gguf_file(q4k_file.parent) == q4k_file
+    (tmp_path / "a.gguf").write_bytes(b"")
+    assert gguf_file(tmp_path) == tmp_path / "a.gguf"
+    (tmp_path / "b.gguf").write_bytes(b"")
+    assert gguf_file(tmp_path) is None  # two: ambiguous
+    (tmp_path / "b.gguf").unlink()
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert gguf_file(tmp_path) is None  # a safetensors checkpoint's folder
+    assert gguf_file(tmp_path / "model.safetensors") is None
+
+
+def test_every_tensor_reads_as_transformers_dequantizes_it_and_q4_k_is_kept_exactly(mixed_file):
+    model = transformers_model(mixed_file)
+    files = GGUFTensors(mixed_file, LAYERS)
+    params = dict(model.named_parameters())
+    files.expect({name: p.shape for name, p in params.items()})
+    assert set(files.meta) == set(params)
+    kept = 0
+    for name, p in params.items():
+        assert torch.equal(files.get(name), p.detach()), name
+        stored = files.int4(name) if name.endswith("proj.weight") or name == "lm_head.weight" else None
+        if files.block_type(name) == "Q4_K":
+            assert torch.equal(stored.dequantize(), p.detach()) and int(stored.q.max()) <= 15, name
+            assert int(stored.sc.max()) <= 63 and int(stored.mn.max()) <= 63  # the file's 6-bit sub-scales
+            kept += 1
+        else:
+            assert stored is None
+    assert kept == 7 * LAYERS - 2  # every projection but layer 1's v and down
+
+
+def _kinds(runner) -> list[str]:
+    """Each product's form: "int4" or the packed dtype."""
+    return ["int4" if lin.weight_dtype == int4.DTYPE else str(lin.packed.dtype) for lin in runner.linear_layers()]
+
+
+def test_the_file_is_served_as_it_comes_with_its_tokenizer(needs_vnni, q4k_file):
+    reference = transformers_model(q4k_file)
+    with closing(engine(q4k_file)) as e:
+        assert e.target.weights == "gguf" and e.target.native.lib is needs_vnni
+        assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)  # every product kept in its Q4_K blocks
+        assert e.tokenizer("Hello there").input_ids == build_tokenizer()("Hello there").input_ids
+        assert 2 in e.eos_ids and "<s>assistant: " in e.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+        fp32 = ModelRunner(reference, 2, 96, choose_for(reference, linear="native"))
+        rel, agree = logits_against(fp32, e.target)
+    # the file's own weights exactly: only the int16 activations differ from transformers' float32 reading
+    assert rel.max().item() < 1e-4 and agree == 1.0, rel  # measured: max 2.5e-6
+
+
+def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(needs_vnni, mixed_file):
+    reference = transformers_model(mixed_file)
+    fp32 = ModelRunner(reference, 2, 96, choose_for(reference, linear="native"))
+    with closing(engine(mixed_file)) as e:
+        kinds = _kinds(e.target)
+        rel, agree = logits_against(fp32, e.target)
+        alone = [tokens_of(run(e, [p], max_tokens=16)[0]) for p in PROMPTS]
+        batched = [tokens_of(o) for o in run(e, PROMPTS, max_tokens=16)]
+        spec = {k: [tokens_of(o) for o in run(e, PROMPTS, max_tokens=16, num_draft_tokens=k)] for k in (2, -1)}
+    # layer 1's q|k|v holds a Q8_0 v, its down is Q5_0; the head is Q8_0
+    assert kinds == ["int4"] * 4 + ["torch.int8", "int4", "int4", "torch.int8", "torch.int8"]
+    assert batched == alone and spec[2] == alone and spec[-1] == alone
+    # the int8 products' second rounding (measured: median 0.0065, max 0.061 of the logits' norm, top-1 all equal)
+    assert 1e-4 < rel.median().item() < 0.03 and agree >= 0.9, (rel, agree)
+    with closing(engine(mixed_file, weights="int4")) as e:
+        assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)
+
+
+def test_a_folder_holding_the_file_is_the_same_checkpoint(needs_vnni, q4k_file):
+    with closing(engine(q4k_file)) as a, closing(engine(q4k_file.parent)) as b:
+        assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=8)] == [
+            tokens_of(o) for o in run(b, PROMPTS, max_tokens=8)
+        ]
