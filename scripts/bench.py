@@ -15,6 +15,7 @@ In process (no server):
     python scripts/bench.py prefix_cache       # TTFT and tok/s with prompt-prefix reuse off and on
     python scripts/bench.py commits --base REV # this checkout's engine against another commit's, interleaved
     python scripts/bench.py memory             # a load's peak and resident memory and time, per setting
+    python scripts/bench.py weight_forms       # each weight form's agreement with float32, perplexity, speed
 Through tritonserver (started here unless --url is given):
     python scripts/bench.py serving            # aggregate and per-stream tok/s per concurrency
     python scripts/bench.py perf_analyzer      # perf_analyzer sweep, genai-perf's four figures
@@ -60,6 +61,7 @@ SCENARIOS = (
     "tree_ceiling",
     "lora",
     "memory",
+    "weight_forms",
     "gpu",
 )
 
