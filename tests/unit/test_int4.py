@@ -47,7 +47,7 @@ def inputs(m: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-def test_the_quantizer_keeps_each_weight_within_half_a_step_of_its_group():
+def test_the_quantizer_keeps_codes_in_range_and_fits_each_group():
     torch.manual_seed(0)
     w = torch.randn(70, 300) * torch.logspace(-2, 1, 70)[:, None]
     w[1] = 0  # a zero row: zero scales, zero codes
@@ -56,12 +56,20 @@ def test_the_quantizer_keeps_each_weight_within_half_a_step_of_its_group():
     g, sb = int4.groups(300)
     assert (g, sb) == (10, 2) and q.q.shape == (70, 320) and q.sc.shape == (70, 10) and q.d.shape == (70, 2)
     assert int(q.q.max()) <= 15 and not q.q[:, 300:].any() and not q.q[1].any()
-    s, m = q.scales()
-    step = s.repeat_interleave(32, dim=1)[:, :300]
-    err = (q.dequantize() - w).abs()
-    assert torch.all(err <= step * 0.5 * (1 + 1e-5) + 1e-7), (err / step.clamp(min=1e-12)).max()
     assert torch.equal(q.dequantize()[1], torch.zeros(300))
     assert int4.packed_bytes(70, 300) == int4.pack(q).numel()
+    # each code is the nearest level of its group's scales, as rounded, where the weight lies within the levels
+    s, m = q.scales()
+    step, low = s.repeat_interleave(32, dim=1)[:, :300], -m.repeat_interleave(32, dim=1)[:, :300]
+    inside = (w >= low) & (w <= low + 15 * step)
+    err = (q.dequantize() - w).abs()
+    assert torch.all(err[inside] <= (step * 0.5 * (1 + 1e-5) + 1e-7)[inside])
+    # the range alone (no refit) holds every weight within half a step; the least-squares refits cut the error
+    plain = int4.quantize(w, rounds=0)
+    s0 = plain.scales()[0].repeat_interleave(32, dim=1)[:, :300]
+    assert torch.all((plain.dequantize() - w).abs() <= s0 * 0.5 * (1 + 1e-5) + 1e-7)
+    ratio = ((q.dequantize() - w).norm() / (plain.dequantize() - w).norm()).item()
+    assert ratio < 0.97, ratio  # measured 0.94 on these Gaussian rows (0.78 on Qwen2.5-Coder-1.5B's projections)
 
 
 @pytest.mark.parametrize("activations", ACTIVATIONS)
@@ -149,7 +157,7 @@ def test_int4_logits_are_those_of_its_own_weights_in_fp32(vnni):
     rel8, _ = logits_against(reference, _runner(model, "int4-dynamic8", 2))
     assert 5 * rel.median() < rel8.median() < 0.05, rel8  # measured: median 0.023
     # against the fp32 weights the 4-bit error dominates: on this random model (Gaussian weights, no structure
-    # for the groups to follow) median 0.30 of the logits' norm, top-1 agreement 47%; docs/models.md has a real
+    # for the groups to follow) median 0.28 of the logits' norm, top-1 agreement 55%; docs/models.md has a real
     # model's figures
     rel_fp32, _ = logits_against(
         ModelRunner(model, 2, 96, choose_for(model, linear="native")), _runner(model, "int4", 2)
@@ -174,7 +182,7 @@ def test_the_int4_draft_copy_drafts_without_changing_the_output(vnni, make_engin
         spec = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=3, drafter="draft_model")
     assert [tokens_of(o) for o in spec] == alone
     drafted, accepted = sum(o[-1].spec.drafted for o in spec), sum(o[-1].spec.accepted for o in spec)
-    # the tiny random model is the hardest case for 4 bits (top-1 agreement about half, above): 28% measured,
+    # the tiny random model is the hardest case for 4 bits (top-1 agreement about half, above): 21% measured,
     # against about 1 / vocabulary for drafts unrelated to the target
     assert drafted > 0 and accepted / drafted > 0.15
 
