@@ -13,7 +13,8 @@ from specgram.engine.engine import Engine
 from specgram.errors import ModelLoadError
 from specgram.model import families
 from specgram.model.choice import choose_for
-from specgram.model.runner import ModelRunner, checkpoint_config
+from specgram.model.runner import ModelRunner
+from specgram.model.whole import checkpoint_config
 from specgram.request import SamplingParams
 
 from ..conftest import TEST_DEVICE

@@ -33,7 +33,7 @@ from .served import check_engine
 def run(args) -> list[Row]:
     from ..config import EngineConfig
     from ..engine.engine import Engine
-    from ..model.runner import load_model
+    from ..model.whole import load_model
 
     params = {**SERVED_DEFAULTS, "checkpoint": args.path, "max_seq_len": str(args.max_seq_len), "max_slots": "4"}
     if args.draft:

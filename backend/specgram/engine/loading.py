@@ -20,7 +20,8 @@ from ..model import footprint, lora
 from ..model.checkpoint import ModuleTensors, TensorFiles, kept_dtype, release_freed_memory, skeleton
 from ..model.gguf_checkpoint import DIRECT, GGUFTensors, config_of, gguf_file, pretrained
 from ..model.quantize import quantize_dynamic_int8
-from ..model.runner import ModelRunner, load_model
+from ..model.runner import ModelRunner
+from ..model.whole import load_model
 from ..speculation import draft_vocab
 from ..speculation.draft_model import DraftModelDrafter
 from ..speculation.drafter import Drafter

@@ -39,7 +39,7 @@ from ..errors import ModelLoadError
 from ..model import kernels
 from ..model.choice import ForwardChoice, choose, int8_form, served_form
 from ..model.gguf_checkpoint import STORED, config_of, gguf_file
-from ..model.runner import checkpoint_config
+from ..model.whole import checkpoint_config
 from ..speculation import draft_vocab
 
 

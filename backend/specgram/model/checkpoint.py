@@ -10,7 +10,7 @@ so at any time the load holds what is packed so far plus one tensor.
 
 The skeleton's rotary module is the one part that computes (native.py builds its tables with it): it is made
 again on the CPU from the config. A checkpoint without safetensors files (PyTorch .bin) is loaded by
-transformers as before (runner.load_model).
+transformers as before (whole.load_model).
 """
 
 from __future__ import annotations

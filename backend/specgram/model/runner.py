@@ -18,9 +18,6 @@ int8-dynamic is the int8 draft copy where the CPU has it).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 from ..errors import ModelLoadError
@@ -28,56 +25,9 @@ from . import lora, rotary, torch_forward
 from . import tree as tree_rows
 from .checkpoint import ModuleTensors
 from .choice import ForwardChoice, choose_for, projections
-from .families import DOCS, FAMILIES, describe
-from .gguf_checkpoint import config_of, gguf_file, pretrained
+from .families import describe
 from .kv_cache import KVCache, WriteIndex, make_write_index
 from .transfer import h2d, right_pad
-
-
-def checkpoint_config(path: Path) -> dict:
-    """The config.json of a checkpoint folder (or a GGUF file's config) of a supported family; ModelLoadError with
-    the reason."""
-    if gguf_file(path) is not None:
-        try:
-            cfg = config_of(path).to_dict()
-        except Exception as e:  # transformers raises many types; the message is what the user needs
-            raise ModelLoadError(f"could not read the GGUF file {str(path)!r}: {e}") from e
-        if cfg.get("model_type") not in FAMILIES:
-            raise ModelLoadError(
-                f"model_type {cfg.get('model_type')!r} of {path} is not supported; this engine runs the decoder "
-                f"families {', '.join(FAMILIES)} (see {DOCS})"
-            )
-        return cfg
-    if not path.is_dir():
-        raise ModelLoadError(
-            f"checkpoint folder {str(path)!r} does not exist (run scripts/setup.sh for the default "
-            "model, or set the 'checkpoint' parameter to a local HF checkpoint folder)"
-        )
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise ModelLoadError(f"{str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
-    cfg = json.loads(cfg_file.read_text())
-    if cfg.get("model_type") not in FAMILIES:
-        raise ModelLoadError(
-            f"model_type {cfg.get('model_type')!r} in {cfg_file} is not supported; this engine runs the decoder "
-            f"families {', '.join(FAMILIES)} (see {DOCS})"
-        )
-    return cfg
-
-
-def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The transformers model of a checkpoint folder, on `device` in `dtype`; ModelLoadError with the reason."""
-    from transformers import AutoModelForCausalLM
-
-    checkpoint_config(Path(path))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
-    try:
-        where, gguf = pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **gguf)
-    except Exception as e:  # transformers raises many types; the message is what the user needs
-        raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
-    return model.to(device)
 
 
 class ModelRunner:

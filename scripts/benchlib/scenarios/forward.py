@@ -110,7 +110,8 @@ def run(args) -> None:
 
     from specgram.model import kernels
     from specgram.model.choice import choose_for
-    from specgram.model.runner import ModelRunner, load_model
+    from specgram.model.runner import ModelRunner
+    from specgram.model.whole import load_model
 
     max_b = max(args.batches)
     positions = args.cache_len + max(args.widths) + 8

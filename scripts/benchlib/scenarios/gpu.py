@@ -92,7 +92,8 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
     import torch
 
     from specgram.model.choice import choose_for
-    from specgram.model.runner import ModelRunner, load_model
+    from specgram.model.runner import ModelRunner
+    from specgram.model.whole import load_model
 
     rows = []
     for name, path in ckpts.items():

@@ -73,7 +73,8 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
     import torch
 
     from specgram.model.choice import choose_for, int8_form
-    from specgram.model.runner import ModelRunner, load_model
+    from specgram.model.runner import ModelRunner
+    from specgram.model.whole import load_model
 
     if kind == "bf16":
         return ModelRunner(load_model(path, torch.device("cpu"), torch.bfloat16), slots, max_seq_len)
@@ -131,7 +132,8 @@ def run(args) -> None:
     from specgram.engine.engine import Engine
     from specgram.engine.loading import load_tokenizer
     from specgram.engine.settings import resolve
-    from specgram.model.runner import ModelRunner, load_model
+    from specgram.model.runner import ModelRunner
+    from specgram.model.whole import load_model
     from specgram.speculation.draft_model import DraftModelDrafter
 
     names = choose(args.configs, CONFIGS, ("none",))  # "none": the reference for speedup and exactness
