@@ -141,3 +141,39 @@ def test_each_family_serves_transformers_greedy_ids_and_raw_logprobs(family_serv
         for i, (t, row) in enumerate(zip(ids[n_prompt:], rows, strict=True)):
             got = row[str(t)]["logprob"]
             assert abs(got - want[n_prompt + i - 1, t].item()) < 1e-4, (name, k, i)
+
+
+# ---- a GGUF file served as it comes ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_server(tmp_path_factory):
+    """(the path of a tiny qwen2 GGUF file in Q4_K, a tritonserver whose checkpoint is that file)."""
+    from tests.unit.tiny_gguf import save_gguf
+
+    path = save_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_k.gguf", seed=1, types={"output": "Q4_K"})
+    repo = model_repository_with({"checkpoint": str(path)}, tmp_path_factory.mktemp("gguf-repo") / "repo")
+    server = TritonServer(model_repository=repo, model="llm", log_path=path.parent / "tritonserver.log")
+    server.start()
+    try:
+        yield path, server
+    finally:
+        server.stop()
+
+
+def test_a_gguf_file_serves_transformers_greedy_ids_at_every_draft_length(gguf_server):
+    """Its Q4_K blocks served as they are (int4): greedy ids equal transformers' greedy continuation of its own
+    reading of the file, at num_draft_tokens 0, 4 and auto; the tokenizer and chat template from the metadata."""
+    from tests.unit.tiny_gguf import transformers_model
+
+    path, server = gguf_server
+    model, tok = transformers_model(path), build_tokenizer()
+    ids = tok(FAMILY_PROMPT)["input_ids"]
+    for _ in range(N):
+        ids.append(int(transformers_logits(model, ids, 1024)[-1].argmax()))
+    for k in (0, 4, -1):
+        resps = complete(server, FAMILY_PROMPT, num_draft_tokens=k, ignore_eos=True)
+        assert not errors_of(resps), (k, errors_of(resps))
+        assert ids_of(resps) == ids[len(ids) - N :], k
+    chat = complete(server, "hi", apply_chat_template=True, max_tokens=4, return_num_input_tokens=True)
+    assert not errors_of(chat) and last_value(chat, "num_input_tokens") > 20  # "<s>user: hi\n<s>assistant: "

@@ -31,6 +31,7 @@ from .int4 import GROUP, SUPER, Int4Weight
 
 SUFFIX = ".gguf"
 STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (int16 activations)
+ROWS = 4096  # rows de-quantized at a time
 DIRECT = ("qwen2", "qwen3")  # general.architecture values whose tensors are read one at a time
 
 
@@ -127,8 +128,13 @@ class GGUFTensors:
         if name not in self.meta:
             raise ModelLoadError(f"{self.path}: the GGUF file has no tensor for {name!r}")
         t = self.by_gguf[self.gguf_name(name)]
-        values = dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(np.array(values, dtype=np.float32, copy=True)).reshape(self.meta[name][0])
+        shape = self.meta[name][0]
+        out = torch.empty(shape, dtype=torch.float32)
+        rows = out.view(-1, shape[-1]) if len(shape) > 1 else out.view(1, -1)
+        data = np.asarray(t.data).reshape(rows.shape[0], -1)  # a row of blocks (or of values) per output row
+        for i in range(0, rows.shape[0], ROWS):  # in pieces: the package's temporaries stay small
+            rows[i : i + ROWS] = torch.from_numpy(dequantize(data[i : i + ROWS], t.tensor_type).astype(np.float32))
+        return out
 
     def dtype(self, name: str) -> torch.dtype | None:
         return torch.float32 if name in self.meta else None

@@ -31,7 +31,7 @@ GROUP, SUPER = 32, 8  # inputs per group; groups per super-block
 LEVELS = 15
 DTYPE = torch.quint4x2  # the weight dtype that stands for this form in NativeLinear (never a tensor's dtype here)
 FORMS = {"int4": "int16", "int4-dynamic8": "int8"}  # runner weights -> the activations' form
-CHUNK = 4096  # rows quantized at a time (float temporaries only)
+CHUNK = 128  # rows quantized at a time: the float temporaries stay in cache (4096 rows: 2.8x slower)
 FIT_ROUNDS = 2  # least-squares refits of each group's step and minimum (_fit)
 ACT_LEVELS = {"int16": 32639, "int8": 127}  # gemm_i4.c's L per activation form
 
@@ -98,11 +98,9 @@ def packed_bytes(n: int, k: int) -> int:
 
 
 def _codes(w: torch.Tensor, s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """w [n, G, 32], s, m [n, G] -> the nearest codes [n, G, 32] in [0, 15] (0 where s = 0)."""
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    q = torch.round((w + m[:, :, None]) / safe[:, :, None]).clamp_(0, LEVELS)
-    q[s == 0] = 0
-    return q
+    """w [n, G, 32], s, m [n, G] -> the nearest codes [n, G, 32] in [0, 15], as floats (0 where s = 0)."""
+    inv = torch.where(s > 0, 1.0 / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(s))
+    return (w + m[:, :, None]).mul_(inv[:, :, None]).round_().clamp_(0, LEVELS)
 
 
 def _fit(w: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,14 +110,15 @@ def _fit(w: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
     take the weights' relative error from 0.044 to 0.034."""
     lo, hi = w.amin(dim=2).clamp(max=0.0), w.amax(dim=2).clamp(min=0.0)
     s, m = (hi - lo) / LEVELS, -lo
+    wm = w.mean(dim=2)
     for _ in range(rounds):
         q = _codes(w, s, m)
-        qm, wm = q.mean(dim=2), w.mean(dim=2)
-        dq = q - qm[:, :, None]
-        var, cov = (dq * dq).mean(dim=2), (dq * (w - wm[:, :, None])).mean(dim=2)
+        qm = q.mean(dim=2)
+        var = (q * q).mean(dim=2) - qm * qm
+        cov = (q.mul_(w)).mean(dim=2) - qm * wm  # q is spent: q * w in place
         ns = cov / torch.where(var > 0, var, torch.ones_like(var))
         nm = ns * qm - wm
-        ok = (var > 0) & (ns > 0) & (nm >= 0)
+        ok = (var > 1e-6) & (ns > 0) & (nm >= 0)
         s, m = torch.where(ok, ns, s), torch.where(ok, nm, m)
     return s, m
 

@@ -4,6 +4,7 @@
     python scripts/bench.py forward --linear torch       # transformers' modules with PyTorch's ops
     python scripts/bench.py forward --dtype bfloat16 --linear native
     python scripts/bench.py forward --weights int8       # int8 weights, a scale per output channel (native only)
+    python scripts/bench.py forward --weights int4       # 4-bit groups x int16 activations (native, VNNI)
     python scripts/bench.py forward --quick              # 3 repeats: a smoke run
     python scripts/bench.py forward --shape llama-3.2-1b # random weights of a 1B-class shape (benchlib/shapes.py)
 
@@ -44,9 +45,9 @@ def add_options(ap) -> None:
     ap.add_argument(
         "--weights",
         default="auto",
-        choices=["auto", "int8", "int8-dynamic"],
+        choices=["auto", "int8", "int8-dynamic", "int4", "int4-dynamic8"],
         help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
-        "per row too (specgram.model.int8; native forward only)",
+        "per row too (specgram.model.int8), int4 groups (specgram.model.int4); native forward only",
     )
     ap.add_argument(
         "--kv-dtype",
