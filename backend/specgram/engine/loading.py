@@ -131,6 +131,7 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
         footprint.check(parts, remedies=remedies)
     model, tensors = model_of(path, settings.device, settings.dtype, settings.target.kind == "native")
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
+    release_freed_memory()  # the packing's temporaries, before the tokenizer's and the draft's own
     adapters = load_adapters(config, model) if config.enable_lora else None
     if adapters is not None:
         target.attach_lora(adapters)

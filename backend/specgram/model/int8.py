@@ -60,4 +60,7 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def column_sums(q: torch.Tensor) -> torch.Tensor:
     """q int8 [N, K] -> int32 [N]: sum_k q[n, k] (gemm_i8a8.c's correction for its unsigned activations)."""
-    return q.sum(dim=1, dtype=torch.int32).contiguous()
+    out = torch.empty(q.shape[0], dtype=torch.int32)
+    for i in range(0, q.shape[0], CHUNK):  # torch widens what it sums to int32 first: a chunk at a time
+        out[i : i + CHUNK] = q[i : i + CHUNK].sum(dim=1, dtype=torch.int32)
+    return out

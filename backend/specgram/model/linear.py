@@ -23,6 +23,7 @@ from .int8 import column_sums, quantize_rows
 from .kernels import abi
 
 BLOCK = 32  # outputs per packed block (NB in gemm.c)
+PACK_BLOCKS = 256  # blocks pack_k4 lays out at a time
 DIGITS = {"int16": 2, "int8": 1}  # quantized activations: base-256 digits per activation (gemm_i8a8.c)
 
 
@@ -50,9 +51,14 @@ def pack_k4(q: torch.Tensor) -> torch.Tensor:
     [b, k4, j, kk] = q[32 b + j, 4 k4 + kk], zero past N and past K."""
     n, k = q.shape
     blocks, steps = -(-n // BLOCK), -(-k // 4)
-    padded = torch.zeros(blocks * BLOCK, steps * 4, dtype=torch.int8)
-    padded[:n, :k] = q.detach().cpu()
-    return padded.view(blocks, BLOCK, steps, 4).transpose(1, 2).contiguous()
+    out = torch.empty(blocks, steps, BLOCK, 4, dtype=torch.int8)
+    for b0 in range(0, blocks, PACK_BLOCKS):  # a piece at a time: no padded or transposed copy of the whole q
+        b1 = min(b0 + PACK_BLOCKS, blocks)
+        padded = torch.zeros((b1 - b0) * BLOCK, steps * 4, dtype=torch.int8)
+        rows = q[b0 * BLOCK : b1 * BLOCK].detach().cpu()
+        padded[: rows.shape[0], :k] = rows
+        out[b0:b1] = padded.view(b1 - b0, BLOCK, steps, 4).transpose(1, 2)
+    return out
 
 
 class NativeLinear(torch.nn.Module):
