@@ -126,3 +126,18 @@ def test_a_folder_holding_the_file_is_the_same_checkpoint(needs_vnni, q4k_file):
         assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=8)] == [
             tokens_of(o) for o in run(b, PROMPTS, max_tokens=8)
         ]
+
+
+def test_a_gguf_draft_model_is_served_in_its_own_forms(needs_vnni, q4k_file, mixed_file):
+    with closing(engine(q4k_file, draft_checkpoint=str(mixed_file))) as e:
+        draft = e.drafters["draft_model"].runner
+        assert draft.weights == "gguf" and _kinds(draft)[4:] == [
+            "torch.int8",
+            "int4",
+            "int4",
+            "torch.int8",
+            "torch.int8",
+        ]
+        alone = [tokens_of(run(e, [p], max_tokens=12)[0]) for p in PROMPTS]
+        spec = run(e, PROMPTS, max_tokens=12, num_draft_tokens=3, drafter="draft_model")
+    assert [tokens_of(o) for o in spec] == alone and sum(o[-1].spec.drafted for o in spec) > 0

@@ -115,7 +115,7 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         path = config.checkpoint if own else config.draft_checkpoint
         model = target if own else skeleton(path, d.dtype)
         shared = own and d.quantized == "native"  # the target's native copy: its embedding is the target's
-        form = {"none": "auto", "torch": "int8"}.get(d.quantized, d.forward.weights)
+        form = "int8" if d.quantized == "torch" else d.forward.weights
         parts += runner("draft copy" if own else "draft", path, model, d.forward, form, d.dtype,
                         not d.shares_cache, not shared)  # fmt: skip
         remedies += ("draft_quantization none",) if own else ("draft_quantization int8",) if form == "auto" else ()

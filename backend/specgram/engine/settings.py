@@ -154,6 +154,9 @@ def _draft(
     forward = choose(cfg, device, base, config.linear, static_width=static)
     vocab = _draft_vocab(config, cfg, forward)
     if quantization == "none":
+        if source == "checkpoint" and forward.kind == "native" and gguf_file(config.draft_checkpoint) is not None:
+            weights = STORED if kernels.has_vnni(forward.lib) else int8_form(forward.lib)  # its own forms
+            forward = dataclasses.replace(forward, weights=weights)
         return DraftChoice(source, base, "none", forward, False, vocab)
     if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
         if quantization == "int4":
