@@ -17,7 +17,8 @@ weights are loaded.
   weights auto, a GGUF file  its own forms on the native forward with VNNI: int4 where its blocks are Q4_K (kept
                              exactly), int8 elsewhere (model/gguf_checkpoint.py); int8 without VNNI
   draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
-                             draft_checkpoint is named, else none
+                             draft_checkpoint is named; a draft_checkpoint in int4 where the native forward runs
+                             with VNNI (docs/performance.md, real draft models); else none
   drafter auto               draft_model where a draft model is loaded, else ngram
   draft_vocab auto           32768 entries where the vocabulary is larger than 65536 and the draft runs on the
                              native forward, else all
@@ -140,7 +141,11 @@ def _draft(
     quantization = config.draft_quantization
     if quantization == "auto":
         native_float = target.kind == "native" and target.weights == "auto"
-        quantization = "int8" if native_float and not config.draft_checkpoint else "none"
+        if config.draft_checkpoint:  # a draft model: in int4 where the native forward runs it on VNNI
+            vnni = target.kind == "native" and kernels.has_vnni(target.lib)
+            quantization = "int4" if vnni and device.type == "cpu" else "none"
+        else:
+            quantization = "int8" if native_float else "none"
     if quantization == "none" and not config.draft_checkpoint:
         return None
     if quantization in ("int8", "int4") and device.type != "cpu":
