@@ -172,9 +172,7 @@ def test_without_native_kernels_the_int8_draft_is_torch_dynamic_quantization(mak
         make_engine(weights="int8")
 
 
-def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(
-    lib, make_engine, tiny_ckpt, monkeypatch
-):
+def test_draft_quantization_auto_is_the_int8_copy_or_a_named_draft_in_int4(lib, make_engine, tiny_ckpt, monkeypatch):
     with closing(make_engine(draft_quantization="auto")) as engine:
         assert engine.drafters["draft_model"].runner.weights == (DYNAMIC if kernels.has_vnni(lib) else "int8")
         req = engine.make_request(SamplingParams(), text="hi")
@@ -183,7 +181,11 @@ def test_draft_quantization_auto_is_the_int8_copy_where_the_native_forward_runs(
         assert "draft_model" not in engine.drafters  # an int8 target: its copy would be itself
         assert engine.make_request(SamplingParams(), text="hi").params.drafter == "ngram"
     with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
-        assert engine.drafters["draft_model"].runner.weights == "auto"  # the named draft, as it is
+        draft = engine.drafters["draft_model"].runner  # the named draft: int4 on VNNI, else as it is
+        assert draft.weights == ("int4" if kernels.has_vnni(lib) else "auto") and not draft.shares_cache
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
+        assert engine.drafters["draft_model"].runner.weights == "auto"
     monkeypatch.setattr(kernels, "load", lambda: None)
     with closing(make_engine(draft_quantization="auto")) as engine:
         assert "draft_model" not in engine.drafters  # the PyTorch forward: no int8 copy
