@@ -6,13 +6,13 @@ time into super-blocks; per output n and group g, codes q in [0, 15] and
     W[n, k] ~ s[n, g] * q[n, k] - m[n, g],   s = d[n, g // 8] * sc[n, g],   m = dmin[n, g // 8] * mn[n, g]
 (fp32 products) with d, dmin fp32 per output and super-block, sc, mn u8 per output and group: 4.75 bits per
 weight with the scales, 4.5 bits per weight in GGUF's Q4_K (6-bit sub-scales and fp16 super-scales, which this form
-holds exactly: gguf.py). Asymmetric (a minimum per group) because a group's weights are rarely centred on zero
-to within a level.
+holds exactly: gguf_checkpoint.py). Asymmetric (a minimum per group) because a group's weights are rarely
+centred on zero to within a level.
 
 quantize(): per group a step and minimum fitted to its weights (the range [min(w, 0), max(w, 0)] in 15 steps, then
 least-squares refits), the sub-scales rounded against the super-block's largest, then each code to the nearest
-level of the scales as rounded. Lossy against fp32 (each weight
-moves by up to about s / 2; docs/models.md has the agreement with fp32 on a real model), exact with itself: the
+level of the scales as rounded. Lossy against fp32 (a weight within its group's levels moves by up to s / 2, one
+past them to the nearest end; docs/models.md has the agreement with fp32 on a real model), exact with itself: the
 kernel sums codes times quantized activations in integers per group, then applies the scales in a fixed order, so
 a row's output is bitwise the same alone, batched or as a verify position (gemm_i4.c has the exact sequence,
 reference() reproduces it).
