@@ -12,9 +12,9 @@ What each block type becomes (packed.py chooses per product, under the `weights`
   the kernels have), int4 under `weights int4` (a second rounding to 4 bits).
 Norms, biases and the embedding are read as float32 (the embedding's rows exactly the file's values).
 
-Architectures read directly: those whose GGUF tensors are the transformers tensors renamed (qwen2, qwen3); llama's
-converter permutes q and k rows, so other architectures are loaded whole by transformers' own GGUF loader
-(de-quantized to the load dtype), as a folder of .bin files is.
+Architectures read directly: qwen2, whose GGUF tensors are the transformers tensors renamed (tested against
+transformers' reading of the file); llama's converter permutes q and k rows, so other architectures are loaded
+whole by transformers' own GGUF loader (de-quantized to the load dtype), as a folder of .bin files is.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .int4 import GROUP, SUPER, Int4Weight
 SUFFIX = ".gguf"
 STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (int16 activations)
 ROWS = 4096  # rows de-quantized at a time
-DIRECT = ("qwen2", "qwen3")  # general.architecture values whose tensors are read one at a time
+DIRECT = ("qwen2",)  # general.architecture values whose tensors are read one at a time
 
 
 def gguf_file(path: str | Path) -> Path | None:
