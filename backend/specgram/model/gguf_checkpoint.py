@@ -14,7 +14,8 @@ Norms, biases and the embedding are read as float32 (the embedding's rows exactl
 
 Architectures read directly: qwen2, whose GGUF tensors are the transformers tensors renamed (tested against
 transformers' reading of the file); llama's converter permutes q and k rows, so other architectures are loaded
-whole by transformers' own GGUF loader (de-quantized to the load dtype), as a folder of .bin files is.
+whole by transformers' own GGUF loader (de-quantized to the load dtype), as a folder of .bin files is, and under
+`weights auto` packed in int8 throughout (ModuleTensors.int4 finds no blocks to keep).
 """
 
 from __future__ import annotations
