@@ -50,7 +50,7 @@
 #include "scratch.h"
 #include "specgram.h"
 #include "team.h"
-#include "vec.h"
+#include "vnni.h"
 
 #define NB 32
 #define GK 32                           /* inputs per group */
@@ -76,13 +76,7 @@ int64_t specgram_i4_block_bytes(int64_t K) {
 }
 
 #if VW == 16
-typedef __m512i vi;
-VINLINE vi vi_zero(void) { return _mm512_setzero_si512(); }
-VINLINE vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
-VINLINE vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
 VINLINE vi vi_shl8(vi a) { return _mm512_slli_epi32(a, 8); }
-VINLINE vi vi_from_f(vf a) { return _mm512_cvtps_epi32(a); }       /* integral values: exact */
-VINLINE vf vi_to_f(vi a) { return _mm512_cvtepi32_ps(a); }         /* |a| < 2^24 here: exact */
 VINLINE int32_t vi_reduce_add(vi a) { return _mm512_reduce_add_epi32(a); }
 /* h = (v + 128) >> 8 (arithmetic) and l = v - 256 h, each VW int32 in [-128, 127], stored as VW int8. */
 VINLINE void vi_store_digits(int8_t *ph, int8_t *pl, vi v) {
@@ -96,13 +90,7 @@ VINLINE vf vf_load_u8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 #else
-typedef __m256i vi;
-VINLINE vi vi_zero(void) { return _mm256_setzero_si256(); }
-VINLINE vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
-VINLINE vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
 VINLINE vi vi_shl8(vi a) { return _mm256_slli_epi32(a, 8); }
-VINLINE vi vi_from_f(vf a) { return _mm256_cvtps_epi32(a); }
-VINLINE vf vi_to_f(vi a) { return _mm256_cvtepi32_ps(a); }
 VINLINE int32_t vi_reduce_add(vi a) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -163,21 +151,9 @@ void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K
         quantize_row(x + m * ldx, K, ldq, digits, s + m * digits * ldq, xs + m, gs + m * G);
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && VW != 16 && __GNUC__ < 11
-#define I4_BUILT 0                      /* no AVX-VNNI in this compiler (gemm_i8a8.c says the same) */
-#else
-#define I4_BUILT 1
-#endif
-
-#if I4_BUILT
-#pragma GCC push_options
+#if VNNI_BUILT
+VNNI_BEGIN
 #if VW == 16
-#pragma GCC target("avx512vnni")
-/* acc + the 4 products u8 (lanes of w) x s8 (lanes of a) per 32-bit lane (inline assembly: gemm_i8a8.c says why) */
-VINLINE vi vi_dpbusd(vi acc, vi w, vi a) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
-    return acc;
-}
 /* One 64-byte step of codes -> the 4 k of outputs 0-15 and 16-31. */
 VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     const vi low = _mm512_set1_epi8(0x0F);
@@ -186,8 +162,6 @@ VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 }
 #else
-#pragma GCC target("avxvnni")
-VINLINE vi vi_dpbusd(vi acc, vi w, vi a) { return _mm256_dpbusd_avx_epi32(acc, w, a); }
 VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     const vi low = _mm256_set1_epi8(0x0F);
     vi a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));
@@ -310,7 +284,7 @@ void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const u
 #pragma omp parallel num_threads(nthreads)
     specgram_team_i4(s, xs, gs, M, K, w, digits, N, bias, y, ldy, ranges, nthreads);
 }
-#pragma GCC pop_options
+VNNI_END
 #else
 void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int64_t N,
                       const float *bias, float *y, int64_t ldy, int nthreads) {

@@ -43,9 +43,9 @@
  * outputs x 4 k, or 4 ymm of 8, each one vpdpbusd per digit against the row's 4 u8 of that digit broadcast to every
  * 32-bit lane.
  *
- * The library is built for CPUs without VNNI too: only the functions that use it are compiled for it (the target
- * pragma below), and the caller must not call specgram_gemm_i8a8 where the CPU lacks it (kernels.has_vnni: AVX-512
- * build: avx512_vnni; AVX2 build: avx_vnni).
+ * The library is built for CPUs without VNNI too: only the functions that use it are compiled for it (between
+ * vnni.h's VNNI_BEGIN and VNNI_END), and the caller must not call specgram_gemm_i8a8 where the CPU lacks it
+ * (kernels.has_vnni: AVX-512 build: avx512_vnni; AVX2 build: avx_vnni).
  * Register tiling (MT rows x 32 outputs, MT <= MT_MAX(D)) and prefetching follow gemm.c; blocks are dealt to
  * threads as contiguous ranges (deal.h): at M = 1 .. 8 the whole product is a few microseconds per matrix, and
  * taking blocks two at a time from a shared counter (OpenMP's dynamic chunks) moved that counter's cache line
@@ -66,7 +66,7 @@
 #include "scratch.h"
 #include "specgram.h"
 #include "team.h"
-#include "vec.h"
+#include "vnni.h"
 
 #define NB 32
 #define NV (NB / VW)        /* int32 vectors per k4 step of a block: 2 (AVX-512) or 4 (AVX2) */
@@ -87,35 +87,23 @@
 
 #define ALWAYS_INLINE VINLINE
 
-/* VW int32 lanes: the accumulators, the quantized activations before packing, colsum. */
+/* More operations on VW int32 lanes (vnni.h): the quantized activations before packing, colsum. */
 #if VW == 16
-typedef __m512i vi;
-VINLINE vi vi_zero(void) { return _mm512_setzero_si512(); }
-VINLINE vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
 VINLINE vi vi_load(const void *p) { return _mm512_loadu_si512(p); }
 VINLINE vi vi_maskz_load(vmask k, const int32_t *p) { return _mm512_maskz_loadu_epi32(k, p); }
-VINLINE vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
 VINLINE vi vi_sub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
 VINLINE vi vi_and(vi a, vi b) { return _mm512_and_si512(a, b); }
 VINLINE vi vi_shl7(vi a) { return _mm512_slli_epi32(a, 7); }
 VINLINE vi vi_shr8(vi a) { return _mm512_srli_epi32(a, 8); }
-VINLINE vi vi_from_f(vf a) { return _mm512_cvtps_epi32(a); }      /* integral values: exact */
-VINLINE vf vi_to_f(vi a) { return _mm512_cvtepi32_ps(a); }        /* round to nearest even */
 /* VW int32 in [0, 255] -> VW bytes at p. */
 VINLINE void vi_store_u8(uint8_t *p, vi a) { _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(a)); }
 #else
-typedef __m256i vi;
-VINLINE vi vi_zero(void) { return _mm256_setzero_si256(); }
-VINLINE vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
 VINLINE vi vi_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 VINLINE vi vi_maskz_load(vmask k, const int32_t *p) { return _mm256_maskload_epi32(p, k); }
-VINLINE vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
 VINLINE vi vi_sub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
 VINLINE vi vi_and(vi a, vi b) { return _mm256_and_si256(a, b); }
 VINLINE vi vi_shl7(vi a) { return _mm256_slli_epi32(a, 7); }
 VINLINE vi vi_shr8(vi a) { return _mm256_srli_epi32(a, 8); }
-VINLINE vi vi_from_f(vf a) { return _mm256_cvtps_epi32(a); }
-VINLINE vf vi_to_f(vi a) { return _mm256_cvtepi32_ps(a); }
 VINLINE void vi_store_u8(uint8_t *p, vi a) {
     __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));   /* 8 x int16 */
     _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
@@ -162,35 +150,13 @@ void specgram_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K, i
 
 int64_t specgram_i8a8_ldq(int64_t K) { return (K + ROW_BYTES - 1) / ROW_BYTES * ROW_BYTES; }
 
-/* Everything below issues vpdpbusd: compiled for VNNI on top of the build's ISA, and reached only through
- * specgram_gemm_i8a8. A compiler that cannot target AVX-VNNI (gcc before 11) builds the AVX2 library without it:
- * specgram_i8a8_built() then says 0 and the callers keep the weight-only product. */
-#if VW != 16 && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 11
-#define I8A8_BUILT 0
-#else
-#define I8A8_BUILT 1
-#endif
+/* Everything below issues vpdpbusd: compiled for VNNI on top of the build's ISA (vnni.h), and reached only through
+ * specgram_gemm_i8a8. Where the compiler cannot target it, specgram_i8a8_built() says 0 and the callers keep the
+ * weight-only product. */
+int specgram_i8a8_built(void) { return VNNI_BUILT; }
 
-int specgram_i8a8_built(void) { return I8A8_BUILT; }
-
-#if I8A8_BUILT
-#pragma GCC push_options
-#if VW == 16
-#pragma GCC target("avx512vnni")
-/* acc + sum of the 4 products u8 (each 32-bit lane of u) x s8 (the same lane of w), per 32-bit lane; no saturation.
- * The instruction itself, in inline assembly: GCC 12 compiles the intrinsic in a tile's loop with two vector moves
- * around every vpdpbusd (the accumulator copied out and back), which held the product to ~half the VNNI peak
- * (int8 x int16, 37 rows, weights in cache: 261 -> 371 GMAC/s; the same instruction, the same results). */
-VINLINE vi vi_dpbusd(vi acc, vi u, vi w) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(w));
-    return acc;
-}
-#else
-#pragma GCC target("avxvnni")
-/* (the AVX2 build's loops compile without those moves, and fold the weight loads into the instruction) */
-VINLINE vi vi_dpbusd(vi acc, vi u, vi w) { return _mm256_dpbusd_avx_epi32(acc, u, w); }
-#endif
-
+#if VNNI_BUILT
+VNNI_BEGIN
 /* One row's D x 32 accumulators -> the block's outputs that exist, in the order of the header's y. */
 ALWAYS_INLINE void store_row(const int D, float *yrow, int64_t n0, int64_t N, const vi a[][NV], float xs,
                              const float *wscale, const int32_t *colsum, const float *bias) {
@@ -323,7 +289,7 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
 #pragma omp parallel num_threads(nthreads)
     specgram_team_i8a8(u, xs, M, K, w, wscale, colsum, digits, N, bias, y, ldy, ranges, nthreads);
 }
-#pragma GCC pop_options
+VNNI_END
 #else
 void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *w, const float *wscale,
                         const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
