@@ -40,3 +40,12 @@ def lib(request, monkeypatch):
         pytest.skip(f"the {request.param} kernels: {e}")
     monkeypatch.setattr(kernels, "load", lambda: chosen)
     return chosen
+
+
+@pytest.fixture
+def vnni(lib, monkeypatch):
+    """`lib` (one ISA's build) where this CPU has its VNNI (the int8 x int8 and int4 products); skipped elsewhere."""
+    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
+    if not kernels.has_vnni(lib):
+        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (the {lib.isa} build's VNNI products)")
+    return lib

@@ -38,3 +38,28 @@ def assert_batch_invariant(product, x: torch.Tensor) -> torch.Tensor:
     finally:
         torch.set_num_threads(threads)
     return full
+
+
+def outlier_rows(m: int, k: int, seed: int) -> torch.Tensor:
+    """[m, k] rows of very different magnitudes, row 3 all zeros, one row with a single large outlier: inputs for
+    products that quantize each row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[torch.randperm(m, generator=g)][:, None]
+    x[3] = 0
+    x[5, k // 2] = 1e3
+    return x
+
+
+def vnni_builds() -> list:
+    """Every ISA's kernel library that builds here and whose VNNI this CPU has."""
+    from specgram.model import kernels
+
+    libs = []
+    for isa in kernels.ISAS:
+        try:
+            lib = kernels.load_isa(isa)
+        except kernels.KernelsUnavailable:
+            continue
+        if kernels.has_vnni(lib):
+            libs.append(lib)
+    return libs

@@ -38,14 +38,6 @@ def mixed_file(tmp_path_factory):
     return save_gguf(tmp_path_factory.mktemp("gguf-mixed") / "tiny-mixed.gguf", seed=2, types=MIXED)
 
 
-@pytest.fixture
-def needs_vnni(lib, monkeypatch):
-    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
-    if not kernels.has_vnni(lib):
-        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (int4 products)")
-    return lib
-
-
 def engine(path, **kw) -> Engine:
     kw.setdefault("max_slots", 4)
     kw.setdefault("max_seq_len", 256)
@@ -88,10 +80,10 @@ def _kinds(runner) -> list[str]:
     return ["int4" if lin.weight_dtype == int4.DTYPE else str(lin.packed.dtype) for lin in runner.linear_layers()]
 
 
-def test_the_file_is_served_as_it_comes_with_its_tokenizer(needs_vnni, q4k_file):
+def test_the_file_is_served_as_it_comes_with_its_tokenizer(vnni, q4k_file):
     reference = transformers_model(q4k_file)
     with closing(engine(q4k_file)) as e:
-        assert e.target.weights == "gguf" and e.target.native.lib is needs_vnni
+        assert e.target.weights == "gguf" and e.target.native.lib is vnni
         assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)  # every product kept in its Q4_K blocks
         assert e.tokenizer("Hello there").input_ids == build_tokenizer()("Hello there").input_ids
         assert 2 in e.eos_ids and "<s>assistant: " in e.tokenizer.apply_chat_template(
@@ -103,7 +95,7 @@ def test_the_file_is_served_as_it_comes_with_its_tokenizer(needs_vnni, q4k_file)
     assert rel.max().item() < 1e-4 and agree == 1.0, rel  # measured: max 2.5e-6
 
 
-def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(needs_vnni, mixed_file):
+def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(vnni, mixed_file):
     reference = transformers_model(mixed_file)
     fp32 = ModelRunner(reference, 2, 96, choose_for(reference, linear="native"))
     with closing(engine(mixed_file)) as e:
@@ -121,14 +113,14 @@ def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(needs_vnni, mix
         assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)
 
 
-def test_a_folder_holding_the_file_is_the_same_checkpoint(needs_vnni, q4k_file):
+def test_a_folder_holding_the_file_is_the_same_checkpoint(vnni, q4k_file):
     with closing(engine(q4k_file)) as a, closing(engine(q4k_file.parent)) as b:
         assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=8)] == [
             tokens_of(o) for o in run(b, PROMPTS, max_tokens=8)
         ]
 
 
-def test_a_gguf_draft_model_is_served_in_its_own_forms(needs_vnni, q4k_file, mixed_file):
+def test_a_gguf_draft_model_is_served_in_its_own_forms(vnni, q4k_file, mixed_file):
     with closing(engine(q4k_file, draft_checkpoint=str(mixed_file))) as e:
         draft = e.drafters["draft_model"].runner
         assert draft.weights == "gguf" and _kinds(draft)[4:] == [

@@ -21,30 +21,12 @@ from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 
 from .helpers import PROMPTS, assert_rows_bitwise_independent, logits_against, run, tokens_of
-from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant
+from .kernel_cases import LINEAR_SHAPES, PREFILL_ROWS, assert_batch_invariant, outlier_rows, vnni_builds
 from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 ACTIVATIONS = ("int16", "int8")
-
-
-@pytest.fixture
-def vnni(lib, monkeypatch):
-    """`lib` (one ISA's build, see conftest.py) where this CPU has its VNNI; skipped elsewhere."""
-    monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
-    if not kernels.has_vnni(lib):
-        pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (the {lib.isa} build's int4 product)")
-    return lib
-
-
-def inputs(m: int, k: int, seed: int) -> torch.Tensor:
-    """[m, k] rows of very different magnitudes, row 3 all zeros, one row with a single large outlier."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[torch.randperm(m, generator=g)][:, None]
-    x[3] = 0
-    x[5, k // 2] = 1e3
-    return x
 
 
 def test_the_quantizer_keeps_codes_in_range_and_fits_each_group():
@@ -81,7 +63,7 @@ def test_the_product_is_bitwise_its_reference_and_batch_invariant(vnni, n, k, bi
     b = torch.randn(n) if bias else None
     lin = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
     assert lin.packed.dtype == torch.uint8 and lin.packed.numel() == int4.packed_bytes(n, k)
-    x = inputs(PREFILL_ROWS, k, seed=n)
+    x = outlier_rows(PREFILL_ROWS, k, seed=n)
     full = assert_batch_invariant(lin, x)
     assert torch.equal(full, int4.reference(x, int4.quantize(w), b, activations))
     assert not full[3].any() if b is None else torch.equal(full[3], b)  # a zero row: 0 (+ bias)
@@ -101,18 +83,11 @@ def test_the_product_is_close_to_the_float_product_of_its_own_weights(vnni):
 
 
 def test_the_two_isa_builds_give_the_same_bits():
-    libs = []
-    for isa in kernels.ISAS:
-        try:
-            lib = kernels.load_isa(isa)
-        except kernels.KernelsUnavailable:
-            continue
-        if kernels.has_vnni(lib):
-            libs.append(lib)
+    libs = vnni_builds()
     if len(libs) < 2:
         pytest.skip("needs both ISA builds with VNNI")
     torch.manual_seed(3)
-    w, b, x = torch.randn(300, 258) * 0.05, torch.randn(300), inputs(20, 258, seed=3)
+    w, b, x = torch.randn(300, 258) * 0.05, torch.randn(300), outlier_rows(20, 258, seed=3)
     for activations in ACTIVATIONS:
         a, c = (NativeLinear(w, b, int4.DTYPE, lib, activations=activations)(x) for lib in libs)
         assert torch.equal(a, c)  # integer sums and per-output fp32 steps only
