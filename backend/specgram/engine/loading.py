@@ -100,7 +100,7 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         native = forward.kind == "native"
         kv = torch.bfloat16 if forward.kv_dtype == "bfloat16" else (torch.float32 if native else dtype)
         emb = dtype
-        if native and TensorFiles.present(path) and gguf_file(path) is None:  # kept as stored (checkpoint.py)
+        if native and TensorFiles.present(path):  # kept as stored (checkpoint.py); a GGUF's: float32
             emb = kept_dtype(TensorFiles(path).dtype("model.embed_tokens.weight"))
         part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)

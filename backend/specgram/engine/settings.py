@@ -114,9 +114,8 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     target = choose(target_cfg, device, dtype, config.linear, config.weights, config.kv_cache_dtype, static)
     if config.weights != "auto":  # int8, int4 (choose() checked that the machine runs it)
         target = dataclasses.replace(target, weights=served_form(config.weights, target.lib))
-    elif target.kind == "native" and gguf_file(config.checkpoint) is not None:  # a GGUF file: its own forms
-        form = STORED if kernels.has_vnni(target.lib) else int8_form(target.lib)
-        target = dataclasses.replace(target, weights=form)
+    else:
+        target = _as_stored(target, config.checkpoint)
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
     drafter = config.drafter
     if drafter == "auto":
@@ -133,6 +132,14 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
         )
     reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.kind == "native")
     return Settings(device, dtype, target, draft, drafter, reuse)
+
+
+def _as_stored(forward: ForwardChoice, path: str) -> ForwardChoice:
+    """A GGUF checkpoint's native forward under weights auto: the file's own forms (STORED) where the CPU has VNNI,
+    else int8's form; any other forward or checkpoint as it is."""
+    if forward.kind != "native" or gguf_file(path) is None:
+        return forward
+    return dataclasses.replace(forward, weights=STORED if kernels.has_vnni(forward.lib) else int8_form(forward.lib))
 
 
 def _draft(
@@ -159,9 +166,8 @@ def _draft(
     forward = choose(cfg, device, base, config.linear, static_width=static)
     vocab = _draft_vocab(config, cfg, forward)
     if quantization == "none":
-        if source == "checkpoint" and forward.kind == "native" and gguf_file(config.draft_checkpoint) is not None:
-            weights = STORED if kernels.has_vnni(forward.lib) else int8_form(forward.lib)  # its own forms
-            forward = dataclasses.replace(forward, weights=weights)
+        if source == "checkpoint":
+            forward = _as_stored(forward, config.draft_checkpoint)
         return DraftChoice(source, base, "none", forward, False, vocab)
     if forward.kind != "native":  # PyTorch's dynamic-quantized copy, which the torch forward runs
         if quantization == "int4":

@@ -79,8 +79,8 @@ def _quant_type(name: str):
 
 
 class GGUFTensors:
-    """A GGUF file's tensors under transformers' names, read on demand (TensorFiles' interface: names, shapes,
-    get, dtype; every tensor reads as float32), and int4() for those whose blocks int4.py holds exactly."""
+    """A GGUF file's tensors under transformers' names, read on demand (what ModuleTensors reads of a TensorFiles:
+    names, shapes, get; every tensor reads as float32), and int4() for those whose blocks int4.py holds exactly."""
 
     def __init__(self, file: Path, layers: int):
         import gguf
@@ -100,7 +100,6 @@ class GGUFTensors:
             raise ModelLoadError(f"GGUF architecture {self.arch!r} is not read directly")
         arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.arch]
         self.names = gguf.get_tensor_name_map(arch, layers)
-        self.files = {}  # unused (TensorFiles' per-tensor file); kept for the interface
         self.meta: dict[str, tuple[tuple[int, ...], str]] = {}
 
     def gguf_name(self, name: str) -> str | None:
@@ -139,9 +138,6 @@ class GGUFTensors:
         for i in range(0, rows.shape[0], ROWS):  # in pieces: the package's temporaries stay small
             rows[i : i + ROWS] = torch.from_numpy(dequantize(data[i : i + ROWS], t.tensor_type).astype(np.float32))
         return out
-
-    def dtype(self, name: str) -> torch.dtype | None:
-        return torch.float32 if name in self.meta else None
 
     def int4(self, name: str) -> Int4Weight | None:
         """The weight's Q4_K blocks in int4.py's form, exactly (None: stored as another type)."""
