@@ -1,13 +1,14 @@
-"""The compare scenario's llama.cpp peer: llama-cpp-python on GGUF copies of the same checkpoint; runs inside
+"""The compare scenario's llama.cpp peer: llama-cpp-python on GGUF files of the same model; runs inside
 build/peers/llamacpp (scripts/compare/setup_llamacpp.sh), never in the project venv, standalone. Reads a job JSON,
 writes run records (scripts/benchlib/run.py) as JSON, as scripts/compare/vllm_worker.py does:
 
     build/peers/llamacpp/bin/python scripts/compare/llamacpp_worker.py job.json out.json
 
-job: {gguf: {type: path}, max_tokens, threads, lookup: [0 | k], guided: [false, true], eos: [..],
+job: {gguf: {label: path}, max_tokens, threads, lookup: [0 | k], guided: [false, true], eos: [..],
       cases: [{name, guide, prompt_ids}]}
-One Llama per (type, lookup) setting. llama-cpp-python decodes one sequence at a time (no batching of requests),
-so every run is concurrency 1: the cases one after another. Each request feeds the prompt's token ids to
+One Llama per (GGUF, lookup) setting; a GGUF's rows are system "llama.cpp <label>" (its type: F32, Q8_0, Q4_K_M).
+llama-cpp-python decodes one sequence at a time (no batching of requests), so every run is concurrency 1: the
+cases one after another. Each request feeds the prompt's token ids to
 Llama.generate (greedy: temperature 0, top_k 1) and stops at EOS or max_tokens; the KV cache is reset before each
 one, so no request reuses an earlier one's prompt prefix (as in our runs and vLLM's). lookup k: llama-cpp-python's
 prompt-lookup drafter (LlamaPromptLookupDecoding, k tokens per draft); drafted / accepted are counted here from
@@ -91,7 +92,7 @@ def run(llm, cases, grammars, lookup, k, guided, max_tokens, eos, gtype) -> dict
     ]
     wall = time.perf_counter() - t_start
     return dict(
-        system=f"llama.cpp {gtype.upper()}",
+        system=f"llama.cpp {gtype}",
         config=f"prompt lookup k{k}" if k else "target only",
         guided=guided,
         drafter="prompt lookup" if k else None,

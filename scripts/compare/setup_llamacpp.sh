@@ -3,7 +3,8 @@
 # the checkpoint our engine serves, for the compare scenario (python scripts/bench.py compare, which runs this).
 #   bash scripts/compare/setup_llamacpp.sh [CHECKPOINT] [TYPE ...]
 #     -> build/peers/llamacpp/bin/python and build/peers/llamacpp/models/<checkpoint name>-<type>.gguf
-#        (CHECKPOINT default models/SmolLM2-135M-Instruct; TYPE: convert_hf_to_gguf.py's --outtype, default f32 q8_0)
+#        (CHECKPOINT default models/SmolLM2-135M-Instruct; TYPE: convert_hf_to_gguf.py's --outtype, default f32 q8_0;
+#        the one TYPE none converts nothing: the install alone, for GGUF files given to compare as they are)
 # Idempotent: an installed llama-cpp-python of the pinned version and build flags, and existing GGUF files, are
 # kept (GGUFs by checkpoint folder name and type: delete them after changing the checkpoint in place). The first run
 # compiles llama.cpp (PyPI has only the source dist): several minutes on 2 cores.
@@ -17,6 +18,7 @@ LLAMA_CPP_VERSION="0.3.36"
 CKPT="$(cd "${1:-$REPO/models/SmolLM2-135M-Instruct}" && pwd)"
 shift || true
 if [ $# -gt 0 ]; then TYPES=("$@"); else TYPES=(f32 q8_0); fi
+if [ "${TYPES[*]}" == "none" ]; then TYPES=(); fi
 SDIST="$VENV/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
 CONVERTER="$VENV/src/llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp"
 
@@ -55,7 +57,7 @@ fi
 
 NAME="$(basename "$CKPT")"
 mkdir -p "$VENV/models"
-for t in "${TYPES[@]}"; do
+for t in "${TYPES[@]+"${TYPES[@]}"}"; do
   out="$VENV/models/$NAME-$t.gguf"
   if [ -s "$out" ]; then echo "$out ready"; continue; fi
   if [ ! -f "$CONVERTER/convert_hf_to_gguf.py" ]; then

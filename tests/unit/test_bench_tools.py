@@ -17,7 +17,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import bench  # noqa: E402
 from benchlib import report, run, workload  # noqa: E402
 from benchlib.scenarios import (  # noqa: E402
+    compare,
     compare_report,
+    compare_workers,
     draft_length,
     genai_perf,
     gpu,
@@ -190,6 +192,170 @@ def test_compare_summaries_and_ratios():
     assert any("spec ÷ no-spec, guided, c=1" in line and "2.00×" in line for line in lines)
     table = compare_report.table(rows)
     assert len(table) == 4 and "| S | ngram k4 | json_schema | 1 | 5.0 | 2.00× |" in table[3]
+
+
+def typed_gguf(path: Path, file_type: str) -> Path:
+    """A GGUF file whose general.file_type is gguf.LlamaFileType[file_type] (one small F32 tensor)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_file_type(gguf.LlamaFileType[file_type])
+    w.add_tensor("x", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_type_names_the_file_type_as_llama_cpp_does_else_the_stem(tmp_path):
+    pytest.importorskip("gguf")
+    from .tiny_gguf import save_gguf
+
+    assert compare_workers.gguf_type(typed_gguf(tmp_path / "a.gguf", "MOSTLY_Q4_K_M")) == "Q4_K_M"
+    assert compare_workers.gguf_type(typed_gguf(tmp_path / "b.gguf", "ALL_F32")) == "F32"
+    assert compare_workers.gguf_type(save_gguf(tmp_path / "m-q5_0.gguf")) == "m-q5_0"  # no file_type in it
+    (tmp_path / "junk.gguf").write_text("not gguf")
+    assert compare_workers.gguf_type(tmp_path / "junk.gguf") == "junk"
+
+
+def test_llamacpp_entries_use_gguf_files_as_they_are_and_convert_the_types(tmp_path):
+    pytest.importorskip("gguf")
+    q4 = typed_gguf(tmp_path / "x-q4_k_m.gguf", "MOSTLY_Q4_K_M")
+    q8 = typed_gguf(tmp_path / "x-q8_0.gguf", "MOSTLY_Q8_0")
+    ggufs, convert = compare_workers.llamacpp_ggufs([str(q4), "q8_0", str(q8), "f32"], str(tmp_path / "X"))
+    assert convert == ["q8_0", "f32"]
+    assert ggufs == {
+        "Q4_K_M": str(q4),
+        "Q8_0": str(compare_workers.gguf_path(str(tmp_path / "X"), "q8_0")),
+        "Q8_0 (x-q8_0.gguf)": str(q8),  # the same type twice: the file's name tells them apart
+        "F32": str(compare_workers.gguf_path(str(tmp_path / "X"), "f32")),
+    }
+    with pytest.raises(SystemExit):
+        compare_workers.llamacpp_ggufs([str(tmp_path / "missing.gguf")], "X")
+
+
+@pytest.mark.parametrize(
+    "gtype, bits",
+    [
+        ("F32", 32),
+        ("F16", 16),
+        ("BF16", 16),
+        ("Q8_0", 8),
+        ("Q6_K", 6),
+        ("Q5_K_M", 5),
+        ("Q4_K_M", 4),
+        ("Q4_1", 4),
+        ("IQ4_XS", 4),
+        ("Q8_0 (x-q8_0.gguf)", 8),
+        ("SmolLM2-135M-Instruct.Q4_1", 4),  # a file's stem, where the file names no type
+        ("qwen2.5-coder-1.5b-instruct-q4_k_m", 4),
+        ("mystery", None),
+    ],
+)
+def test_type_bits(gtype, bits):
+    assert compare_report.type_bits(gtype) == bits
+
+
+def test_server_specs_parse_resolve_paths_and_infer_bits(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    typed_gguf(tmp_path / "models" / "t-q4_k_m.gguf", "MOSTLY_Q4_K_M")
+    typed_gguf(tmp_path / "models" / "t-q8_0.gguf", "MOSTLY_Q8_0")
+    model = str(tmp_path / "M")
+    assert compare.parse_server("fp32={}", model) == ("fp32", {"checkpoint": model}, 32)
+    assert compare.parse_server("fp32=", model)[1:] == ({"checkpoint": model}, 32)
+    assert compare.parse_server('int8={"weights": "int8"}', model)[2] == 8
+    label, settings, bits = compare.parse_server(
+        'q4 pair={"checkpoint": "models/t-q4_k_m.gguf", "draft_checkpoint": "models/t-q8_0.gguf"}', model
+    )
+    assert (label, bits) == ("q4 pair", 4)  # the checkpoint's type's bits, not the draft's
+    assert settings == {
+        "checkpoint": str(tmp_path / "models" / "t-q4_k_m.gguf"),
+        "draft_checkpoint": str(tmp_path / "models" / "t-q8_0.gguf"),
+    }
+    assert compare.parse_server('q8={"checkpoint": "models/t-q8_0.gguf"}', model)[2] == 8
+    assert compare.parse_server('int4={"checkpoint": "models/t-q8_0.gguf", "weights": "int4"}', model)[2] == 4
+    assert compare.parse_server('bf={"dtype": "bfloat16"}', model)[2] == 16
+    assert compare.parse_server('x={"bits": 6, "weights": "int8"}', model) == (
+        "x",
+        {"checkpoint": model, "weights": "int8"},
+        6,
+    )
+    for bad in ("fp32", "={}", "x=[1]", "x={nope", 'x={"checkpoint": "models/none.gguf"}'):
+        with pytest.raises(SystemExit):
+            compare.parse_server(bad, model)
+    args = bench.parse(["compare", "--server", "a={}", "--server", 'a={"weights": "int8"}'])
+    assert args.server == ["a={}", 'a={"weights": "int8"}']
+    with pytest.raises(SystemExit):
+        compare.servers(args)  # the same label twice
+
+
+def row(system, config, guided, tok_s, bits=None, c=1):
+    return dict(system=system, config=config, guided=guided, concurrency=c, tok_s=tok_s, bits=bits)
+
+
+def test_headline_sets_the_servers_against_llama_cpp_at_matching_bits():
+    S = compare_report.SERVER
+    rows = []
+    for g in (False, True):
+        rows += [
+            row(f"{S}fp32)", "target only", g, 10.0, 32),
+            row(f"{S}fp32)", "served default", g, 20.0, 32),
+            row(f"{S}int4)", "target only", g, 40.0, 4),
+            row(f"{S}int4)", "served default", g, 50.0, 4),
+            row(f"{S}int4 pair)", "target only", g, 41.0, 4),
+            row(f"{S}int4 pair)", "served default", g, 80.0, 4),
+            row(f"{S}int4)", "target only", g, 99.0, 4, c=8),  # not c=1: in no ratio
+            row("llama.cpp F32", "target only", g, 8.0),
+            row("llama.cpp F32", "prompt lookup k4", g, 16.0),
+            row("llama.cpp Q4_K_M", "target only", g, 20.0),
+            row("llama.cpp Q4_K_M", "prompt lookup k4", g, 25.0),
+            row("llama.cpp Q8_0", "target only", g, 15.0),
+        ]
+    rows = [dict(r, bits=r["bits"] or compare_report.run_bits(r)) for r in rows]
+    lines = compare_report.headline(rows, [1, 8])
+    by = {line.split(" | ")[0].lstrip("| "): line for line in lines}
+    assert all("Triton ÷ in-process" not in line and "spec ÷ no-spec" not in line for line in lines)  # none ran
+    for g in ("unguided", "guided"):
+        assert by[f"ours 32-bit ÷ llama.cpp F32, target only, {g}, c=1"].split(" | ")[1:] == [
+            "1.25×",
+            f"{S}fp32) · target only (10.0) ÷ llama.cpp F32 · target only (8.0) |",
+        ]
+        assert "1.25×" in by[f"ours 32-bit ÷ llama.cpp F32, best of each, {g}, c=1"]  # 20 ÷ 16
+        # target only: the fastest target-only row of the 4-bit servers (int4 pair's 41), not c=8's 99
+        assert (
+            f"2.05× | {S}int4 pair) · target only (41.0) ÷ llama.cpp Q4_K_M · target only (20.0)"
+            in by[f"ours 4-bit ÷ llama.cpp Q4_K_M, target only, {g}, c=1"]
+        )
+        assert (
+            f"3.20× | {S}int4 pair) · served default (80.0) ÷ llama.cpp Q4_K_M · prompt lookup k4"
+            in by[f"ours 4-bit ÷ llama.cpp Q4_K_M, best of each, {g}, c=1"]
+        )
+        assert "not measured" in by[f"ours 8-bit ÷ llama.cpp Q8_0, target only, {g}, c=1"]  # no 8-bit server
+        assert "3.20×" in by[f"ours best ÷ llama.cpp best, any bits, {g}, c=1"]  # 80 ÷ 25
+    assert list(by).index("ours 32-bit ÷ llama.cpp F32, target only, unguided, c=1") < list(by).index(
+        "ours 4-bit ÷ llama.cpp Q4_K_M, target only, unguided, c=1"
+    )  # the widest types first
+    assert compare_report.servers_note(rows)[0].startswith(f"Our servers (--server): {S}fp32) (32-bit weights)")
+    assert compare_report.matching_bits([r for r in rows if r["system"].startswith("llama")]) == []
+
+
+def test_same_ids_reference_ours_in_process_or_the_server_itself():
+    S = compare_report.SERVER
+    runs = [
+        row("ours in-process", "target only", False, 1.0),
+        row("llama.cpp F32", "target only", False, 1.0),
+        row(f"{S}a)", "target only", False, 1.0),
+        row(f"{S}a)", "served default", False, 1.0),
+        row(f"{S}b)", "served default", False, 1.0),
+        row(f"{S}a)", "served default", True, 1.0),
+    ]
+    refs = compare_report.references(runs)
+    assert refs[:4] == [runs[0], runs[0], runs[2], runs[2]]
+    assert refs[4:] == [None, None]  # b has no target only; a has none guided
 
 
 def test_tree_ceiling_counts_hits_at_the_failing_position_only():

@@ -1,7 +1,13 @@
-"""The compare scenario's report: run records -> summary rows, headline ratios, the table and the PNG plots."""
+"""The compare scenario's report: run records -> summary rows, headline ratios, the table and the PNG plots.
+
+Weight bits, for setting ours against llama.cpp at matching bits: a --server's rows carry its bits (compare.py);
+a llama.cpp row's come from its GGUF type (type_bits: F32 32, F16 and BF16 16, Q8_0 8, Qn_* n, so Q4_K_M counts
+as 4 although llama.cpp keeps a few of its tensors in Q6_K).
+"""
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -24,6 +30,8 @@ ABSENT = [  # the report's "Rows that do not exist, and why"
     "llama.cpp's Q8_0 (the row to set it against); its ids differ from the float32 target's by design.",
 ]
 
+SERVER = "ours via Triton ("  # a --server's rows: system "ours via Triton (LABEL)"
+LLAMACPP = "llama.cpp "  # llama.cpp's rows: system "llama.cpp <GGUF type>"
 LOSSY = ("int8 target only",)  # ours with an int8 target: output differs from the float32 target's by design
 
 
@@ -33,8 +41,47 @@ def lossy_peer(system: str) -> bool:
     return system.startswith("llama.cpp ") and system != "llama.cpp F32"
 
 
+def server_label(system: str) -> str | None:
+    """LABEL of a --server's system name "ours via Triton (LABEL)"; None for any other system."""
+    return system[len(SERVER) : -1] if system.startswith(SERVER) and system.endswith(")") else None
+
+
+def type_bits(gtype: str) -> int | None:
+    """Weight bits of a llama.cpp GGUF type (as llama.cpp names it, or a file name holding it): F32 32, F16 and BF16
+    16, Qn_* / IQn_* / TQn_* and MXFP4 / NVFP4 n (Q8_0 8, Q6_K 6, Q5_K_M 5, Q4_K_M and Q4_1 4: a mixed type counts
+    as its main type, though llama.cpp keeps a few tensors of Q4_K_M in Q6_K); None when it names none of these."""
+    t = gtype.upper()
+    if m := re.search(r"(?<![A-Z0-9])(B?F)(16|32)(?![0-9])", t):
+        return int(m.group(2))
+    m = re.search(r"(?<![A-Z0-9])(?:[IT]?Q|MXFP|NVFP)(\d)(?:_|$)", t)
+    return int(m.group(1)) if m else None
+
+
+def run_bits(run: dict) -> int | None:
+    """A run's weight bits: the --server's (its record's "bits"), a llama.cpp row's GGUF type's, else None."""
+    if run.get("bits") is not None:
+        return run["bits"]
+    return type_bits(run["system"][len(LLAMACPP) :]) if run["system"].startswith(LLAMACPP) else None
+
+
+def references(runs: list[dict]) -> list[dict | None]:
+    """Each run's reference for the same-ids column: ours in-process, target only; a --server's runs, that
+    server's own target only (greedy speculation must give its ids); same guide and concurrency."""
+
+    def key(r: dict) -> tuple:
+        return (r["system"] if server_label(r["system"]) else "", r["guided"], r["concurrency"])
+
+    refs = {
+        key(r): r
+        for r in runs
+        if r["config"] == "target only" and (r["system"] == "ours in-process" or server_label(r["system"]))
+    }
+    return [refs.get(key(r)) for r in runs]
+
+
 def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
-    """One row of the table. reference = ours in-process, target only, same guide and concurrency (same ids?)."""
+    """One row of the table. reference = the run whose ids it is compared with (same ids?): ours in-process,
+    target only, or a --server's own target only; same guide and concurrency."""
     reqs = run["requests"]
     tokens = sum(len(r["ids"]) for r in reqs)
     itl = [1000 * (r["latency_s"] - r["ttft_s"]) / (len(r["ids"]) - 1) for r in reqs if len(r["ids"]) > 1]
@@ -62,6 +109,7 @@ def summarize(run: dict, cases: list[dict], reference: dict | None) -> dict:
         valid=sum(is_valid(r["text"], cases[r["case"]]["schema"]) for r in reqs),
         n=len(reqs),
         same_ids=same,
+        bits=run_bits(run),
     )
 
 
@@ -74,6 +122,24 @@ def add_ratios(rows: list[dict]) -> None:
         of = r["config"] if r["config"] in LOSSY else "target only"
         b = base.get((r["system"], of, r["guided"], r["concurrency"]))
         r["ratio"] = r["tok_s"] / b if b else None
+
+
+def servers_note(rows: list[dict]) -> list[str]:
+    """The report's words on the --servers, when any ran: their bits, their configs, and how bits match."""
+    servers = {r["system"]: r["bits"] for r in rows if server_label(r["system"])}
+    if not servers:
+        return []
+    return [
+        "Our servers (--server): "
+        + ", ".join(f"{s} ({b}-bit weights)" for s, b in servers.items())
+        + ". Each runs target only (num_draft_tokens 0) and served default (no num_draft_tokens or drafter "
+        "inputs: the server's own defaults, speculation included); its rows' same ids are against its own target "
+        'only, as greedy speculation must not change the output. Bits: a server\'s "bits" setting, else weights '
+        "int8 8, int4 4, a .gguf checkpoint its file type's, else 32; llama.cpp's by GGUF type: F32 32, F16 and "
+        "BF16 16, Q8_0 8, Qn_* n (Q4_K_M counts as 4, though llama.cpp keeps a few of its tensors in Q6_K). The "
+        "ratios at matching bits are at concurrency 1 (llama.cpp's only).",
+        "",
+    ]
 
 
 def find(rows, system, config, guided, c):
@@ -98,7 +164,8 @@ def best(rows, system, guided, c, lossy: bool = False):
 
 
 def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
-    """The headline ratios, each with the two rows it divides."""
+    """The headline ratios, each with the two rows it divides. A system that did not run in this run (no rows)
+    has no lines; the --servers' rows are set against llama.cpp's at matching bits (matching_bits)."""
     out = []
 
     def ratio(label, a, b):
@@ -112,6 +179,7 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
 
     lo, hi = min(concurrency), max(concurrency)
     T, P = "ours via Triton", "ours in-process"
+    ran = {r["system"] for r in rows}
 
     def plain(system, g, c):  # the target alone, no drafter
         return find(rows, system, "target only", g, c)
@@ -119,24 +187,21 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
     def best_of(system, g, c):
         return best(rows, system, g, c)
 
-    def guide(g):
-        return "guided" if g else "unguided"
-
     drafted = [r for r in rows if r["config"] not in ("target only", *LOSSY)]
     levels = sorted({lo, hi})
-    for c in levels:
+    for c in levels if T in ran else ():
         for g in (False, True):
             ratio(f"spec ÷ no-spec, {guide(g)}, c={c} (Triton, best drafter)", best(drafted, T, g, c), plain(T, g, c))
-    for c in levels:
+    for c in levels if T in ran else ():
         ratio(f"constrained ÷ unconstrained, target only, c={c} (Triton)", plain(T, True, c), plain(T, False, c))
-    for c in levels:
+    for c in levels if ran & {T, P} else ():
         for g in (False, True):
             ratio(f"Triton ÷ in-process, target only, {guide(g)}, c={c}", plain(T, g, c), plain(P, g, c))
-    for g in (False, True) if hi != lo else ():
+    for g in (False, True) if hi != lo and T in ran else ():
         ratio(f"concurrency {hi} ÷ {lo}, target only, {guide(g)} (Triton)", plain(T, g, hi), plain(T, g, lo))
-    peers = sorted({r["system"] for r in rows if r["system"] not in (T, P)})
+    peers = sorted({r["system"] for r in rows if r["system"] not in (T, P) and not server_label(r["system"])})
     for ours, how in ((P, "in-process"), (T, "Triton")):  # the peers run in process (HF; vLLM's LLM class)
-        for peer in peers:
+        for peer in peers if ours in ran else ():
             lossy = lossy_peer(peer)  # set against ours with an int8 target: the target-only rows are both int8
             mine = "ours int8" if lossy else "ours"
             for c in (c for c in levels if any(r["system"] == peer and r["concurrency"] == c for r in rows)):
@@ -146,6 +211,54 @@ def headline(rows: list[dict], concurrency: list[int]) -> list[str]:
                         ("best of each", best(rows, ours, g, c, lossy), best_of),
                     ):
                         ratio(f"{mine} ({how}) ÷ {peer}, {what}, {guide(g)}, c={c}", a, b(peer, g, c))
+    for label, a, b in matching_bits(rows):
+        ratio(label, a, b)
+    return out
+
+
+def guide(g: bool) -> str:
+    return "guided" if g else "unguided"
+
+
+def fastest(rows: list[dict]) -> dict | None:
+    return max(rows, key=lambda r: r["tok_s"]) if rows else None
+
+
+def matching_bits(rows: list[dict], c: int = 1) -> list[tuple[str, dict | None, dict | None]]:
+    """The --servers (system "ours via Triton (LABEL)") against llama.cpp at concurrency c (llama.cpp runs 1 only),
+    guided and unguided apart -> (label, ours, llama.cpp's) pairs of rows to divide, where both ran: per llama.cpp
+    type, ours target only (the fastest target-only row of the servers with that type's bits) ÷ its target only,
+    and ours best (the fastest row of those servers) ÷ its best (its fastest row at that type); then the fastest
+    row of all servers ÷ llama.cpp's fastest of all types."""
+    ours = [r for r in rows if server_label(r["system"]) and r["concurrency"] == c]
+    theirs = [r for r in rows if r["system"].startswith(LLAMACPP) and r["concurrency"] == c]
+    if not ours or not theirs:
+        return []
+    out = []
+    types = sorted({r["system"] for r in theirs}, key=lambda s: (-(type_bits(s[len(LLAMACPP) :]) or 0), s))
+    for peer in types:
+        if (bits := type_bits(peer[len(LLAMACPP) :])) is None:  # a type of no known bits: in "any bits" only
+            continue
+        mine = [r for r in ours if r["bits"] == bits]
+        for g in (False, True):
+            at = [r for r in mine if r["guided"] == g]
+            its = [r for r in theirs if r["system"] == peer and r["guided"] == g]
+            out += [
+                (
+                    f"ours {bits}-bit ÷ {peer}, target only, {guide(g)}, c={c}",
+                    fastest([r for r in at if r["config"] == "target only"]),
+                    fastest([r for r in its if r["config"] == "target only"]),
+                ),
+                (f"ours {bits}-bit ÷ {peer}, best of each, {guide(g)}, c={c}", fastest(at), fastest(its)),
+            ]
+    for g in (False, True):
+        out.append(
+            (
+                f"ours best ÷ llama.cpp best, any bits, {guide(g)}, c={c}",
+                fastest([r for r in ours if r["guided"] == g]),
+                fastest([r for r in theirs if r["guided"] == g]),
+            )
+        )
     return out
 
 
@@ -195,6 +308,7 @@ _COLOR = {
     "grammar-forced k4": "tab:purple",
     "int8 target only": "tab:cyan",
     "prompt lookup k4": "tab:orange",
+    "served default": "tab:brown",
 }
 _STYLE = {
     "ours in-process": ":",
@@ -205,6 +319,9 @@ _STYLE = {
     "llama.cpp F32": (0, (1, 2)),
     "llama.cpp Q8_0": (0, (3, 2)),
 }
+# systems not named above (the --servers' "ours via Triton (LABEL)", other GGUF types): these in turn
+_MORE_STYLES = ["-", "--", "-.", ":", (0, (5, 2)), (0, (1, 1)), (0, (3, 1, 1, 1))]
+_MORE_MARKS = ["s", "d", "p", "h", "*", "<", ">", "8"]
 _MARK = {
     "ours in-process": "o",
     "ours via Triton": "s",
@@ -226,6 +343,9 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
 
     out_dir.mkdir(parents=True, exist_ok=True)  # --out's folder may not exist yet (report.write makes it later)
     files = []
+    others = sorted({r["system"] for r in rows} - set(_STYLE))
+    style = {**_STYLE, **{s: _MORE_STYLES[i % len(_MORE_STYLES)] for i, s in enumerate(others)}}
+    mark = {**_MARK, **{s: _MORE_MARKS[i % len(_MORE_MARKS)] for i, s in enumerate(others)}}
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
     for ax, guided in zip(axes, (False, True), strict=True):
         series = sorted({(r["system"], r["config"]) for r in rows if r["guided"] == guided})
@@ -238,8 +358,8 @@ def plots(rows: list[dict], out_dir: Path) -> list[str]:
             ax.plot(
                 [p[0] for p in pts],
                 [p[1] for p in pts],
-                linestyle=_STYLE.get(system, "-"),
-                marker=_MARK.get(system, "o"),
+                linestyle=style[system],
+                marker=mark[system],
                 color=_COLOR.get(config, "black"),
                 label=f"{system} · {config}",
             )

@@ -78,16 +78,52 @@ def gguf_path(model: str, gtype: str) -> Path:
     return PEERS / "llamacpp" / "models" / f"{Path(model).resolve().name}-{gtype}.gguf"
 
 
+def gguf_type(path: str | Path) -> str:
+    """llama.cpp's name of a GGUF file's type, from its general.file_type (MOSTLY_Q4_K_M -> Q4_K_M, ALL_F32 -> F32);
+    the file's stem where it names none (or the file cannot be read as GGUF)."""
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+        name = gguf.LlamaFileType(int(field.contents())).name if field is not None else ""
+    except Exception:  # noqa: BLE001 - not GGUF, an unknown file type, ...: the stem says what it is
+        name = ""
+    return name.partition("_")[2] if name.startswith(("MOSTLY_", "ALL_")) else Path(path).stem
+
+
+def llamacpp_ggufs(entries: list[str], model: str) -> tuple[dict[str, str], list[str]]:
+    """--llamacpp-types -> ({row label: GGUF path}, the types to convert from model). An entry naming an existing
+    .gguf file is used as it is, labelled by its type (gguf_type; "Q4_K_M (file name)" where two would share a
+    label); any other is a convert_hf_to_gguf.py --outtype (f32, q8_0, ...), labelled in upper case."""
+    ggufs: dict[str, str] = {}
+    convert: list[str] = []
+    for entry in entries:
+        path = Path(entry)
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise SystemExit(f"--llamacpp-types: {entry} is not a file")
+            label = gguf_type(path)
+        else:
+            convert.append(entry)
+            label, path = entry.upper(), gguf_path(model, entry)
+        if label in ggufs:
+            label = f"{label} ({path.name})"
+        ggufs[label] = str(path.resolve())
+    return ggufs, convert
+
+
 def run_llamacpp(args, cases, eos: set[int]) -> dict:
-    """llama.cpp F32 and Q8_0 (--llamacpp-types) GGUFs converted from args.model: target only and prompt lookup
-    k=4, unguided and with llama.cpp's JSON-schema grammar, at concurrency 1 only (llama-cpp-python runs one
-    sequence at a time)."""
+    """llama.cpp on each of --llamacpp-types: GGUF files given as they are, and types (F32, Q8_0, ...) converted
+    from args.model by setup_llamacpp.sh (which also installs llama.cpp, so it runs even when every entry is a
+    file): target only and prompt lookup k=4, unguided and with llama.cpp's JSON-schema grammar, at concurrency 1
+    only (llama-cpp-python runs one sequence at a time)."""
     import torch
 
     model = str(Path(args.model).resolve())
-    subprocess.run(["bash", str(COMPARE / "setup_llamacpp.sh"), model, *args.llamacpp_types], check=True)
+    ggufs, convert = llamacpp_ggufs(args.llamacpp_types, model)
+    subprocess.run(["bash", str(COMPARE / "setup_llamacpp.sh"), model, *(convert or ["none"])], check=True)
     job = dict(
-        gguf={t: str(gguf_path(model, t)) for t in args.llamacpp_types},
+        gguf=ggufs,
         max_tokens=args.max_tokens,
         threads=torch.get_num_threads(),  # as many threads as our engine's torch uses
         lookup=[0, 4],
