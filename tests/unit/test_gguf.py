@@ -16,6 +16,7 @@ from specgram.engine.engine import Engine
 from specgram.model import int4, kernels
 from specgram.model.choice import choose_for
 from specgram.model.gguf_checkpoint import GGUFTensors, gguf_file
+from specgram.model.kernels import abi
 from specgram.model.runner import ModelRunner
 
 from .helpers import PROMPTS, logits_against, run, tokens_of
@@ -111,6 +112,23 @@ def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(vnni, mixed_fil
     assert 1e-4 < rel.median().item() < 0.03 and agree >= 0.9, (rel, agree)
     with closing(engine(mixed_file, weights="int4")) as e:
         assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)
+
+
+def test_without_vnni_the_file_is_served_in_its_forms_too(lib, mixed_file, monkeypatch):
+    with closing(engine(mixed_file)) as e:  # the CPU's VNNI where it has it
+        vnni_ids = [tokens_of(o) for o in run(e, PROMPTS, max_tokens=16)]
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    with closing(engine(mixed_file)) as e:
+        assert e.target.weights == "gguf"
+        lins = e.target.linear_layers()
+        # Q4_K blocks on gemm_i4.c's loops without VNNI; the other types int8 with float32 activations
+        assert [lin.descriptor().kind for lin in lins if lin.weight_dtype == int4.DTYPE] == [abi.LIN_I4_MADD] * 6
+        assert {lin.activations for lin in lins if lin.weight_dtype == torch.int8} == {"float32"}
+        alone = [tokens_of(run(e, [p], max_tokens=16)[0]) for p in PROMPTS]
+        spec = [tokens_of(o) for o in run(e, PROMPTS, max_tokens=16, num_draft_tokens=3)]
+    assert spec == alone
+    # the int8 products' activations differ (float32 here, int16 on VNNI): the same text on these prompts
+    assert sum(a == b for a, b in zip(alone, vnni_ids, strict=True)) >= len(PROMPTS) - 1
 
 
 def test_a_folder_holding_the_file_is_the_same_checkpoint(vnni, q4k_file):

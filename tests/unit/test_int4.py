@@ -1,9 +1,9 @@
 """4-bit group-quantized weights (model/int4.py, kernels/gemm_i4.c; weights "int4" / "int4-dynamic8"): the quantizer's
 form and error, the product bitwise equal to int4.reference (the same integer sums and fp32 sequence in plain torch)
-and bitwise batch-invariant, the two ISA builds equal, the VNNI requirement; such a model's logits bitwise batch- and
-width-invariant and close to fp32's; the engine serving weights int4 with speculative output token-identical to
-non-speculative, and an int4 draft copy drafting without changing the output - for each ISA's build that this CPU
-runs with its VNNI."""
+and bitwise batch-invariant, the two ISA builds equal, the loops with and without VNNI equal; such a model's logits
+bitwise batch- and width-invariant and close to fp32's; the engine serving weights int4 with speculative output
+token-identical to non-speculative, and an int4 draft copy drafting without changing the output - for each ISA's
+build that this CPU runs, with its VNNI loops where it has them and without."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from specgram.config import EngineConfig
 from specgram.errors import ModelLoadError
 from specgram.model import int4, kernels
 from specgram.model.choice import choose_for, projections
+from specgram.model.kernels import abi
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 
@@ -27,6 +28,19 @@ from .tiny import build_model
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
 ACTIVATIONS = ("int16", "int8")
+
+
+@pytest.fixture(params=["vnni", "madd"])
+def i4(request, lib, monkeypatch):
+    """`lib` with gemm_i4.c's VNNI loops (skipped where this CPU lacks its VNNI) or, turned off by the override,
+    its loops without VNNI (vpmaddubsw + vpmaddwd)."""
+    if request.param == "madd":
+        monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    else:
+        monkeypatch.delenv(kernels.VNNI_ENV, raising=False)
+        if not kernels.has_vnni(lib):
+            pytest.skip(f"this CPU lacks {kernels.VNNI_FLAGS[lib.isa]} (the {lib.isa} build's VNNI)")
+    return lib
 
 
 def test_the_quantizer_keeps_codes_in_range_and_fits_each_group():
@@ -56,12 +70,13 @@ def test_the_quantizer_keeps_codes_in_range_and_fits_each_group():
 
 @pytest.mark.parametrize("activations", ACTIVATIONS)
 @pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
-def test_the_product_is_bitwise_its_reference_and_batch_invariant(vnni, n, k, bias, activations):
+def test_the_product_is_bitwise_its_reference_and_batch_invariant(i4, n, k, bias, activations):
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
     w[1] = 0
     b = torch.randn(n) if bias else None
-    lin = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
+    lin = NativeLinear(w, b, int4.DTYPE, i4, activations=activations)
+    assert lin.descriptor().kind == (abi.LIN_I4 if kernels.has_vnni(i4) else abi.LIN_I4_MADD)
     assert lin.packed.dtype == torch.uint8 and lin.packed.numel() == int4.packed_bytes(n, k)
     x = outlier_rows(PREFILL_ROWS, k, seed=n)
     full = assert_batch_invariant(lin, x)
@@ -69,14 +84,14 @@ def test_the_product_is_bitwise_its_reference_and_batch_invariant(vnni, n, k, bi
     assert not full[3].any() if b is None else torch.equal(full[3], b)  # a zero row: 0 (+ bias)
 
 
-def test_the_product_is_close_to_the_float_product_of_its_own_weights(vnni):
+def test_the_product_is_close_to_the_float_product_of_its_own_weights(i4):
     torch.manual_seed(1)
     w, x = torch.randn(256, 512) * 0.05, torch.randn(9, 512)
     q = int4.quantize(w)
     own, exact = x @ q.dequantize().T, x @ w.T
     rel = lambda y, ref: ((y - ref).norm() / ref.norm()).item()  # noqa: E731
-    y16 = NativeLinear(w, None, int4.DTYPE, vnni, activations="int16")(x)
-    y8 = NativeLinear(w, None, int4.DTYPE, vnni, activations="int8")(x)
+    y16 = NativeLinear(w, None, int4.DTYPE, i4, activations="int16")(x)
+    y8 = NativeLinear(w, None, int4.DTYPE, i4, activations="int8")(x)
     assert rel(y16, own) < 1e-3  # int16 activations: next to nothing beyond the 4-bit weights' own error
     assert rel(y8, own) > 3 * rel(y16, own)  # int8 ones: a step of max / 127
     assert 0.02 < rel(own, exact) < 0.15  # the 4-bit weights' error on Gaussian weights (about 8%)
@@ -93,13 +108,19 @@ def test_the_two_isa_builds_give_the_same_bits():
         assert torch.equal(a, c)  # integer sums and per-output fp32 steps only
 
 
-def test_int4_needs_vnni(lib, monkeypatch):
-    monkeypatch.setenv(kernels.VNNI_ENV, "0")
-    with pytest.raises(ValueError, match="VNNI"):
-        NativeLinear(torch.randn(32, 8), None, int4.DTYPE, lib, activations="int16")
-    for weights in int4.FORMS:
-        with pytest.raises(ModelLoadError, match=f"weights {weights} needs VNNI"):
-            ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, linear="native", weights=weights))
+def test_the_loops_with_and_without_vnni_give_the_same_bits(vnni, monkeypatch):
+    torch.manual_seed(5)
+    w, b, x = torch.randn(200, 330) * 0.05, torch.randn(200), outlier_rows(PREFILL_ROWS, 330, seed=5)
+    for activations in ACTIVATIONS:
+        with_vnni = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
+        monkeypatch.setenv(kernels.VNNI_ENV, "0")
+        without = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
+        monkeypatch.delenv(kernels.VNNI_ENV)
+        assert (with_vnni.descriptor().kind, without.descriptor().kind) == (abi.LIN_I4, abi.LIN_I4_MADD)
+        assert torch.equal(with_vnni(x), without(x))
+
+
+def test_int4_activations_are_quantized(lib):
     with pytest.raises(ValueError, match="int16 or int8 activations"):
         NativeLinear(torch.randn(32, 8), None, int4.DTYPE, lib, activations="float32")
 
@@ -112,13 +133,13 @@ def _runner(model, weights: str, slots: int = 4, positions: int = 96) -> ModelRu
 
 
 @pytest.mark.parametrize("weights,tied", [("int4", False), ("int4", True), ("int4-dynamic8", False)])
-def test_an_int4_model_rows_are_bitwise_independent_of_batch_and_width(vnni, weights, tied):
+def test_an_int4_model_rows_are_bitwise_independent_of_batch_and_width(i4, weights, tied):
     runner = _runner(build_model("llama", seed=2, tie_word_embeddings=tied), weights)
-    assert runner.native.lib is vnni
+    assert runner.native.lib is i4
     assert_rows_bitwise_independent(runner)
 
 
-def test_int4_logits_are_those_of_its_own_weights_in_fp32(vnni):
+def test_int4_logits_are_those_of_its_own_weights_in_fp32(i4):
     """The int4 forward is the fp32 forward of the model whose weights are int4's dequantized ones, up to its
     quantized activations (int16: 1e-4; int8: a few percent): every product reads its own matrix's codes."""
     model = build_model("llama", seed=1, init=0.1)
@@ -140,7 +161,7 @@ def test_int4_logits_are_those_of_its_own_weights_in_fp32(vnni):
     assert 10 * rel.median() < rel_fp32.median() < 0.5, rel_fp32
 
 
-def test_an_engine_serving_int4_is_exact_with_itself_at_every_draft_length(vnni, make_engine):
+def test_an_engine_serving_int4_is_exact_with_itself_at_every_draft_length(i4, make_engine):
     with closing(make_engine(weights="int4")) as engine:
         assert engine.target.weights == "int4" and "draft_model" not in engine.drafters  # auto: no copy of int4
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]

@@ -181,11 +181,11 @@ def test_draft_quantization_auto_is_the_int8_copy_or_a_named_draft_in_int4(lib, 
         assert "draft_model" not in engine.drafters  # an int8 target: its copy would be itself
         assert engine.make_request(SamplingParams(), text="hi").params.drafter == "ngram"
     with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
-        draft = engine.drafters["draft_model"].runner  # the named draft: int4 on VNNI, else as it is
-        assert draft.weights == ("int4" if kernels.has_vnni(lib) else "auto") and not draft.shares_cache
+        draft = engine.drafters["draft_model"].runner  # the named draft: int4 on the native forward
+        assert draft.weights == "int4" and not draft.shares_cache
     monkeypatch.setenv(kernels.VNNI_ENV, "0")
     with closing(make_engine(draft_quantization="auto", draft_checkpoint=str(tiny_ckpt))) as engine:
-        assert engine.drafters["draft_model"].runner.weights == "auto"
+        assert engine.drafters["draft_model"].runner.weights == "int4"  # without VNNI too (gemm_i4.c's own loops)
     monkeypatch.setattr(kernels, "load", lambda: None)
     with closing(make_engine(draft_quantization="auto")) as engine:
         assert "draft_model" not in engine.drafters  # the PyTorch forward: no int8 copy

@@ -4,11 +4,12 @@ import shutil
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from specgram.config import EngineConfig
-from specgram.engine.settings import resolve
+from specgram.engine.settings import INT4_COPY_PARAMS, resolve
 from specgram.errors import ModelLoadError
-from specgram.model import kernels
+from specgram.model import families, kernels
 from specgram.model.choice import int8_form
 
 
@@ -35,6 +36,29 @@ def test_auto_resolves_to_the_native_forward_and_the_shared_int8_copy(lib, confi
     )
     assert d.forward.kv_dtype == "auto" and d.dtype == torch.float32
     assert s.drafter == "draft_model" and s.prefix_cache
+
+
+def test_a_target_of_a_billion_matmul_weights_drafts_with_an_int4_copy(lib, config_only, tmp_path):
+    import json
+
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    E, inter, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    D = E // cfg["num_attention_heads"]
+    small = layers * (E * D * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) + 3 * E * inter)
+    assert families.matmul_params(AutoConfig.from_pretrained(config_only)) == small + vocab * E
+    assert resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto")).draft.forward.weights == int8_form(
+        lib
+    )
+    # the same shapes with a vocabulary that takes the head past the threshold: only the counted weights matter
+    cfg["vocab_size"] = -(-(INT4_COPY_PARAMS - small) // E)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto"))
+    assert (s.draft.source, s.draft.shares_cache, s.draft.forward.weights) == ("target", True, "int4")
+    cfg["vocab_size"] -= 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto")).draft.forward.weights == int8_form(
+        lib
+    )
 
 
 @pytest.mark.parametrize(

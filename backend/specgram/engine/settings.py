@@ -13,12 +13,13 @@ weights are loaded.
   dtype / draft_dtype auto   bfloat16 on CUDA, float32 on CPU
   linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
   weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
-  weights int4               4-bit weights with int16 activations (VNNI only: refused elsewhere)
-  weights auto, a GGUF file  its own forms on the native forward with VNNI: int4 where its blocks are Q4_K (kept
-                             exactly), int8 elsewhere (model/gguf_checkpoint.py); int8 without VNNI
-  draft_quantization auto    the target's int8 copy where the native forward runs a float target and no
-                             draft_checkpoint is named; a draft_checkpoint in int4 where the native forward runs
-                             with VNNI (docs/performance.md, real draft models); else none
+  weights int4               4-bit weights with int16 activations (VNNI's products where the CPU has it)
+  weights auto, a GGUF file  its own forms on the native forward: int4 where its blocks are Q4_K (kept exactly),
+                             int8 elsewhere (model/gguf_checkpoint.py)
+  draft_quantization auto    the target's copy where the native forward runs a float target and no
+                             draft_checkpoint is named: int4 from 1B matmul weights up (INT4_COPY_PARAMS), else
+                             int8; a draft_checkpoint in int4 where the native forward runs (docs/performance.md,
+                             real draft models); else none
   drafter auto               draft_model where a draft model is loaded, else ngram
   draft_vocab auto           32768 entries where the vocabulary is larger than 65536 and the draft runs on the
                              native forward, else all
@@ -37,8 +38,8 @@ import torch
 
 from ..config import DTYPES, EngineConfig
 from ..errors import ModelLoadError
-from ..model import kernels
-from ..model.choice import ForwardChoice, choose, int8_form, served_form
+from ..model import families
+from ..model.choice import ForwardChoice, choose, served_form
 from ..model.gguf_checkpoint import STORED, config_of, gguf_file
 from ..model.whole import checkpoint_config
 from ..speculation import draft_vocab
@@ -135,11 +136,19 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
 
 
 def _as_stored(forward: ForwardChoice, path: str) -> ForwardChoice:
-    """A GGUF checkpoint's native forward under weights auto: the file's own forms (STORED) where the CPU has VNNI,
-    else int8's form; any other forward or checkpoint as it is."""
+    """A GGUF checkpoint's native forward under weights auto: the file's own forms (STORED); any other forward or
+    checkpoint as it is."""
     if forward.kind != "native" or gguf_file(path) is None:
         return forward
-    return dataclasses.replace(forward, weights=STORED if kernels.has_vnni(forward.lib) else int8_form(forward.lib))
+    return dataclasses.replace(forward, weights=STORED)
+
+
+# The target's own copy drafts in int4 from this many matmul weights up, in int8 below. Through tritonserver, one
+# stream (docs/performance.md, "The target's copy: int8 or int4"): at 1.5B the int4 copy reads 0.15 of a target step's
+# bytes against int8's 0.25 and came out ahead on chat and guided JSON despite fewer accepted drafts; at 135M a step
+# is not bound by its bytes and the int8 copy's better drafts won on chat (2.38-2.51x no speculation against
+# 2.09-2.17x).
+INT4_COPY_PARAMS = 1_000_000_000
 
 
 def _draft(
@@ -148,11 +157,12 @@ def _draft(
     quantization = config.draft_quantization
     if quantization == "auto":
         native_float = target.kind == "native" and target.weights == "auto"
-        if config.draft_checkpoint:  # a draft model: in int4 where the native forward runs it on VNNI
-            vnni = target.kind == "native" and kernels.has_vnni(target.lib)
-            quantization = "int4" if vnni and device.type == "cpu" else "none"
+        if config.draft_checkpoint:  # a draft model: in int4 where the native forward runs
+            quantization = "int4" if target.kind == "native" and device.type == "cpu" else "none"
+        elif native_float:  # the target's copy: int4 for a target of INT4_COPY_PARAMS or more, else int8
+            quantization = "int4" if families.matmul_params(target_cfg) >= INT4_COPY_PARAMS else "int8"
         else:
-            quantization = "int8" if native_float else "none"
+            quantization = "none"
     if quantization == "none" and not config.draft_checkpoint:
         return None
     if quantization in ("int8", "int4") and device.type != "cpu":

@@ -87,7 +87,7 @@ def choose(
                     f"native, cuda_graphs off, a float32 or bfloat16 checkpoint it covers), which "
                     f"does not run here: {why}"
                 )
-    if (weights in ACTIVATIONS or weights in int4.FORMS or weights == STORED) and not kernels.has_vnni(lib):
+    if weights in ACTIVATIONS and not kernels.has_vnni(lib):
         raise ModelLoadError(
             f"weights {weights} needs VNNI ({kernels.VNNI_FLAGS[lib.isa]} for the {lib.isa} "
             f"kernels), which this CPU lacks or {kernels.VNNI_ENV}=0 turns off"

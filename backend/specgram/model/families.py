@@ -56,6 +56,14 @@ def head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
+def matmul_params(cfg) -> int:
+    """The weights of one forward's matmuls (q, k, v, o, gate, up, down of every layer, and the lm_head): what a
+    decode step streams, for a config of these families."""
+    E, D = cfg.hidden_size, head_dim(cfg)
+    attn = E * D * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    return cfg.num_hidden_layers * (attn + 3 * E * cfg.intermediate_size) + cfg.vocab_size * E
+
+
 def _windows(cfg, n: int) -> tuple[int | None, ...]:
     """Each layer's sliding window: from layer_types where the config has them, else the one sliding_window."""
     window = getattr(cfg, "sliding_window", None)

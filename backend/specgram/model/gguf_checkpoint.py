@@ -31,7 +31,7 @@ from ..errors import ModelLoadError
 from .int4 import GROUP, SUPER, Int4Weight
 
 SUFFIX = ".gguf"
-STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (int16 activations)
+STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (packed.py)
 ROWS = 4096  # rows de-quantized at a time
 DIRECT = ("qwen2",)  # general.architecture values whose tensors are read one at a time
 

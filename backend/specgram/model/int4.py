@@ -17,8 +17,8 @@ kernel sums codes times quantized activations in integers per group, then applie
 a row's output is bitwise the same alone, batched or as a verify position (gemm_i4.c has the exact sequence,
 reference() reproduces it).
 
-Runner weights "int4" (int16 activations: two int8 digits) and "int4-dynamic8" (int8 activations); both need VNNI
-(kernels.has_vnni).
+Runner weights "int4" (int16 activations: two int8 digits) and "int4-dynamic8" (int8 activations), on any CPU the
+kernels build for: VNNI where it has it (kernels.has_vnni), else three instructions for its one, same results.
 """
 
 from __future__ import annotations

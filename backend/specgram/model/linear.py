@@ -68,7 +68,8 @@ class NativeLinear(torch.nn.Module):
     activations "int16" or "int8" (int8 weights only; needs VNNI, kernels.has_vnni): gemm_i8a8.c's product
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
     the call to that many bits (int16: as two int8 digits). weight_dtype int4.DTYPE (with int16 or int8
-    activations, on VNNI): 4-bit group-quantized weights, gemm_i4.c's product, `packed` its byte stream."""
+    activations): 4-bit group-quantized weights, gemm_i4.c's product (its VNNI loops where kernels.has_vnni, else
+    the same results without), `packed` its byte stream."""
 
     def __init__(
         self,
@@ -84,10 +85,10 @@ class NativeLinear(torch.nn.Module):
         else:
             self.out_features, self.in_features = weight.shape
         self.weight_dtype, self.activations = weight_dtype, activations
-        colsum = None
+        colsum, self.vnni = None, bool(kernels.has_vnni(lib))
         if weight_dtype == int4.DTYPE:
-            if activations not in DIGITS or not kernels.has_vnni(lib):
-                raise ValueError("int4 weights need int16 or int8 activations and a CPU with VNNI (kernels.has_vnni)")
+            if activations not in DIGITS:
+                raise ValueError(f"int4 weights need int16 or int8 activations, got {activations!r}")
             q = weight if isinstance(weight, int4.Int4Weight) else int4.quantize(weight)
             packed, scale, self._fn = int4.pack(q), None, lib.specgram_gemm_i4
         elif activations in DIGITS:
@@ -111,12 +112,14 @@ class NativeLinear(torch.nn.Module):
 
     def _refresh(self) -> None:
         """The call's constant arguments: K, the row stride, the weights' addresses (packed, then scale and colsum
-        where present), the activations' digits (quantized activations), N and the bias address (0: none);
-        recomputed whenever Module._apply replaces the buffers."""
+        where present), the activations' digits (quantized activations), int4's VNNI switch, N and the bias address
+        (0: none); recomputed whenever Module._apply replaces the buffers."""
         b = self._buffers
         w = [b[k].data_ptr() for k in ("packed", "scale", "colsum") if b[k] is not None]
         if self.activations in DIGITS:
             w.append(DIGITS[self.activations])
+        if self.weight_dtype == int4.DTYPE:
+            w.append(int(self.vnni))
         bias = 0 if b["bias"] is None else b["bias"].data_ptr()
         self._args = (self.in_features, self.in_features, *w, self.out_features, bias)
 
@@ -151,7 +154,7 @@ class NativeLinear(torch.nn.Module):
         """This product as forward.c's specgram_linear: its kind and the addresses of its buffers (valid while the
         module keeps them)."""
         if self.weight_dtype == int4.DTYPE:
-            kind = abi.LIN_I4
+            kind = abi.LIN_I4 if self.vnni else abi.LIN_I4_MADD
         elif self.activations in DIGITS:
             kind = abi.LIN_I8A8
         else:

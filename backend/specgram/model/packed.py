@@ -12,7 +12,7 @@ import ctypes
 import torch
 
 from ..errors import ModelLoadError
-from . import int4
+from . import int4, kernels
 from .checkpoint import ModuleTensors, release_freed_memory
 from .families import describe
 from .gguf_checkpoint import STORED
@@ -47,12 +47,12 @@ class PackedDecoder:
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every matmul's
         weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" / "int8-dynamic8" = those int8
         weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni); "int4" /
-        "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8 activations (VNNI too); "gguf" = a GGUF
-        file's forms (gguf_checkpoint.py: int4 where its blocks are Q4_K, else int8, int16 activations). head_ids [V']
-        long: the lm_head computes the logits of these vocabulary entries only, in this order (a draft's reduced
-        vocabulary: speculation/draft_vocab.py); each is bitwise the full head's entry (a row of the product, its own
-        per-channel scale). tensors: where each module's weights are read (checkpoint.py: one at a time from the files
-        of a skeleton model); None: the model's own parameters."""
+        "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8 activations; "gguf" = a GGUF file's
+        forms (gguf_checkpoint.py: int4 where its blocks are Q4_K, else int8, with int16 activations on VNNI).
+        head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only, in this order (a draft's
+        reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's entry (a row of the product,
+        its own per-channel scale). tensors: where each module's weights are read (checkpoint.py: one at a time from the
+        files of a skeleton model); None: the model's own parameters."""
         cfg = model.config
         inner = model.model
         src = tensors or ModuleTensors(model)
@@ -70,7 +70,8 @@ class PackedDecoder:
                 form = (int4.DTYPE, "int16") if weights == STORED else (wdt, act)
                 stored = stored if rows is None else stored.rows(rows)
                 return make_linear([pick(m.weight) for m in modules], biases, lib, *form, stored=stored)
-            form = (torch.int8, "int16") if weights == STORED else (wdt, act)  # STORED: int8 for any other type
+            stored_int8 = (torch.int8, "int16" if kernels.has_vnni(lib) else "float32")  # STORED: any other type
+            form = stored_int8 if weights == STORED else (wdt, act)
             return make_linear([pick(src.weight(m)) for m in modules], biases, lib, *form)
 
         self.lib, self.weights = lib, weights

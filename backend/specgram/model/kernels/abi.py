@@ -76,7 +76,8 @@ CONSTANTS, STRUCTS, FUNCTIONS = _parse()  # FUNCTIONS: name -> (restype, argtype
 Linear, Layer, Decoder = STRUCTS["specgram_linear"], STRUCTS["specgram_layer"], STRUCTS["specgram_decoder"]
 LoraPart, Lora = STRUCTS["specgram_lora_part"], STRUCTS["specgram_lora"]
 LORA_MAX_RANK = CONSTANTS["LORA_MAX_RANK"]
-LIN_F32, LIN_BF16, LIN_I8, LIN_I8A8, LIN_I4 = (CONSTANTS[f"LIN_{k}"] for k in ("F32", "BF16", "I8", "I8A8", "I4"))
+LIN_F32, LIN_BF16, LIN_I8, LIN_I8A8 = (CONSTANTS[f"LIN_{k}"] for k in ("F32", "BF16", "I8", "I8A8"))
+LIN_I4, LIN_I4_MADD = CONSTANTS["LIN_I4"], CONSTANTS["LIN_I4_MADD"]  # gemm_i4.c's product with VNNI, without
 ACT_SILU, ACT_GELU_TANH = CONSTANTS["ACT_SILU"], CONSTANTS["ACT_GELU_TANH"]
 BAD_TOKEN, BAD_SLOT, BAD_POSITION, BAD_ROW, BAD_HEAD_ROW, BAD_TREE = (
     CONSTANTS[f"BAD_{k}"] for k in ("TOKEN", "SLOT", "POSITION", "ROW", "HEAD_ROW", "TREE")

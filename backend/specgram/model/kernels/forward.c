@@ -99,9 +99,14 @@ static inline void share(int64_t M, int64_t width, int64_t *m0, int64_t *m1) {
     *m1 = id < nt ? M * (id + 1) / nt : M;
 }
 
+/* Whether product L is gemm_i4.c's (with or without VNNI). */
+static inline int is_i4(const specgram_linear *L) {
+    return L->kind == SPECGRAM_LIN_I4 || L->kind == SPECGRAM_LIN_I4_MADD;
+}
+
 /* Whether product L reads its input rows quantized (prepare()). */
 static inline int quantized(const specgram_linear *L) {
-    return L->kind == SPECGRAM_LIN_I8A8 || L->kind == SPECGRAM_LIN_I4;
+    return L->kind == SPECGRAM_LIN_I8A8 || is_i4(L);
 }
 
 /* The product's input rows [m0, m1) as it reads them: quantized digit rows (u, xs; int4 products' group sums at
@@ -109,7 +114,7 @@ static inline int quantized(const specgram_linear *L) {
 static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs,
                            float *gs) {
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
-    if (L->kind == SPECGRAM_LIN_I4) specgram_i4_quantize_rows(x, m0, m1, L->K, L->K, L->digits, (int8_t *)u, xs, gs);
+    if (is_i4(L)) specgram_i4_quantize_rows(x, m0, m1, L->K, L->K, L->digits, (int8_t *)u, xs, gs);
 }
 
 /* One residual add of d's stream h, this thread's share of its N rows: h += norm_dw(delta) * residual_scale (dw
@@ -137,8 +142,9 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
         specgram_team_gemm_i8(x, M, L->K, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
         break;
     case SPECGRAM_LIN_I4:
-        specgram_team_i4((const int8_t *)u, xs, gs, M, L->K, L->w, L->digits, L->N, L->bias, y, L->N, ranges,
-                         nthreads);
+    case SPECGRAM_LIN_I4_MADD:
+        specgram_team_i4((const int8_t *)u, xs, gs, M, L->K, L->w, L->digits, L->kind == SPECGRAM_LIN_I4, L->N,
+                         L->bias, y, L->N, ranges, nthreads);
         break;
     default:
         specgram_team_i8a8(u, xs, M, L->K, L->w, L->scale, L->colsum, L->digits, L->N, L->bias, y, L->N, ranges,
@@ -168,7 +174,7 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
     if (L == NULL || ranges == NULL) return p;
     int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
     int64_t block = L->kind == SPECGRAM_LIN_I8A8 ? (L->K + 3) / 4 * 128
-                    : L->kind == SPECGRAM_LIN_I4 ? specgram_i4_block_bytes(L->K)
+                    : is_i4(L) ? specgram_i4_block_bytes(L->K)
                     : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
     int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;
     size_t bytes = (size_t)((b1 - b0) * block);

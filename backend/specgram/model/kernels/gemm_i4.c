@@ -1,4 +1,4 @@
-/* Small-M products of 4-bit group-quantized weights and activations quantized per row on the fly, on VNNI: exact
+/* Small-M products of 4-bit group-quantized weights and activations quantized per row on the fly: exact
  * integer sums within each group of 32 inputs, then a fixed sequence of fp32 operations per group; results that do
  * not depend on M, the tiling or the thread.
  *
@@ -38,7 +38,9 @@
  * weight is converted to fp32 in the loop; a group costs D vpdpbusd per vector per k4 step, then its epilogue.
  * Tiles of MT rows keep MT * D * NV int32 accumulators in registers; the fp32 accumulators live in a small array
  * (touched once per group). Blocks are dealt to threads as contiguous ranges (deal.h), as gemm_i8a8.c does.
- * VNNI only: the caller must not call these where kernels.has_vnni says no.
+ * With VNNI (kernels.has_vnni) a group costs D vpdpbusd per vector per k4 step; without it, D times vpmaddubsw,
+ * vpmaddwd and an add (vi_dpbusd_madd: exact for 4-bit codes), the same integers, so bitwise the same outputs. The
+ * loops are gemm_i4_tiles.h, compiled once for each (the VNNI copy in vnni.h's region only).
  */
 #include <assert.h>
 #include <omp.h>
@@ -151,8 +153,6 @@ void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K
         quantize_row(x + m * ldx, K, ldq, digits, s + m * digits * ldq, xs + m, gs + m * G);
 }
 
-#if VNNI_BUILT
-VNNI_BEGIN
 #if VW == 16
 /* One 64-byte step of codes -> the 4 k of outputs 0-15 and 16-31. */
 VINLINE void unpack(const uint8_t *p, vi w[NV]) {
@@ -172,104 +172,53 @@ VINLINE void unpack(const uint8_t *p, vi w[NV]) {
 }
 #endif
 
-/* One register tile: rows m0 .. m0 + MT - 1 of y, outputs n0 .. n0 + 31, from block wb. D and MT must be
- * compile-time constants at every call site (inlined: the loops unroll, the accumulators stay in registers). */
-VINLINE void tile(const int D, const int MT, const int8_t *s, int64_t ldq, const float *xs, const float *gs,
-                  int64_t G, int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N,
-                  const float *bias, int far) {
-    float acc[8][NB] __attribute__((aligned(64)));
-    for (int r = 0; r < MT; ++r)
-        for (int v = 0; v < NV; ++v) vf_store(acc[r] + v * VW, vf_zero());
-    const uint8_t *at = wb, *head = wb;
-    for (int64_t g = 0; g < G; ++g) {
-        if (g % SBG == 0) head = at, at += HEAD_BYTES;
-        const uint8_t *sc = at, *mn = at + NB, *codes = at + 2 * NB;
-        at += GROUP_BYTES;
-        vi ia[8][NV];                                /* row r's digit d at [r * D + d]: MT * D <= 8 */
-        for (int i = 0; i < MT * D; ++i)
-            for (int v = 0; v < NV; ++v) ia[i][v] = vi_zero();
-#pragma GCC unroll 8
-        for (int k4 = 0; k4 < STEPS; ++k4) {
-            const uint8_t *p = codes + k4 * 64;
-            _mm_prefetch((const char *)p + PF_BYTES, _MM_HINT_T0);
-            if (far) _mm_prefetch((const char *)p + PF_FAR_BYTES, _MM_HINT_T1);
-            vi w[NV];
-            unpack(p, w);
-#pragma GCC unroll 8
-            for (int i = 0; i < MT * D; ++i) {
-                int32_t four;
-                memcpy(&four, s + (m0 * D + i) * ldq + g * GK + 4 * k4, sizeof four);
-                vi a = vi_set1(four);
-#pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) ia[i][v] = vi_dpbusd(ia[i][v], w[v], a);
-            }
-        }
-        for (int v = 0; v < NV; ++v) {
-            vf sv = vf_mul(vf_load((const float *)head + v * VW), vf_load_u8(sc + v * VW));
-            vf mv = vf_mul(vf_load((const float *)head + NB + v * VW), vf_load_u8(mn + v * VW));
-            for (int r = 0; r < MT; ++r) {
-                vi I = D == 1 ? ia[r][v] : vi_add(vi_shl8(ia[r * D][v]), ia[r * D + 1][v]);
-                vf t = vf_mul(vi_to_f(I), sv);
-                t = vf_sub(t, vf_mul(mv, vf_set1(gs[(m0 + r) * G + g])));
-                vf_store(acc[r] + v * VW, vf_add(vf_load(acc[r] + v * VW), t));
-            }
-        }
-    }
-    for (int r = 0; r < MT; ++r) {
-        float *yrow = y + (m0 + r) * ldy;
-        for (int v = 0; v < NV; ++v) {
-            int64_t n = n0 + v * VW;
-            vmask k = vmask_first(N - n);
-            vf out = vf_mul(vf_load(acc[r] + v * VW), vf_set1(xs[m0 + r]));
-            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
-            vf_mask_store(yrow + n, k, out);
-        }
-    }
+/* vi_dpbusd without VNNI, for 4-bit codes: the same sums of 4 u8 x s8 products per int32 lane, from vpmaddubsw (pairs
+ * to int16: exact, as a code is at most 15, |2 * 15 * 128| < 2^15, so it never saturates) then vpmaddwd by ones
+ * (pairs of those to int32). Three instructions where VNNI takes one. */
+#if VW == 16
+VINLINE vi vi_dpbusd_madd(vi acc, vi u, vi s) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
 }
+#else
+VINLINE vi vi_dpbusd_madd(vi acc, vi u, vi s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#endif
 
-static void tile_any(int digits, int mt, const int8_t *s, int64_t ldq, const float *xs, const float *gs, int64_t G,
-                     int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
-                     int far) {
-#define TILE_CASE(D, h) case h: if (h < MT_MAX(D)) { tile(D, h < MT_MAX(D) ? h : 1, s, ldq, xs, gs, G, m0, wb, y, \
-                                  ldy, n0, N, bias, far); break; } __attribute__((fallthrough));
-    if (digits == 1) {
-        switch (mt) {
-        TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4) TILE_CASE(1, 5) TILE_CASE(1, 6) TILE_CASE(1, 7)
-        default: tile(1, MT_MAX(1), s, ldq, xs, gs, G, m0, wb, y, ldy, n0, N, bias, far);
-        }
-    } else {
-        switch (mt) {
-        TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3)
-        default: tile(2, MT_MAX(2), s, ldq, xs, gs, G, m0, wb, y, ldy, n0, N, bias, far);
-        }
-    }
-#undef TILE_CASE
-}
+#define I4_DP vi_dpbusd_madd
+#define I4_NAME(f) f##_madd
+#include "gemm_i4_tiles.h"
+#undef I4_DP
+#undef I4_NAME
 
-static void block(int64_t b, const int8_t *s, int64_t ldq, int digits, const float *xs, const float *gs, int64_t M,
-                  int64_t K, const uint8_t *w, int64_t N, const float *bias, float *y, int64_t ldy) {
-    const int64_t mt_max = MT_MAX(digits), G = specgram_i4_groups(K), ntiles = (M + mt_max - 1) / mt_max;
-    const uint8_t *wb = w + b * specgram_i4_block_bytes(K);
-    for (int64_t t = 0; t < ntiles; ++t) {
-        int64_t m0 = t * mt_max;
-        int mt = (int)(M - m0 < mt_max ? M - m0 : mt_max);
-        tile_any(digits, mt, s, ldq, xs, gs, G, m0, wb, y, ldy, b * NB, N, bias, ntiles == 1);
-    }
-}
+#if VNNI_BUILT
+VNNI_BEGIN
+#define I4_DP vi_dpbusd
+#define I4_NAME(f) f##_vnni
+#include "gemm_i4_tiles.h"
+#undef I4_DP
+#undef I4_NAME
+VNNI_END
+#endif
 
 void specgram_team_i4(const int8_t *s, const float *xs, const float *gs, int64_t M, int64_t K, const uint8_t *w,
-                      int digits, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
+                      int digits, int vnni, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
                       int nthreads) {
-    const int64_t ldq = specgram_i8a8_ldq(K);
-#define I4_BLOCK(b, more) ((void)(more), block(b, s, ldq, digits, xs, gs, M, K, w, N, bias, y, ldy))
-    DEAL_BLOCKS(ranges, nthreads, I4_BLOCK);
-#undef I4_BLOCK
+#if VNNI_BUILT
+    if (vnni) {
+        team_vnni(s, xs, gs, M, K, w, digits, N, bias, y, ldy, ranges, nthreads);
+        return;
+    }
+#endif
+    assert(!vnni);                                   /* a build without VNNI products: the caller asks for none */
+    team_madd(s, xs, gs, M, K, w, digits, N, bias, y, ldy, ranges, nthreads);
 }
 
-/* Entry point: x [M, K] (row stride ldx), w packed as the header says, digits 1 or 2, bias [N] or NULL, y [M, ldy].
- * Scratch (SCRATCH_PLAN): the digit rows [M * digits, ldq] bytes, xs [M], the group sums [M, G], the ranges. */
-void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int64_t N,
-                      const float *bias, float *y, int64_t ldy, int nthreads) {
+/* Entry point: x [M, K] (row stride ldx), w packed as the header says, digits 1 or 2, vnni 1 where the CPU has VNNI
+ * (kernels.has_vnni), else 0; bias [N] or NULL, y [M, ldy]. Scratch (SCRATCH_PLAN): the digit rows
+ * [M * digits, ldq] bytes, xs [M], the group sums [M, G], the ranges. */
+void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int vnni,
+                      int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1 && (digits == 1 || digits == 2));
     assert(ldx >= K && ldy >= N && N <= (int64_t)UINT32_MAX * NB);
     if (M == 0 || N == 0) return;
@@ -282,22 +231,5 @@ void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const u
     specgram_i4_quantize_rows(x, 0, M, K, ldx, digits, s, xs, gs);
     deal_init(ranges, nblocks, nthreads);
 #pragma omp parallel num_threads(nthreads)
-    specgram_team_i4(s, xs, gs, M, K, w, digits, N, bias, y, ldy, ranges, nthreads);
+    specgram_team_i4(s, xs, gs, M, K, w, digits, vnni, N, bias, y, ldy, ranges, nthreads);
 }
-VNNI_END
-#else
-void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int64_t N,
-                      const float *bias, float *y, int64_t ldy, int nthreads) {
-    (void)x, (void)M, (void)K, (void)ldx, (void)w, (void)digits, (void)N, (void)bias, (void)y, (void)ldy,
-        (void)nthreads;
-    abort();                                         /* never called: kernels.has_vnni is false */
-}
-
-void specgram_team_i4(const int8_t *s, const float *xs, const float *gs, int64_t M, int64_t K, const uint8_t *w,
-                      int digits, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
-                      int nthreads) {
-    (void)s, (void)xs, (void)gs, (void)M, (void)K, (void)w, (void)digits, (void)N, (void)bias, (void)y, (void)ldy,
-        (void)ranges, (void)nthreads;
-    abort();
-}
-#endif

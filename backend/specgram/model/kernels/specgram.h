@@ -18,7 +18,8 @@
 #define SPECGRAM_LIN_BF16 1
 #define SPECGRAM_LIN_I8 2
 #define SPECGRAM_LIN_I8A8 3
-#define SPECGRAM_LIN_I4 4
+#define SPECGRAM_LIN_I4 4         /* gemm_i4.c's product on VNNI */
+#define SPECGRAM_LIN_I4_MADD 5    /* the same without VNNI (bitwise the same results) */
 
 /* specgram_decoder.act: the MLP's activation of its gate */
 #define SPECGRAM_ACT_SILU 0
@@ -90,10 +91,10 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
                         int nthreads);
 int specgram_i8a8_built(void);
 
-/* gemm_i4.c: 4-bit group-quantized weights times rows quantized in the call (VNNI, as gemm_i8a8.c); the bytes of
- * one packed block of 32 outputs for K inputs. */
-void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int64_t N,
-                      const float *bias, float *y, int64_t ldy, int nthreads);
+/* gemm_i4.c: 4-bit group-quantized weights times rows quantized in the call (vnni 1: its VNNI loops, 0: the same
+ * results without VNNI); the bytes of one packed block of 32 outputs for K inputs. */
+void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int vnni,
+                      int64_t N, const float *bias, float *y, int64_t ldy, int nthreads);
 int64_t specgram_i4_block_bytes(int64_t K);
 
 /* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */

@@ -39,7 +39,7 @@ int64_t specgram_i4_groups(int64_t K);
 void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t ldx, int digits, int8_t *s,
                                float *xs, float *gs);
 void specgram_team_i4(const int8_t *s, const float *xs, const float *gs, int64_t M, int64_t K, const uint8_t *w,
-                      int digits, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
+                      int digits, int vnni, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
                       int nthreads);
 
 /* attention.c: the tasks of one batch (the same for every layer) in caller memory, and the body. */
