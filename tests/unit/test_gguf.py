@@ -13,7 +13,7 @@ import torch
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
-from specgram.model import int4, kernels
+from specgram.model import int4, int8, kernels
 from specgram.model.choice import choose_for
 from specgram.model.gguf_checkpoint import GGUFTensors, gguf_file
 from specgram.model.kernels import abi
@@ -74,6 +74,24 @@ def test_every_tensor_reads_as_transformers_dequantizes_it_and_q4_k_is_kept_exac
         else:
             assert stored is None
     assert kept == 7 * LAYERS - 2  # every projection but layer 1's v and down
+
+
+def test_a_matrix_read_by_blocks_of_rows_quantizes_bitwise_as_the_whole(mixed_file, monkeypatch):
+    files = GGUFTensors(mixed_file, LAYERS)
+    files.expect({name: p.shape for name, p in transformers_model(mixed_file).named_parameters()})
+    monkeypatch.setattr(int8, "CHUNK", 7)  # several blocks, the last one short
+    monkeypatch.setattr(int4, "CHUNK", 7)
+    matrices = [n for n, (shape, _) in files.meta.items() if len(shape) == 2]
+    assert {files.block_type(n) for n in matrices} >= {"Q4_K", "Q8_0", "Q5_0"}
+    for name in matrices:
+        whole, rows = files.get(name), files.rows(name)
+        assert rows.shape == tuple(whole.shape) and torch.equal(rows[3:20], whole[3:20])
+        q, scale = int8.quantize_rows(rows)
+        assert all(torch.equal(a, b) for a, b in zip((q, scale), int8.quantize_rows(whole), strict=True)), name
+        assert torch.equal(int4.quantize(rows).dequantize(), int4.quantize(whole).dequantize()), name
+        pick = torch.tensor([5, 0, 17, 2, 9, 11, 3, 30])  # a reduced head's rows, in its order
+        assert rows[pick].shape == (8, whole.shape[1]) and torch.equal(rows[pick][2:6], whole[pick][2:6])
+        assert torch.equal(int8.quantize_rows(rows[pick])[0], int8.quantize_rows(whole[pick])[0])
 
 
 def _kinds(runner) -> list[str]:

@@ -172,6 +172,13 @@ class ModuleTensors:
         mapping outlives the load)."""
         return self._read(module, "weight", own)
 
+    def weight_rows(self, module: torch.nn.Module):
+        """The module's weight for a quantizer that reads it a block of rows at a time: a GGUF file's as LazyRows
+        (de-quantized as read), any other as weight() gives it."""
+        if self.files is None or not hasattr(self.files, "rows") or self.tied and module in (self.embed, self.head):
+            return self.weight(module)
+        return self.files.rows(f"{self.names[id(module)]}.weight")
+
     def int4(self, modules: list[torch.nn.Module]):
         """The modules' weights (rows appended in order) as the file stores them in int4.py's form, exactly:
         where every one is a GGUF Q4_K tensor (gguf_checkpoint.py); else None."""

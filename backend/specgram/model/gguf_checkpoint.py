@@ -72,6 +72,23 @@ def config_of(path: str | Path):
     return copy.deepcopy(_config(str(f), f.stat().st_mtime))
 
 
+class LazyRows:
+    """A [N, K] matrix that a quantizer reads a block of rows at a time (int8.quantize_rows, int4.quantize: they use
+    .shape and [i:j] only): each block is read(index) -> float32 [len(index), K] when asked for; w[index] (a long
+    tensor: a draft's reduced head) picks rows without reading any."""
+
+    def __init__(self, shape: tuple[int, int], read, index: torch.Tensor | None = None):
+        self._read, self._index = read, index
+        self.shape = (shape[0] if index is None else len(index), shape[1])
+
+    def __getitem__(self, key) -> torch.Tensor | LazyRows:
+        if isinstance(key, torch.Tensor):
+            return LazyRows(self.shape, self._read, key if self._index is None else self._index[key])
+        i, j, step = key.indices(self.shape[0])
+        assert step == 1, "blocks of rows only"
+        return self._read(torch.arange(i, j) if self._index is None else self._index[i:j])
+
+
 def _quant_type(name: str):
     import gguf
 
@@ -138,6 +155,19 @@ class GGUFTensors:
         for i in range(0, rows.shape[0], ROWS):  # in pieces: the package's temporaries stay small
             rows[i : i + ROWS] = torch.from_numpy(dequantize(data[i : i + ROWS], t.tensor_type).astype(np.float32))
         return out
+
+    def rows(self, name: str) -> LazyRows:
+        """The weight as LazyRows: de-quantized a block of rows at a time as the quantizer asks (the head's 152k
+        rows are never all float32 at once)."""
+        from gguf.quants import dequantize
+
+        t, shape = self.by_gguf[self.gguf_name(name)], self.meta[name][0]
+        data = np.asarray(t.data).reshape(shape[0], -1)
+
+        def read(index: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(dequantize(data[index.numpy()], t.tensor_type).astype(np.float32))
+
+        return LazyRows(shape, read)
 
     def int4(self, name: str) -> Int4Weight | None:
         """The weight's Q4_K blocks in int4.py's form, exactly (None: stored as another type)."""

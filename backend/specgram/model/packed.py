@@ -72,7 +72,9 @@ class PackedDecoder:
                 return make_linear([pick(m.weight) for m in modules], biases, lib, *form, stored=stored)
             stored_int8 = (torch.int8, "int16" if kernels.has_vnni(lib) else "float32")  # STORED: any other type
             form = stored_int8 if weights == STORED else (wdt, act)
-            return make_linear([pick(src.weight(m)) for m in modules], biases, lib, *form)
+            # a quantized form of one matrix reads it by blocks of rows (a GGUF head is never float32 whole)
+            read = src.weight_rows if len(modules) == 1 and form[0] in (torch.int8, int4.DTYPE) else src.weight
+            return make_linear([pick(read(m)) for m in modules], biases, lib, *form)
 
         self.lib, self.weights = lib, weights
         self._embed_weight = src.embedding()  # read by forward.c
