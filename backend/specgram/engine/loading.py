@@ -129,18 +129,22 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     if settings.device.type == "cpu":
         parts, remedies = footprint_of(config, settings)
         footprint.check(parts, remedies=remedies)
+    # the tokenizers first: parsing a GGUF's vocabulary takes more memory than the tokenizer keeps (151k tokens:
+    # ~0.6 GB passing), which then never adds to the weights'
+    tokenizer = load_tokenizer(path)
+    d = settings.draft
+    if d is not None and d.source == "checkpoint":
+        check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
+    release_freed_memory()
     model, tensors = model_of(path, settings.device, settings.dtype, settings.target.kind == "native")
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
-    release_freed_memory()  # the packing's temporaries, before the tokenizer's and the draft's own
+    release_freed_memory()  # the packing's temporaries, before the draft's own
     adapters = load_adapters(config, model) if config.enable_lora else None
     if adapters is not None:
         target.attach_lora(adapters)
-    tokenizer = load_tokenizer(path)
     drafters: dict[str, Drafter] = {}
-    d = settings.draft
     if d is not None:
         if d.source == "checkpoint":
-            check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
             base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
         else:
             base, base_tensors = model, tensors  # an int8 copy reads the target's checkpoint (int8.py packs its own)

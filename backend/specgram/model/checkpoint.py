@@ -148,7 +148,8 @@ class ModuleTensors:
                 if self.files is None
                 else self.files.get(f"{self.names[id(self.embed)]}.weight")
             )
-            self._embedding = w.to(kept_dtype(w.dtype), copy=self.files is not None).contiguous()
+            view = self.files is not None and not getattr(self.files, "copies", False)  # a GGUF's is its own already
+            self._embedding = w.to(kept_dtype(w.dtype), copy=view).contiguous()
         return self._embedding
 
     def unfit(self, model: torch.nn.Module) -> str | None:

@@ -99,6 +99,8 @@ class GGUFTensors:
     """A GGUF file's tensors under transformers' names, read on demand (what ModuleTensors reads of a TensorFiles:
     names, shapes, get; every tensor reads as float32), and int4() for those whose blocks int4.py holds exactly."""
 
+    copies = True  # get() returns a tensor of its own (de-quantized), never a view of the file
+
     def __init__(self, file: Path, layers: int):
         import gguf
 
@@ -151,10 +153,16 @@ class GGUFTensors:
         shape = self.meta[name][0]
         out = torch.empty(shape, dtype=torch.float32)
         rows = out.view(-1, shape[-1]) if len(shape) > 1 else out.view(1, -1)
-        data = np.asarray(t.data).reshape(rows.shape[0], -1)  # a row of blocks (or of values) per output row
+        data = self._data(t).reshape(rows.shape[0], -1)  # a row of blocks (or of values) per output row
         for i in range(0, rows.shape[0], ROWS):  # in pieces: the package's temporaries stay small
             rows[i : i + ROWS] = torch.from_numpy(dequantize(data[i : i + ROWS], t.tensor_type).astype(np.float32))
         return out
+
+    def _data(self, t) -> np.ndarray:
+        """Tensor t's bytes as the reader types them, from a mapping of its own: its pages leave this process with
+        the array (the reader's mapping of the whole file would keep every page read resident until the load
+        ends: a 1 GB file's worth on top of the packed weights)."""
+        return np.memmap(self.path, dtype=t.data.dtype, mode="r", offset=int(t.data_offset), shape=t.data.shape)
 
     def rows(self, name: str) -> LazyRows:
         """The weight as LazyRows: de-quantized a block of rows at a time as the quantizer asks (the head's 152k
@@ -162,7 +170,7 @@ class GGUFTensors:
         from gguf.quants import dequantize
 
         t, shape = self.by_gguf[self.gguf_name(name)], self.meta[name][0]
-        data = np.asarray(t.data).reshape(shape[0], -1)
+        data = self._data(t).reshape(shape[0], -1)
 
         def read(index: torch.Tensor) -> torch.Tensor:
             return torch.from_numpy(dequantize(data[index.numpy()], t.tensor_type).astype(np.float32))
@@ -177,7 +185,7 @@ class GGUFTensors:
         if t.tensor_type.name != "Q4_K":
             return None
         n, k = self.meta[name][0]
-        blocks = np.asarray(t.data).reshape(n * k // 256, 144)  # 256 weights per block: d, dmin, scales, codes
+        blocks = self._data(t).reshape(n * k // 256, 144)  # 256 weights per block: d, dmin, scales, codes
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [blocks, 8] each: the 6-bit sub-scales and mins

@@ -86,8 +86,9 @@ INPUTS: tuple[Field, ...] = (
           "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
           convert=to_draft_len, param="num_draft_tokens"),
     Field("drafter", "STRING", (1,),
-          "`ngram` (prompt lookup), `draft_model` (configured, or on CPU the target's int8 copy: config "
-          "`draft_quantization` auto; under `num_draft_tokens` auto it drafts beside lookup), `grammar` "
+          "`ngram` (prompt lookup), `draft_model` (configured, or on CPU the target's own copy, int8 or from 1B "
+          "matmul weights int4: config `draft_quantization` auto; under `num_draft_tokens` auto it drafts beside "
+          "lookup), `grammar` "
           "(grammar-forced tokens only)",
           "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
           param="drafter"),

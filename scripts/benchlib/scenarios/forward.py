@@ -109,18 +109,24 @@ def timed_ms(fn, *a, **kw) -> float:
 def run(args) -> None:
     import torch
 
+    from specgram.engine.loading import model_of
     from specgram.model import kernels
-    from specgram.model.choice import choose_for
+    from specgram.model.choice import choose, choose_for
     from specgram.model.runner import ModelRunner
-    from specgram.model.whole import load_model
 
     max_b = max(args.batches)
     positions = args.cache_len + max(args.widths) + 8
+    tensors, cpu, dtype = None, torch.device("cpu"), getattr(torch, args.dtype)
     if args.shape:
         model = random_model(args.shape, args.dtype)
-    else:
-        model = load_model(args.model, torch.device("cpu"), getattr(torch, args.dtype))
-    runner = ModelRunner(model, max_b, positions, choose_for(model, args.linear, args.weights, args.kv_dtype))
+    else:  # as the engine loads it: on the native forward one tensor at a time into its served form (a 7B fits)
+        model, tensors = model_of(args.model, cpu, dtype, native=args.linear != "torch")
+    forward = (
+        choose_for(model, args.linear, args.weights, args.kv_dtype)
+        if tensors is None
+        else choose(model.config, cpu, dtype, args.linear, args.weights, args.kv_dtype)
+    )
+    runner = ModelRunner(model, max_b, positions, forward, tensors=tensors)
     for b in range(max_b):  # fill every slot's cache up to cache_len (values are irrelevant, the cost is not)
         runner.forward_rows([[1] * args.cache_len], [b], [0], last_only=True)
     probe = torch.ones((1 << 30) // 4)  # the bandwidth probe's 1 GiB, read between the shapes' runs (below)
