@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .drafting import registry
 from .errors import ModelLoadError
 
 # the words of the settings the model package reads (it imports them from here)
@@ -54,7 +55,7 @@ class EngineConfig:
     # over several steps, while the running requests keep decoding
     prefix_cache: str = "auto"  # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
     # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
-    drafter: str = "auto"  # default drafter: "draft_model", "ngram", or auto (draft_model if configured)
+    drafter: str = "auto"  # default drafter, one of drafting/registry.py; auto = draft_model where one loads, else ngram
     draft_checkpoint: str = ""  # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"  # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
@@ -78,6 +79,11 @@ class EngineConfig:
     # processing; "processed" = of the logits the token was chosen from
     ngram_min: int = 1  # n-gram prompt lookup: shortest suffix to match (docs/performance.md)
     ngram_max: int = 4  # ... longest suffix to match
+    suffix_store_mb: int = 64  # the suffix drafter's store of recent outputs (speculation/suffix_store.py), at most
+    # this many MiB; 0 = no suffix drafter. Scoped by LoRA adapter and cache_salt (docs/operating.md: tenants)
+    suffix_store_entries: int = 10000  # ... and at most this many outputs (least recently used evicted)
+    suffix_min_prob: float = 0.1  # a suffix draft goes on while the share of stored continuations that agree
+    # with it, multiplied over its depth, stays at least this
     grammar_cache_mb: int = 256  # compiled-grammar cache (xgrammar's LRU), in MiB
     grammar_compile_timeout_s: int = 30  # a guide whose compile runs longer fails its request (time spent
     # compiling in a worker process, not waiting for one)
@@ -153,9 +159,16 @@ class EngineConfig:
                 raise ModelLoadError(
                     f"engine setting {name} must be one of auto, {', '.join(DTYPES)}; got {getattr(self, name)!r}"
                 )
-        if self.drafter not in ("auto", "draft_model", "ngram", "grammar"):
+        if self.drafter not in ("auto", *registry.DRAFTERS):
             raise ModelLoadError(
-                f"engine setting drafter must be auto, draft_model, ngram or grammar; got {self.drafter!r}"
+                f"engine setting drafter must be auto or one of {', '.join(registry.DRAFTERS)}; got {self.drafter!r}"
+            )
+        if self.drafter != "auto" and (on := registry.DRAFTERS[self.drafter].enabled_by) and getattr(self, on) <= 0:
+            raise ModelLoadError(f"engine setting drafter {self.drafter} needs {registry.DRAFTERS[self.drafter].needs}")
+        if self.suffix_store_mb < 0 or self.suffix_store_entries < 0 or not 0 < self.suffix_min_prob <= 1:
+            raise ModelLoadError(
+                "suffix_store_mb and suffix_store_entries must be >= 0 (0: no suffix store) and suffix_min_prob in "
+                f"(0, 1]; got {self.suffix_store_mb}, {self.suffix_store_entries}, {self.suffix_min_prob}"
             )
         if self.draft_quantization not in ("none", "int8", "int4", "auto"):
             raise ModelLoadError(
@@ -223,9 +236,10 @@ class EngineConfig:
             if (key == "draft_vocab" and word == "full") or (key == "tree_nodes" and word == "off"):
                 raw = "0"
             try:
-                kwargs[key] = int(raw) if kind == "int" else str(raw)
+                kwargs[key] = int(raw) if kind == "int" else float(raw) if kind == "float" else str(raw)
             except ValueError:
-                raise ModelLoadError(f"engine parameter {key} must be an integer, got {raw!r}") from None
+                what = "an integer" if kind == "int" else "a number"
+                raise ModelLoadError(f"engine parameter {key} must be {what}, got {raw!r}") from None
         if "checkpoint" not in kwargs:
             raise ModelLoadError("engine parameter 'checkpoint' (path to a HF checkpoint folder) is required")
         return cls(**kwargs)

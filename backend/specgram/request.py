@@ -6,18 +6,14 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
+from .drafting.acceptance import RequestAcceptance
 from .errors import InvalidRequest
 from .spec_stats import SpecStats
 from .wire import ErrorKind, FinishReason
-
-if TYPE_CHECKING:
-    from .grammar.compiler import PendingGrammar
-    from .grammar.guide import Guide
-    from .speculation.adaptive import RequestAcceptance
 
 _ids = itertools.count(1)
 MAX_STOP_STRINGS = 16
@@ -59,6 +55,8 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)  # never generated (penalties.py)
     allowed_token_ids: list[int] | None = None  # only these (None: every token)
     lora_name: str | None = None  # a LoRA adapter the engine loaded (config enable_lora); None: the base model
+    cache_salt: str | None = None  # vLLM's name: requests share cached prompts' KV (prefix cache) and each other's
+    # outputs (suffix drafts) only with the same salt; None: the one unsalted scope
     max_reasoning_chars: int | None = None  # a thinking model's reasoning before a guided answer, at most this many
     # characters (None: no bound); then the grammar forces the end marker (grammar/compile.py, reasoning_prefix)
 
@@ -85,12 +83,6 @@ class SamplingParams:
     @property
     def auto_draft(self) -> bool:
         return self.num_draft_tokens == AUTO_DRAFT
-
-    @property
-    def looks_up(self) -> bool:
-        """Whether n-gram lookup may draft for this request: its drafter, or beside the draft model under auto
-        k (the planner takes whichever expects more tokens per second, per step)."""
-        return self.drafter == "ngram" or (self.drafter == "draft_model" and self.auto_draft)
 
     @property
     def speculates(self) -> bool:
@@ -139,6 +131,10 @@ class SamplingParams:
                 )
         if self.max_reasoning_chars is not None and not 0 <= self.max_reasoning_chars <= INT32_MAX:
             raise InvalidRequest(f"max_reasoning_chars must be in [0, {INT32_MAX}], got {self.max_reasoning_chars!r}")
+        if self.cache_salt is not None and (
+            not isinstance(self.cache_salt, str) or not 0 < len(self.cache_salt) <= 256
+        ):
+            raise InvalidRequest(f"cache_salt must be a string of 1 to 256 characters, got {self.cache_salt!r:.80}")
         if not isinstance(self.num_draft_tokens, int) or not AUTO_DRAFT <= self.num_draft_tokens <= max_draft_len:
             raise InvalidRequest(
                 f"num_draft_tokens must be -1 (auto) or an integer in [0, {max_draft_len}] "
@@ -231,8 +227,9 @@ class Request:
     generator: torch.Generator | None = None  # rejection sampling's uniforms (speculative_sampling rejection)
     spec: SpecStats = field(default_factory=SpecStats)
     finish_reason: FinishReason | None = None
-    pending_grammar: PendingGrammar | None = None  # while its guide compiles
-    guide: Guide | None = None  # once compiled (None: unconstrained)
+    # the grammar's objects (grammar/compiler.py PendingGrammar, grammar/guide.py Guide: the layer above)
+    pending_grammar: Any = None  # while its guide compiles
+    guide: Any = None  # once compiled (None: unconstrained)
     guide_ids: list[int] = field(default_factory=list)  # the guide's text, tokenized: a lookup source
     bad_word_ids: list[list[int]] = field(default_factory=list)  # params.bad_words tokenized (penalties.py)
     acceptance: RequestAcceptance | None = None  # per draft source (adaptive k), set when the engine takes it
@@ -243,6 +240,12 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def scope(self) -> tuple[int, str | None]:
+        """What may share this request's cached state (the prefix cache's KV, the suffix store's outputs): requests
+        of the same LoRA adapter and the same cache_salt."""
+        return self.adapter, self.params.cache_salt
 
     @property
     def num_tokens(self) -> int:

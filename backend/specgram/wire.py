@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from .drafting import registry
+
 
 class WireEnum(str, Enum):
     """A str-valued enum: members compare, hash, print and format as their wire strings."""
@@ -12,9 +14,10 @@ class WireEnum(str, Enum):
     __format__ = str.__format__
 
 
-# where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, n-gram
-# lookup found it in the prompt / the output / the guide's text, or the draft model drafted it
-DRAFT_SOURCES = ("forced", "prompt", "output", "guide", "draft_model")
+# where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, or a
+# drafter's own tags (drafting/registry.py: n-gram lookup's prompt / output / guide, the suffix store, the draft
+# model)
+DRAFT_SOURCES = registry.sources()
 # a tree's branch drafts (speculation/trees.py): a drafter's runner-up token, another lookup continuation
 BRANCH_SOURCES = ("alt", "branch")
 

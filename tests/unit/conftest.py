@@ -1,13 +1,35 @@
+import dataclasses
 import os
 
 import pytest
 
 from specgram.config import EngineConfig
+from specgram.drafting import registry
 from specgram.engine.engine import Engine
 from specgram.model import kernels
 
 from ..conftest import TEST_DEVICE
 from .tiny import save_checkpoint
+
+SUFFIX = registry.DRAFTERS["suffix"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_suffix_store_by_default():
+    """Unit tests run the same prompts again and again on one engine (a reference run, then speculative runs): a
+    suffix store would draft each later run from the first one's outputs, and the tests of the other drafters
+    would test it instead. The suffix drafter's tests build their engines with it (suffix_store)."""
+    registry.DRAFTERS["suffix"] = dataclasses.replace(SUFFIX, make="tests.unit.helpers:no_drafter")
+    yield
+    registry.DRAFTERS["suffix"] = SUFFIX
+
+
+@pytest.fixture
+def suffix_store():
+    """Engines built in this test have the suffix drafter where their config gives it a store."""
+    registry.DRAFTERS["suffix"] = SUFFIX
+    yield
+    registry.DRAFTERS["suffix"] = dataclasses.replace(SUFFIX, make="tests.unit.helpers:no_drafter")
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from specgram.config import EngineConfig
+from specgram.drafting import registry
 from specgram.engine.engine import Engine
 from specgram.engine.generate import generate
 from specgram.request import SamplingParams
@@ -214,3 +215,15 @@ def reference_model(engine) -> torch.nn.Module:
     """transformers' own float32 model of an engine's checkpoint, loaded whole (the engine's native forward never
     makes one: its weights are read straight into their served form), one per checkpoint and device."""
     return _reference(str(engine.config.checkpoint), str(engine.target.device))
+
+
+def declare(name: str) -> None:
+    """Declare a test's own drafter (drafting/registry.py): free, drafting alone (no lookups beside it)."""
+    registry.register(
+        registry.DrafterSpec(name, "a test's drafter", {name: 0.5}, frozenset({"prompt"}), consults=False)
+    )
+
+
+def no_drafter(config) -> None:
+    """A drafter's `make` that builds none (tests/unit/conftest.py: no suffix store by default)."""
+    return None

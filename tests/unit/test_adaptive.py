@@ -3,10 +3,12 @@ output stays exact whatever k the engine chooses (greedy: token-identical; sampl
 
 import pytest
 
+from specgram.drafting import acceptance
+from specgram.drafting.acceptance import Acceptance, RequestAcceptance
 from specgram.request import AUTO_DRAFT, SamplingParams
 from specgram.speculation import adaptive
 from specgram.speculation import costs as step_costs
-from specgram.speculation.adaptive import Acceptance, RequestAcceptance, allocate
+from specgram.speculation.adaptive import allocate
 from specgram.speculation.costs import StepCosts
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
@@ -255,8 +257,9 @@ def test_acceptance_observations_and_the_free_one():
     first, follow = est.get("prompt"), est.get("prompt", follows=True)
     assert (first.successes, first.trials, follow.successes, follow.trials) == (1, 1, 0, 1)
     est.observe(["prompt"] * 2, verified=1, accepted=1, next_matches=True)  # verified one, the cut one hit too
-    assert first.successes == pytest.approx(adaptive.DECAY + 1) and first.trials == pytest.approx(adaptive.DECAY + 1)
-    assert follow.successes == pytest.approx(1) and follow.trials == pytest.approx(adaptive.DECAY + 1)
+    decayed = pytest.approx(acceptance.DECAY + 1)
+    assert first.successes == decayed and first.trials == decayed
+    assert follow.successes == pytest.approx(1) and follow.trials == pytest.approx(acceptance.DECAY + 1)
     est.observe(["output"], verified=0, accepted=0, next_matches=False)  # k = 0: the shadow draft missed
     assert est.get("output").trials == 1 and est.get("output").successes == 0
     chances = est.chances(["forced", "prompt", "prompt"])
@@ -267,10 +270,10 @@ def test_acceptance_observations_and_the_free_one():
 def test_an_idle_request_looks_up_every_few_steps_only():
     est = RequestAcceptance()
     rests = []
-    for idle in range(2 * adaptive.LOOKUP_EVERY + 1):
+    for idle in range(2 * acceptance.LOOKUP_EVERY + 1):
         est.idle_steps = idle
         rests.append(est.lookup_rests)
-    every = adaptive.LOOKUP_EVERY
+    every = acceptance.LOOKUP_EVERY
     assert rests == [idle > 0 and idle % every != 0 for idle in range(2 * every + 1)]
     assert rests[0] is False and rests[every] is False and rests[1] is True  # drafting: every step
 
@@ -286,7 +289,7 @@ def test_acceptance_rate_follows_recent_steps():
 
 
 def test_a_new_request_starts_from_the_engine_wide_rate_of_each_source():
-    population = adaptive.Population()
+    population = acceptance.Population()
     old = RequestAcceptance(population)
     for _ in range(50):
         old.observe(["prompt", "prompt"], verified=2, accepted=2, next_matches=None)  # lookup always right
@@ -294,7 +297,7 @@ def test_a_new_request_starts_from_the_engine_wide_rate_of_each_source():
     new, fixed = RequestAcceptance(population), RequestAcceptance()
     assert new.get("prompt").rate > 0.9 and new.get("prompt", follows=True).rate > 0.9
     assert new.get("output").rate < 0.1
-    assert fixed.get("prompt").rate == adaptive.PRIORS["prompt"]
+    assert fixed.get("prompt").rate == acceptance.PRIORS["prompt"]
     for _ in range(5):  # the request's own evidence moves it off the population's
         new.observe(["prompt"], verified=1, accepted=0, next_matches=None)
     assert new.get("prompt").rate < 0.6 < old.get("prompt").rate
@@ -337,7 +340,8 @@ def test_a_draft_model_request_under_auto_drafts_by_lookup_where_the_model_does_
     assert [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
     by_source = [o[-1].spec.by_source for o in auto]
     assert not fed and all("draft_model" not in s for s in by_source)
-    assert sum(s.get("prompt", (0, 0))[0] + s.get("output", (0, 0))[0] for s in by_source) > 0
+    free = ("prompt", "output", "suffix")  # the lookups: n-gram, and the suffix store (these prompts ran before)
+    assert sum(s.get(f, (0, 0))[0] for s in by_source for f in free) > 0
 
 
 def test_the_draft_model_reads_an_auto_prompt_at_admission_only_where_a_draft_could_pay(engines, monkeypatch):
@@ -392,8 +396,8 @@ def test_an_auto_request_whose_prompt_the_draft_model_did_not_read_gets_no_model
 
 
 def test_lookup_drafts_that_lost_to_the_model_are_observed_against_what_was_committed():
+    from specgram.drafting.proposal import Proposal
     from specgram.request import Request
-    from specgram.speculation.drafter import Proposal
     from specgram.speculation.planner import DraftPlanner
 
     planner = DraftPlanner({}, None, 8, 96, False)
@@ -429,7 +433,7 @@ def test_auto_follows_the_cost_model(engines, monkeypatch):
     monkeypatch.setattr(only_rows, "fit", lambda: (0.0, 0.05, 0.0))  # the fit's intercept is not exactly 0
     for costs, expect_drafts in ((costs_of(0.030, 1e-7), True), (only_rows, False)):
         freeze(monkeypatch, engine, costs)
-        monkeypatch.setattr(engine.planner, "population", adaptive.Population())  # no history from other tests
+        monkeypatch.setattr(engine.planner, "population", acceptance.Population())  # no history from other tests
         spec = run(engine, PROMPTS, max_tokens=30, num_draft_tokens=AUTO_DRAFT, drafter="oracle")
         assert [tokens_of(o) for o in spec] == [tokens_of(o) for o in base]
         hists = [o[-1].spec.k_hist for o in spec]
@@ -515,7 +519,7 @@ def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkey
 
 
 def test_every_draft_source_has_a_prior():
-    from specgram.speculation.adaptive import PRIORS
+    from specgram.drafting.acceptance import PRIORS
     from specgram.wire import DRAFT_SOURCES
 
     assert tuple(PRIORS) == DRAFT_SOURCES

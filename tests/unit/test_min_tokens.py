@@ -12,14 +12,16 @@ from itertools import accumulate
 import pytest
 import torch
 
+from specgram.drafting.proposal import Proposal
 from specgram.errors import InvalidRequest
 from specgram.request import SamplingParams
 from specgram.serving.protocol import parse
-from specgram.speculation.drafter import Drafter, Proposal
+from specgram.speculation.drafter import Drafter
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
 from .helpers import (
     PROMPTS,
+    declare,
     lines_all_accepted,
     pinned_eos,
     reference_model,
@@ -157,6 +159,7 @@ class EosDrafter(Drafter):
 
 def test_drafted_eos_is_rejected_below_min_tokens(engines, eos, edges):
     engine = engines["wrong"]
+    declare("eos")
     engine.drafters["eos"] = EosDrafter(eos)
     texts, mins = [t for t, _ in edges], [m for _, m in edges]
     with pinned_eos(engine, eos):

@@ -3,13 +3,15 @@ drafter, draft length and batch composition; sampled output has the target's dis
 
 import pytest
 
+from specgram.drafting.proposal import Proposal
 from specgram.request import SamplingParams
 from specgram.sample import noise, sampling
-from specgram.speculation.drafter import Drafter, Proposal
+from specgram.speculation.drafter import Drafter
 
 from .distributions import chi2_critical, chi2_stat, exact_joint
 from .helpers import (
     PROMPTS,
+    declare,
     lines_all_accepted,
     pinned_eos,
     reference_model,
@@ -47,6 +49,7 @@ def spec_engine(tmp_path_factory):
 def with_oracle(engine, prompts, max_tokens, wrong=False, **extra):
     refs = run(engine, prompts, max_tokens=max_tokens, **extra)
     keys = [tuple(engine.make_request(SamplingParams(), text=t).prompt_ids) for t in prompts]
+    declare("oracle")
     engine.drafters["oracle"] = OracleDrafter(
         {k: tokens_of(o) for k, o in zip(keys, refs, strict=True)}, engine.target.vocab_size, wrong
     )

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from specgram.drafting.proposal import Branch, Proposal
 from specgram.model.tree import walk
 from specgram.request import SamplingParams
 from specgram.speculation import trees
-from specgram.speculation.drafter import Branch, Proposal
 from specgram.speculation.ngram import alternatives
 
 from .distributions import chi2_critical, chi2_stat, exact_joint

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ..drafting import registry
 from .common import SCHEMA, TOKENS, Row, first_diff, gib
 
 
@@ -31,7 +32,7 @@ def _ids(engine, prompt_ids, k: int, drafter=None, lora=None, guide: str | None 
 def check_engine(engine, prompt_ids: list[list[int]], adapters: list[str]) -> tuple[list[Row], list[list[int]]]:
     """The engine's own exactness (draft lengths, batch, adapters), a guided answer, and a decode's speed."""
     rows, base = [], None
-    drafter = "draft_model" if "draft_model" in engine.drafters else None
+    drafter = next((n for n in engine.drafters if registry.DRAFTERS[n].forward), None)  # a draft model, if any
     for lora in [None, *adapters]:
         alone = [_ids(engine, [p], 0, lora=lora)[0][0] for p in prompt_ids]
         base = base or alone

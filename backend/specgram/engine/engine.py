@@ -26,9 +26,8 @@ from ..grammar.masks import StepMasks
 from ..model.runner import ModelRunner
 from ..request import Request, RequestOutput, SamplingParams
 from ..speculation import trees
-from ..speculation.drafter import Drafter, GrammarOnlyDrafter
+from ..speculation.drafter import Drafter, build_drafters
 from ..speculation.fallback import Fallback
-from ..speculation.ngram import NgramDrafter
 from ..speculation.planner import DraftPlanner
 from ..speculation.rows import VerifyRow
 from ..wire import ErrorKind, FinishReason
@@ -65,11 +64,7 @@ class Engine:
         # verify forward before the matchers' seal (StepPlan.sealed): worth it where forwards run asynchronously
         self.overlap_grammar = self.device.type == "cuda"
         eos = loading.eos_ids(tokenizer, getattr(target.model, "generation_config", None), target.config)
-        all_drafters: dict[str, Drafter] = {
-            "ngram": NgramDrafter(config.ngram_min, config.ngram_max),
-            "grammar": GrammarOnlyDrafter(),
-            **(drafters or {}),
-        }
+        all_drafters = build_drafters(config, drafters or {})  # the registry's (drafting/registry.py) and loaded
         runners = [d.runner for d in all_drafters.values() if hasattr(d, "runner")]  # the draft models'
         self.lora_runners = [r for r in [target, *runners] if r.adapters]  # those applying LoRA, each by its slots'
         self.grammar = GrammarCompiler(

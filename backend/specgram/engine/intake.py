@@ -12,6 +12,7 @@ import copy
 import threading
 
 from ..config import EngineConfig
+from ..drafting import registry
 from ..errors import InvalidRequest
 from ..grammar.compiler import GrammarCompiler
 from ..request import Request, SamplingParams
@@ -87,7 +88,8 @@ class Intake:
             with self._tokenizing:
                 req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
         if kind is not None:
-            if params.speculates and params.looks_up and params.guide:
+            consulted = registry.consulted(params.drafter, params.auto_draft, self.drafters)
+            if params.speculates and params.guide and any("guide" in registry.DRAFTERS[n].reads for n in consulted):
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
             if self._reasons(ids, chat_prompt):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ..drafting.proposal import Proposal
 from ..faults import DeadEnd, Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
 from ..sample import min_tokens, sampling
 from ..sample.noise import NoiseRows
-from ..speculation.drafter import Proposal
 from . import penalties
 
 NO_TOKEN = -1  # pick()'s id for a row that has no token to give (dead, or its request failed)

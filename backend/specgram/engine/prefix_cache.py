@@ -13,8 +13,9 @@ stays reusable as long as possible. A longer match held by any other slot, runni
 (all layers, one strided copy per tensor). The last prompt token is always prefilled: its logits give the
 first output token.
 
-Keys and values depend on the LoRA adapter that computed them: a slot's held prompt is reused only by requests of
-the same adapter (`owner[slot]`; -1: the base model).
+Keys and values depend on the LoRA adapter that computed them, and a reused prompt is faster than a prefilled one
+(a timing side channel: a tenant could learn that another sent a prompt): a slot's held prompt is reused only by
+requests of the same scope (Request.scope: the adapter and the cache_salt; `owner[slot]`).
 
 Exactness: reused KV equals recomputed KV bitwise only where the forward computes each token independently
 of its batch and chunking (the native CPU kernels); elsewhere the reuse is off unless asked for ("on"),
@@ -24,6 +25,8 @@ because greedy output could then depend on which prompts came before.
 from __future__ import annotations
 
 from ..model.kv_cache import KVCache
+
+BASE = (-1, None)  # the scope of a request of the base model without a cache_salt (Request.scope)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -38,43 +41,43 @@ class PrefixCache:
     def __init__(self, cache: KVCache):
         self.cache = cache
         self.held: dict[int, list[int]] = {}
-        self.owner: dict[int, int] = {}  # slot -> the LoRA adapter whose KV it holds (-1: the base model)
+        self.owner: dict[int, tuple] = {}  # slot -> the scope (adapter, cache_salt) whose KV it holds
         self.used: dict[int, int] = {}  # slot -> when it last got a request (a counter)
         self.clock = 0
 
-    def _held(self, slot: int, adapter: int) -> list[int]:
-        """What `slot` holds for a request of `adapter` (nothing where another adapter computed it)."""
-        return self.held.get(slot, []) if self.owner.get(slot, -1) == adapter else []
+    def _held(self, slot: int, scope: tuple) -> list[int]:
+        """What `slot` holds for a request of `scope` (nothing where another scope's request left it)."""
+        return self.held.get(slot, []) if self.owner.get(slot, BASE) == scope else []
 
-    def best(self, prompt: list[int], slots, adapter: int = -1) -> tuple[int | None, int]:
+    def best(self, prompt: list[int], slots, scope: tuple = BASE) -> tuple[int | None, int]:
         """-> (slot, n): among `slots`, the one holding the longest prefix of `prompt` usable for it (at most
-        len(prompt) - 1 tokens, computed under the same adapter), or (None, 0)."""
+        len(prompt) - 1 tokens, left by a request of the same scope), or (None, 0)."""
         best_slot, best_n = None, 0
         limit = len(prompt) - 1
         for s in slots:
-            n = min(common_prefix(self._held(s, adapter), prompt), limit)
+            n = min(common_prefix(self._held(s, scope), prompt), limit)
             if n > best_n:
                 best_slot, best_n = s, n
         return best_slot, best_n
 
-    def choose_free_slot(self, prompt: list[int], free: list[int], adapter: int = -1) -> int:
+    def choose_free_slot(self, prompt: list[int], free: list[int], scope: tuple = BASE) -> int:
         """The free slot to give a new request: the longest one whose whole held prompt `prompt` extends (in
         place, nothing lost), else the least recently used (a never used one first)."""
-        keep = [s for s in free if self._held(s, adapter) and common_prefix(self.held[s], prompt) == len(self.held[s])]
+        keep = [s for s in free if self._held(s, scope) and common_prefix(self.held[s], prompt) == len(self.held[s])]
         if keep:
             return max(keep, key=lambda s: len(self.held[s]))
         return min(reversed(free), key=lambda s: self.used.get(s, -1))
 
-    def attach(self, slot: int, prompt: list[int], adapter: int = -1) -> int:
-        """A request with `prompt` (under `adapter`) now owns `slot`: fill its first positions from the best match
+    def attach(self, slot: int, prompt: list[int], scope: tuple = BASE) -> int:
+        """A request with `prompt` (of `scope`) now owns `slot`: fill its first positions from the best match
         anywhere (in place or copied). -> how many prompt tokens need no prefill (the request's starting cache_len)."""
-        _, here = self.best(prompt, [slot], adapter)
-        src, n = self.best(prompt, [s for s in self.held if s != slot], adapter)
+        _, here = self.best(prompt, [slot], scope)
+        src, n = self.best(prompt, [s for s in self.held if s != slot], scope)
         if n > here:
             self.cache.copy_prefix(src, slot, n)
         else:
             n = here
-        self.held[slot], self.owner[slot] = prompt[:n], adapter
+        self.held[slot], self.owner[slot] = prompt[:n], scope
         self.used[slot] = self.clock
         self.clock += 1
         return n

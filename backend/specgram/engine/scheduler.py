@@ -71,9 +71,9 @@ class Scheduler:
                 continue
             self.waiting.remove(req)
             if self.prefix:
-                req.slot = self.prefix.choose_free_slot(req.prompt_ids, self.free_slots, req.adapter)
+                req.slot = self.prefix.choose_free_slot(req.prompt_ids, self.free_slots, req.scope)
                 self.free_slots.remove(req.slot)
-                req.cache_len = req.cached_prompt_tokens = self.prefix.attach(req.slot, req.prompt_ids, req.adapter)
+                req.cache_len = req.cached_prompt_tokens = self.prefix.attach(req.slot, req.prompt_ids, req.scope)
             else:
                 req.slot = self.free_slots.pop()
             req.admitted = time.monotonic()

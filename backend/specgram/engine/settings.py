@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ..config import DTYPES, EngineConfig
+from ..drafting import registry
 from ..errors import ModelLoadError
 from ..model import families
 from ..model.choice import ForwardChoice, choose, served_form
@@ -61,7 +62,7 @@ class Settings:
     dtype: torch.dtype  # the target's weights as loaded
     target: ForwardChoice
     draft: DraftChoice | None  # None: no draft model
-    drafter: str  # a request's drafter when it names none: "draft_model" | "ngram" | "grammar"
+    drafter: str  # a request's drafter when it names none (drafting/registry.py)
     prefix_cache: bool
 
 
@@ -119,9 +120,11 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
         target = _as_stored(target, config.checkpoint)
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
     drafter = config.drafter
+    # the drafters this engine will have: every declared one but a forward drafter without its model
+    have = {n for n, spec in registry.DRAFTERS.items() if not spec.forward or draft is not None}
     if drafter == "auto":
-        drafter = "draft_model" if draft is not None else "ngram"
-    elif drafter == "draft_model" and draft is None:
+        drafter = registry.default(have)
+    elif drafter not in have:
         why = (
             "draft_quantization auto found no draft model to load here (the native CPU forward does not run a "
             "float target)"
@@ -129,7 +132,8 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
             else "none is configured"
         )
         raise ModelLoadError(
-            f"drafter 'draft_model' needs a draft model, and {why}: set draft_checkpoint or draft_quantization int8"
+            f"drafter {drafter!r} needs {registry.DRAFTERS[drafter].needs}, and {why}: set draft_checkpoint or "
+            "draft_quantization int8"
         )
     reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.kind == "native")
     return Settings(device, dtype, target, draft, drafter, reuse)

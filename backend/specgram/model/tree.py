@@ -13,18 +13,10 @@ import ctypes
 
 import torch
 
+from ..drafting.proposal import depths  # noqa: F401 (each token's depth: also the forward's)
+
 MAX_ROW = 64  # tokens in one tree row: an ancestor mask names 64 positions
 ALL = (1 << 64) - 1  # every bit: causal attention
-
-
-def depths(parents: list[int]) -> list[int]:
-    """Each token's depth (its position past the row's first token)."""
-    out: list[int] = []
-    for i, p in enumerate(parents):
-        if p >= i or (p < 0) != (i == 0):
-            raise ValueError(f"tree row: token {i}'s parent {p} must be an earlier token (-1 for the first only)")
-        out.append(0 if p < 0 else out[p] + 1)
-    return out
 
 
 def is_chain(parents: list[int]) -> bool:

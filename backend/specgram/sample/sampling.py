@@ -14,17 +14,13 @@ acceptance for a draft model, but the committed tokens then depend on what was d
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from ..drafting.proposal import Proposal
 from ..model import tree
 from ..model.transfer import h2d, long_tensor
 from ..request import Request
 from . import noise
-
-if TYPE_CHECKING:  # a verify row's drafts (tokens, probs): the speculation package's, one layer up
-    from ..speculation.drafter import Proposal
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..drafting import registry
 from .values import (
     to_bool,
     to_draft_len,
@@ -85,11 +86,7 @@ INPUTS: tuple[Field, ...] = (
           "`sampling_parameters`) = the engine chooses k per step from the request's acceptance and the step cost",
           "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
           convert=to_draft_len, param="num_draft_tokens"),
-    Field("drafter", "STRING", (1,),
-          "`ngram` (prompt lookup), `draft_model` (configured, or on CPU the target's own copy, int8 or from 1B "
-          "matmul weights int4: config `draft_quantization` auto; under `num_draft_tokens` auto it drafts beside "
-          "lookup), `grammar` "
-          "(grammar-forced tokens only)",
+    Field("drafter", "STRING", (1,), registry.describe(),
           "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
           param="drafter"),
     Field("tree_drafts", "BOOL", (1,),
@@ -98,6 +95,10 @@ INPUTS: tuple[Field, ...] = (
     Field("lora_name", "STRING", (1,),
           "a LoRA adapter of the model's `multi_lora.json` (config `enable_lora`); an unknown name is an error",
           "the base model", convert=to_str, param="lora_name"),
+    Field("cache_salt", "STRING", (1,),
+          "vLLM's name: requests share cached prompts (the prefix cache) and each other's outputs (suffix drafts) "
+          "only with the same salt, 1 to 256 characters (a tenant's secret keeps another from timing its traffic)",
+          "none: the one unsalted scope", convert=to_str, param="cache_salt"),
     Field("guided_decoding_guide_type", "STRING", (1,),
           "`json` (any JSON; guide may be empty), `json_schema`, `regex`, `ebnf` (xgrammar EBNF/GBNF), "
           "`structural_tag` (xgrammar's JSON format), `choice` (the guide is a JSON list of strings: exactly one of "

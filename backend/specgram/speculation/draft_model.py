@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from ..drafting.proposal import Proposal
 from ..model.runner import ModelRunner
 from ..request import Request
 from ..sample.sampling import one_hot_rows
-from .drafter import Drafter, PickFn, Proposal
+from .drafter import Drafter, PickFn
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ..drafting.proposal import Proposal
 from ..request import Request
-from .drafter import Drafter, PickFn, Proposal
+from .drafter import Drafter, PickFn
 
 # candidates looked at per corpus and suffix length, later occurrences first: a bound on the lookup's work per
 # step (docs/architecture.md, the step)
@@ -113,6 +114,10 @@ class NgramDrafter(Drafter):
             prop = Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found), others=others)
             out.append(prop)
         return out
+
+
+def build(config) -> NgramDrafter:
+    return NgramDrafter(config.ngram_min, config.ngram_max)
 
 
 def alternatives(

@@ -1,10 +1,12 @@
 """Draft planning: which drafts each decoding request verifies in a step, and what the verify outcome teaches.
 
-For a step's decoding requests: grammar-forced tokens first (free), then each drafter continues the proposals
-of the requests that use it, batched across them (draft logits masked with the rows the target will use); a
-draft-model request under auto k also looks up n-grams first, and adaptive.plan_depths chooses for the whole
-batch how deep the model drafts and for which requests (a depth's forward is shared by the requests drafting at
-it; a request takes the model's drafts only where they beat its lookup drafts);
+For a step's decoding requests: grammar-forced tokens first (free), then the free drafters (lookups) each
+request consults (drafting/registry.py: its own, and under auto k every companion; the drafts with the most
+expected accepted tokens win), then each forward drafter (a draft model) continues the proposals of the requests
+that use it, batched across them (draft logits masked with the rows the target will use): under auto k
+adaptive.plan_depths chooses for the whole batch how deep the model drafts and for which requests (a depth's
+forward is shared by the requests drafting at it; a request takes the model's drafts only where they beat its
+lookup drafts);
 auto requests are then cut by adaptive.allocate over the whole batch (the drafts are made: only their verify
 rows count); guided proposals are sealed by their
 grammar (cut at the first illegal draft, the bonus row filled, the matcher rolled back). After the verify,
@@ -18,12 +20,18 @@ from __future__ import annotations
 
 import time
 
+from ..drafting import registry
+from ..drafting.acceptance import Population, RequestAcceptance
+from ..drafting.proposal import Proposal
 from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
-from . import adaptive, costs
-from .drafter import Drafter, PickFn, Proposal
+from . import adaptive, costs, forward_depths
+from .drafter import Drafter, PickFn
 from .rows import VerifyRow
+
+FORCED = registry.FORCED
+FORWARD_SOURCES = registry.forward_sources()
 
 
 class DraftPlanner:
@@ -41,10 +49,10 @@ class DraftPlanner:
         self.faults = faults if faults is not None else Faults()
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = costs.StepCosts()  # decode-step seconds by verify rows, for num_draft_tokens auto
-        self.population = adaptive.Population()  # engine-wide acceptance per draft source: each request's prior
+        self.population = Population()  # engine-wide acceptance per draft source: each request's prior
 
     def start(self, req: Request) -> None:
-        req.acceptance = adaptive.RequestAcceptance(self.population)
+        req.acceptance = RequestAcceptance(self.population)
 
     def admitted(self, reqs: list[Request], running: list[Request]) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: the requests
@@ -58,27 +66,10 @@ class DraftPlanner:
             users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
             if not users:
                 continue
-            if name != "draft_model" or not drafter.reads_prompts:
+            if not registry.DRAFTERS[name].forward or not drafter.reads_prompts:
                 self._admit(drafter, users, True)
                 continue
-            p = self.population.rate("draft_model", adaptive.PRIORS["draft_model"])
-            streams, new = len(running), {r.request_id for r in reqs}
-            joined = sum(
-                1 for r in running if r.request_id not in new and r.params.drafter == name and drafter.started(r)
-            )
-            can = costs.depth_can_pay(streams, self.costs, p)
-            read = [
-                r
-                for r in users
-                if not r.params.auto_draft
-                or (
-                    can
-                    and costs.read_pays(
-                        streams, self.costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined
-                    )
-                )
-            ]
-            skip = [r for r in users if r not in read]
+            read, skip = forward_depths.readers(name, drafter, users, reqs, running, self.population, self.costs)
             if read:
                 start = time.perf_counter()
                 self._admit(drafter, read, True)
@@ -91,7 +82,10 @@ class DraftPlanner:
         self.faults.each_or_alone(reqs, lambda sub: [drafter.admit(sub, now)] * len(sub), None)
 
     def release(self, req: Request) -> None:
-        self.drafters[req.params.drafter].release(req)
+        """req finished or was aborted: its drafter, and every drafter that learns from other requests, hear it."""
+        for name, drafter in self.drafters.items():
+            if name == req.params.drafter or "other requests" in registry.DRAFTERS[name].reads:
+                drafter.release(req)
 
     def draft_len(self, req: Request) -> int:
         """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the
@@ -118,41 +112,39 @@ class DraftPlanner:
             else []
             for r, k in zip(reqs, ks, strict=True)
         ]
-        # auto requests idle for a while look up only now and then (adaptive.LOOKUP_EVERY)
+        # auto requests idle for a while look up only now and then (acceptance.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
-        lookups = self._lookups(reqs, ks, prefixes, pick, rests)
+        found = self._free_drafts(reqs, ks, prefixes, pick, rests)
+        depths = self._forward_depths(reqs, ks, prefixes, found)
         drafted_s = 0.0  # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
-        depths = self._draft_model_depths(reqs, ks, prefixes, lookups)
-        proposals = [Proposal(p, sources=["forced"] * len(p)) for p in prefixes]
+        proposals = [Proposal(p, sources=[FORCED] * len(p)) for p in prefixes]
+        modeled = [False] * len(reqs)
         for name, drafter in self.drafters.items():
-            idx = [
-                i
-                for i, r in enumerate(reqs)
-                if depths[i] > len(prefixes[i]) and r.params.drafter == name and not (name == "ngram" and rests[i])
-            ]
+            if not registry.DRAFTERS[name].forward:
+                continue
+            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name]
             if idx:
                 # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
-                timed = name == "draft_model" and max(drafter.behind(reqs[i]) for i in idx) <= 2
+                timed = max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
                 props = self._propose(
                     drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick, [prefixes[i] for i in idx]
                 )
                 spent = time.perf_counter() - start
-                if name == "draft_model":
-                    drafted_s += spent
+                drafted_s += spent
                 if timed:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
                     self.costs.record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
-                    proposals[i] = prop.tagged(len(prefixes[i]), name)
-        for i, found in enumerate(lookups):
-            if found is None:
+                    proposals[i], modeled[i] = prop.tagged(len(prefixes[i]), forward_depths.source_of(name)), True
+        for i, lookup in enumerate(found):
+            if lookup is None:
                 continue
-            if depths[i] > len(prefixes[i]):
-                rows[i].shadow = found
+            if modeled[i]:
+                rows[i].shadow = lookup
             else:
-                proposals[i], depths[i] = found, ks[i]
+                proposals[i], depths[i] = lookup, ks[i]
         for v, p, k in zip(rows, proposals, depths, strict=True):
             v.available = p.cut(k) if not self.faults.has(v.req) else Proposal([], sources=[])
         return drafted_s
@@ -172,69 +164,46 @@ class DraftPlanner:
 
         return self.faults.each_or_alone(reqs, propose, Proposal([]))
 
-    def _lookups(
+    def _free_drafts(
         self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], pick: PickFn, rests: list[bool]
-    ) -> list:
-        """Draft-model requests under auto k: their n-gram lookup drafts (a Proposal continuing the forced
-        prefix; None where lookup finds nothing more or rests this step, and for every other request)."""
-        both = [
-            i
+    ) -> list[Proposal | None]:
+        """Each request's best lookup drafts: every free drafter it consults (registry.consulted) continues its
+        forced prefix, batched per drafter; the proposal with the most expected accepted tokens (its acceptance
+        estimates) wins, the first consulted on a tie. None where none finds more than the prefix, where the
+        request rests this step (idle auto requests), and for requests that consult none."""
+        asked = [
+            registry.consulted(r.params.drafter, r.params.auto_draft, self.drafters)
+            if ks[i] > len(prefixes[i]) and not rests[i]
+            else []
             for i, r in enumerate(reqs)
-            if r.params.drafter == "draft_model" and r.params.looks_up and ks[i] > len(prefixes[i]) and not rests[i]
         ]
-        out: list[Proposal | None] = [None] * len(reqs)
-        if both:
-            found = self._propose(
-                self.drafters["ngram"],
-                [reqs[i] for i in both],
-                [ks[i] for i in both],
-                pick,
-                [prefixes[i] for i in both],
+        best: list[Proposal | None] = [None] * len(reqs)
+        score = [0.0] * len(reqs)
+        for name, drafter in self.drafters.items():
+            idx = [i for i, a in enumerate(asked) if name in a]
+            if not idx:
+                continue
+            props = self._propose(
+                drafter, [reqs[i] for i in idx], [ks[i] for i in idx], pick, [prefixes[i] for i in idx]
             )
-            for i, p in zip(both, found, strict=True):
-                out[i] = p if len(p.tokens) > len(prefixes[i]) else None
-        return out
+            for i, p in zip(idx, props, strict=True):
+                if len(p.tokens) <= len(prefixes[i]):
+                    continue
+                p = p.tagged(len(prefixes[i]), name)
+                expect = sum(reqs[i].acceptance.chances(p.sources)) if len(asked[i]) > 1 else 0.0
+                if best[i] is None or expect > score[i]:
+                    best[i], score[i] = p, expect
+        return best
 
-    def _draft_model_depths(
+    def _forward_depths(
         self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], lookups: list
     ) -> list[int]:
-        """Auto requests drafting with the draft model: their k is chosen before drafting (each depth costs a
-        draft forward), from their acceptance estimates, against their lookup drafts (lookups[i]) where they
-        have some (adaptive.plan_depths); a request whose prompt the model never read (admitted among many
-        streams) gets no model drafts. -> per request its drafts to make (its forced prefix or less: none from
-        the model; its lookup drafts, if any, are verified instead); the other requests keep their k."""
-        auto = [r.params.auto_draft and r.params.drafter == "draft_model" for r in reqs]
-        if not any(auto):
-            return ks
-        model = self.drafters["draft_model"]
-        # a prompt the model never read: no drafts
-        seen = [a and model.started(r) for r, a in zip(reqs, auto, strict=True)]
-        chances = [
-            r.acceptance.chances(["forced"] * len(pre) + ["draft_model"] * (k - len(pre))) if s else []
-            for r, k, pre, s in zip(reqs, ks, prefixes, seen, strict=True)
-        ]
-        looked = [
-            r.acceptance.chances(found.sources) if found is not None else None
-            for r, found in zip(reqs, lookups, strict=True)
-        ]
-        paid = max(
-            (
-                k - len(pre)
-                for r, k, pre, a in zip(reqs, ks, prefixes, auto, strict=True)
-                if not a and r.params.speculates and r.params.drafter == "draft_model"
-            ),
-            default=0,
-        )
-        planned = adaptive.plan_depths(chances, looked, [len(pre) for pre in prefixes], self.costs, paid)
-        # a probe (one model draft for a request that has drafted nothing for a while: its estimate's evidence)
-        # rides along where the model drafts this step anyway, else only where it could pay alone
-        drafting = paid > 0 or any(p > len(pre) for p, pre, s in zip(planned, prefixes, seen, strict=True) if s)
-        probe = drafting or costs.probe_can_pay(len(reqs), self.costs)
-        out = []
-        for r, k, pre, a, s, p in zip(reqs, ks, prefixes, auto, seen, planned, strict=True):
-            if a:  # fixed-k requests keep k; an unread prompt drafts only its forced prefix
-                k = max(p, min(len(pre) + 1, k) if probe and r.acceptance.probe_due else 0) if s else len(pre)
-            out.append(k)
+        """Per request its drafts to make this step: each forward drafter's auto requests planned (_plan), the
+        other requests keep their k."""
+        out = list(ks)
+        for name, drafter in self.drafters.items():
+            if registry.DRAFTERS[name].forward:
+                forward_depths.plan(name, drafter, reqs, prefixes, lookups, out, self.costs)
         return out
 
     def choose_cuts(self, rows: list[VerifyRow], drafted_s: float) -> None:
@@ -259,7 +228,7 @@ class DraftPlanner:
             r, p = v.req, v.available
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
-                probe = "draft_model" in p.sources and r.acceptance.probe_due
+                probe = not FORWARD_SOURCES.isdisjoint(p.sources) and r.acceptance.probe_due
                 p = p.cut(max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
             v.proposal = p
@@ -292,7 +261,7 @@ class DraftPlanner:
         """The lookup drafts that lost to the draft model's this step, judged against the committed tokens (what
         the target would have accepted of them): the lookup estimate stays current while the model drafts.
         Skipped after a forced prefix, which the verified proposal's own observation already counted."""
-        if shadow is None or shadow.sources[0] == "forced":
+        if shadow is None or shadow.sources[0] == FORCED:
             return
         n = min(len(shadow.tokens), len(committed))
         hits = next((j for j in range(n) if shadow.tokens[j] != committed[j]), n)

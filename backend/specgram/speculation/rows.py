@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..drafting.proposal import Proposal
 from ..request import Request
-from .drafter import Proposal
 
 
 def _none() -> Proposal:

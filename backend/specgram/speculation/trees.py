@@ -19,19 +19,22 @@ Not branched: requests whose verify needs the row as a line (repetition penaltie
 
 from __future__ import annotations
 
+from ..drafting import registry
+from ..drafting.acceptance import Population
+from ..drafting.proposal import Branch, Proposal
 from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..model.tree import MAX_ROW
 from ..request import Request
 from ..wire import BRANCH_SOURCES
-from .adaptive import MIN_GAIN, Population
+from .adaptive import MIN_GAIN
 from .costs import StepCosts
-from .drafter import Branch, Proposal
 from .rows import VerifyRow
 
 ALT, LOOKUP = BRANCH_SOURCES  # the sources of branch drafts (statistics): a runner-up token; another lookup match
 ALT_FLOOR = 0.05  # a draft model's runner-up kept as a candidate from this probability (below: never worth a row)
 LOOKUP_OTHERS = 3  # further n-gram continuations kept as candidates
+CANDIDATES = {"alts": ALT_FLOOR, "others": LOOKUP_OTHERS, "": 0}  # by a drafter's declared tree material
 PROBE_EVERY = 8  # after a step without a tree, the drafters keep candidates every this many steps only
 
 
@@ -107,7 +110,7 @@ class TreePlanner:
     def _keep_candidates(self, on: bool) -> None:
         """Whether the drafters keep tree material in the next step's drafts (runner-ups cost a softmax per draft)."""
         for name, drafter in self.drafters.items():
-            drafter.alternatives = (LOOKUP_OTHERS if name == "ngram" else ALT_FLOOR) if on else 0
+            drafter.alternatives = CANDIDATES[registry.DRAFTERS[name].tree] if on else 0
 
     def plan(self, rows: list[VerifyRow], costs: StepCosts, sunk: float = 0.0) -> None:
         """Add each row's branches (row.proposal.branches), the step's rows chosen together (see the header).

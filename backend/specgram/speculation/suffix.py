@@ -1,0 +1,57 @@
+"""Suffix drafting (drafter "suffix"): drafts what other requests' recent outputs continued the last tokens with.
+
+The store (suffix_store.py) holds the outputs of finished requests, each under its request's scope: its LoRA
+adapter and its cache_salt (Request.scope). A request reads only its own scope: requests with different salts
+never draft from each other's outputs. Every finished request's output enters the store, whatever drafter it
+used (release()). Drafts are deterministic (one-hot) and verified like any other: output is unchanged.
+
+Cost per proposal: one dict lookup of the last KEY tokens, a bounded walk over at most MAX_OCCURRENCES
+occurrences (suffix_store.py), and for a guided request one legal_prefix check of the drafts.
+"""
+
+from __future__ import annotations
+
+from ..drafting.proposal import Proposal
+from ..request import Request
+from .drafter import Drafter, PickFn
+from .suffix_store import MAX_MATCH, SuffixStore
+
+SOURCE = "suffix"
+LEAD = 4  # prompt tokens stored before each output
+
+
+class SuffixDrafter(Drafter):
+    def __init__(self, store: SuffixStore):
+        self.store = store
+
+    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+        out = []
+        for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
+            found: list[int] = []
+            if k > len(prefix):
+                context = _tail(r, MAX_MATCH) + list(prefix)
+                found, _ = self.store.lookup(r.scope, context, k - len(prefix))
+                if found and r.guide is not None:  # the matcher holds the prefix tentatively (forced tokens)
+                    found = found[: r.guide.legal_prefix(found)]
+            out.append(Proposal(list(prefix) + found, sources=["forced"] * len(prefix) + [SOURCE] * len(found)))
+        return out
+
+    def release(self, req: Request) -> None:
+        """req finished or was aborted: its output joins the store under its scope, after the prompt's last LEAD
+        tokens (a chat template's assistant header: what the next answer's first drafts follow)."""
+        self.store.add(req.scope, req.prompt_ids[-LEAD:] + req.output_ids)
+
+
+def _tail(req: Request, n: int) -> list[int]:
+    """The last n of req's prompt and output tokens (without copying a long prompt)."""
+    out = req.output_ids[-n:]
+    need = n - len(out)
+    return (req.prompt_ids[-need:] if need else []) + out
+
+
+def build(config) -> SuffixDrafter | None:
+    """The engine's suffix drafter (None: suffix_store_mb 0)."""
+    if config.suffix_store_mb <= 0:
+        return None
+    store = SuffixStore(config.suffix_store_entries, config.suffix_store_mb << 20, config.suffix_min_prob)
+    return SuffixDrafter(store)
