@@ -55,7 +55,7 @@ class EngineConfig:
     # over several steps, while the running requests keep decoding
     prefix_cache: str = "auto"  # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
     # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
-    drafter: str = "auto"  # default drafter, one of drafting/registry.py; auto = draft_model where one loads, else ngram
+    drafter: str = "auto"  # default drafter (drafting/registry.py); auto = draft_model where one loads, else ngram
     draft_checkpoint: str = ""  # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"  # dtype of the draft model
     draft_quantization: str = "none"  # "int8": the draft is an int8 copy (of draft_checkpoint, or of the target
