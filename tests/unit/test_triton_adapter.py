@@ -362,7 +362,8 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
         lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
         "the gauges show one running and one waiting request",
     )
-    assert gauge("specgram_engine_up") == 1
+    assert gauge("specgram_engine_up") == 1 and gauge("specgram_kv_cache_usage") == 1.0  # its one slot is held
+    assert name not in pb.unloaded
 
     def broken_step():
         raise RuntimeError("slot bookkeeping broke")
@@ -378,6 +379,10 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     assert (errors("unavailable"), errors("internal"), errors("invalid")) == (2, 2, 0)
     wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
     assert gauge("specgram_requests_running") == gauge("specgram_requests_waiting") == 0
+    assert gauge("specgram_kv_cache_usage") == 0
+    wait_for(lambda: name in pb.unloaded, "the model asks Triton to unload it")
+    time.sleep(0.2)  # the sender thread goes on polling: it must not ask again
+    assert pb.unloaded.count(name) == 1
 
 
 # ---- one request's failure stays with it -----------------------------------------------------------------------

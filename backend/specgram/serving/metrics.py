@@ -10,6 +10,7 @@ import time
 
 from ..request import RequestOutput
 from ..wire import BRANCH_SOURCES, DRAFT_SOURCES, ErrorKind, FinishReason
+from .gateway import GatewayMetrics
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -129,6 +130,7 @@ class Metrics:
         for m in self.lora_listed:
             m.set(1)
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
+        self.gateway = GatewayMetrics(F, labels, max_slots, adapters)  # what an inference gateway's picker reads
         family(
             "specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)", F.GAUGE
         ).Metric(labels={**labels, "kind": forward}).set(1)
@@ -140,6 +142,7 @@ class Metrics:
             if value != before:
                 gauge.set(value)
         self.published = values
+        self.gateway.publish(load)
 
     def release(self) -> None:
         """Destroy every metric and family now. Left to the end of the process, the stub destroys them inside its

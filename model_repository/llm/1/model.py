@@ -161,6 +161,8 @@ class TritonPythonModel:
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
+        self.model_name = args["model_name"]
+        self.withdrawn = False  # whether this instance has asked Triton to unload it (its engine stopped)
         # "instance": this instance's own series. Triton hands every instance that asks for the same family and
         # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
         # instance loads before the old one unloads) shared series would be freed under the new instance.
@@ -219,6 +221,25 @@ class TritonPythonModel:
         """Triton's model readiness (Python backends that ask the model): not ready once the engine has stopped."""
         return self.loop.alive
 
+    def _withdraw(self) -> None:
+        """The engine has stopped: ask Triton to unload this model, so that its readiness (and the server's)
+        says so at once and a load brings a new instance. Until the unload, requests are refused (UNAVAILABLE).
+        The Python backend of Triton 2.51 never asks is_ready(); unloading needs explicit model control (in the
+        other modes the model stays READY, refusing requests, and specgram_engine_up says why)."""
+        self.withdrawn = True
+
+        def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
+            try:
+                pb_utils.unload_model(self.model_name)
+                pb_utils.Logger.log_error(f"llm: the engine stopped; model '{self.model_name}' unloaded itself")
+            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded, refusing
+                pb_utils.Logger.log_error(
+                    f"llm: the engine stopped; unloading model '{self.model_name}' failed ({e}), so it still "
+                    "reports ready while refusing every request: restart the server"
+                )
+
+        threading.Thread(target=unload, name="llm-withdraw", daemon=True).start()
+
     def finalize(self):
         self.loop.shutdown()  # every request ends: its final output lands in the outbox
         self.running = False
@@ -245,6 +266,8 @@ class TritonPythonModel:
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
                     self._check_cancelled(rid, st)
+            if not self.loop.alive and not self.withdrawn:
+                self._withdraw()
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
