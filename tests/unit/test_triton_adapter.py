@@ -504,3 +504,14 @@ def test_a_model_json_with_enable_lora_enables_it(tiny_ckpt, tmp_path, model_py)
     wanted = str(tmp_path / "1" / "multi_lora.json")
     with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
         model_py.TritonPythonModel().initialize(args)
+
+
+def test_grammar_workers_that_cannot_restart_make_the_model_unready(own_model):
+    """Guided requests would all be refused: the instance asks Triton to unload it, as for a stopped engine."""
+    name = "test_grammar_workers_that_cannot_restart_make_the_model_unready"
+    m = own_model()
+    assert m.is_ready() and m.engine.grammar.broken is None
+    m.engine.grammar.pool._broken = "grammar compile workers keep failing to start (see the server log)"
+    wait_for(lambda: name in pb.unloaded, "the model asks Triton to unload it")
+    assert not m.is_ready() and m.loop.alive  # the engine itself still runs until the unload finalizes it
+    assert any("keep failing to start" in e and "unloaded itself" in e for e in pb.Logger.errors)

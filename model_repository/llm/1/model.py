@@ -217,25 +217,30 @@ class TritonPythonModel:
             self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), timeout_s)
         return None
 
-    def is_ready(self) -> bool:
-        """Triton's model readiness (Python backends that ask the model): not ready once the engine has stopped."""
-        return self.loop.alive
+    def down(self) -> str | None:
+        """Why this instance can no longer serve (None: it can): its engine stopped on an internal error, or its
+        grammar compile workers cannot be restarted (guided requests would all be refused)."""
+        return self.loop.failure or self.engine.grammar.broken
 
-    def _withdraw(self) -> None:
-        """The engine has stopped: ask Triton to unload this model, so that its readiness (and the server's)
-        says so at once and a load brings a new instance. Until the unload, requests are refused (UNAVAILABLE).
-        The Python backend of Triton 2.51 never asks is_ready(); unloading needs explicit model control (in the
-        other modes the model stays READY, refusing requests, and specgram_engine_up says why)."""
+    def is_ready(self) -> bool:
+        """Triton's model readiness (Python backends that ask the model; 2.51's does not)."""
+        return self.down() is None
+
+    def _withdraw(self, why: str) -> None:
+        """This instance can no longer serve: ask Triton to unload it, so that its readiness (and the server's)
+        says so at once and a load brings a new instance. Until the unload, the engine's own refusals apply
+        (UNAVAILABLE). Unloading needs explicit model control; in the other modes the model stays READY (the
+        Python backend of Triton 2.51 never asks is_ready()), and specgram_engine_up says why."""
         self.withdrawn = True
 
         def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
             try:
                 pb_utils.unload_model(self.model_name)
-                pb_utils.Logger.log_error(f"llm: the engine stopped; model '{self.model_name}' unloaded itself")
-            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded, refusing
+                pb_utils.Logger.log_error(f"llm: {why}; model '{self.model_name}' unloaded itself")
+            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded
                 pb_utils.Logger.log_error(
-                    f"llm: the engine stopped; unloading model '{self.model_name}' failed ({e}), so it still "
-                    "reports ready while refusing every request: restart the server"
+                    f"llm: {why}; unloading model '{self.model_name}' failed ({e}), so it still reports ready: "
+                    "restart the server"
                 )
 
         threading.Thread(target=unload, name="llm-withdraw", daemon=True).start()
@@ -266,8 +271,8 @@ class TritonPythonModel:
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
                     self._check_cancelled(rid, st)
-            if not self.loop.alive and not self.withdrawn:
-                self._withdraw()
+            if not self.withdrawn and (why := self.down()) is not None:
+                self._withdraw(why)
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
