@@ -54,3 +54,15 @@ def test_lora_info_names_the_running_and_waiting_adapters():
     g.publish(busy)  # a label set seen before is current again: its own series, with the newest time
     assert picked(model) is info and info.value() > set_at
     assert len(series("specgram_lora_requests_info", model)) == 3
+
+
+def test_lora_info_names_adapters_as_requests_name_them():
+    """Behind the OpenAI frontend a request's model is llm_lora_<adapter>: the picker matches it to these names."""
+    g = GatewayMetrics(pb.MetricFamily, {"model": "prefixed"}, max_slots=2, adapters=["sql"], lora_prefix="llm_lora_")
+    g.publish(Load(waiting=1, running=2, running_adapters=frozenset({0}), waiting_adapters=frozenset({0})))
+    labels = picked("prefixed").labels
+    assert (labels["running_lora_adapters"], labels["waiting_lora_adapters"], labels["max_lora"]) == (
+        "llm_lora_sql",
+        "llm_lora_sql",
+        "1",
+    )

@@ -23,10 +23,12 @@ from .loop import Load
 
 
 class GatewayMetrics:
-    def __init__(self, metric_family, labels: dict, max_slots: int, adapters=()):
-        """metric_family: Triton's pb_utils.MetricFamily; adapters: the loaded LoRA adapters' names by id."""
+    def __init__(self, metric_family, labels: dict, max_slots: int, adapters=(), lora_prefix: str = ""):
+        """metric_family: Triton's pb_utils.MetricFamily; adapters: the loaded LoRA adapters' names by id, each
+        named in the LoRA info as lora_prefix + name (the name a request's `model` gives the picker)."""
         F = metric_family
-        self._labels, self._max_slots, self._adapters = labels, max_slots, list(adapters)
+        self._labels, self._max_slots = labels, max_slots
+        self._adapters = [lora_prefix + a for a in adapters]
         self._kv_family = F(
             name="specgram_kv_cache_usage",
             description="Share of the KV cache's slots held by running requests (0..1)",

@@ -178,6 +178,7 @@ class TritonPythonModel:
             self.engine.config.max_slots,
             self.engine.target.linear_kind,
             list(self.engine.target.adapters.index) if self.engine.target.adapters is not None else [],
+            self.engine.config.lora_metric_prefix,
         )
         self.gauges_at = 0.0  # last time the sender thread looked at the load
         self.streams: dict[int, _Stream] = {}  # owned by the sender thread after submission
