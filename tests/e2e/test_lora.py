@@ -149,6 +149,7 @@ def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server
     client.start_stream(callback=lambda result, error: None)
     want = {"max_lora": "2", "running_lora_adapters": "all-linear", "waiting_lora_adapters": "attention"}
     got = None
+    finished = metric_total(requests.get(server.metrics_url, timeout=30).text, "specgram_lora_requests_total")
     try:
         for name in ["all-linear"] * slots + ["attention"]:
             client.async_stream_infer("llm", build_inputs({**long, "lora_name": name}))
@@ -162,3 +163,9 @@ def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server
         client.stop_stream(cancel_requests=True)
         client.close()
     assert got == want
+    for _ in range(300):  # every request ended (cancelled): none is left to count in a later test's window
+        text = requests.get(server.metrics_url, timeout=30).text
+        if metric_total(text, "specgram_lora_requests_total") == finished + slots + 1:
+            break
+        time.sleep(0.1)
+    assert metric_total(text, "specgram_lora_requests_total") == finished + slots + 1
