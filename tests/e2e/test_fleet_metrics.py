@@ -51,6 +51,11 @@ def test_a_loaded_server_reports_waiting_running_and_kv_cache_usage(triton_serve
             client.async_stream_infer("llm", build_inputs(LONG), request_id=str(i))
         text = wait_for(triton_server, {PICKER[0]: EXTRA, PICKER[1]: SLOTS, PICKER[2]: 1.0})
         assert metric_total(text, "specgram_kv_slots", model="llm") == SLOTS
+        for _ in range(100):  # the gauges may be set just before the last first tokens are sent
+            with lock:
+                if len(responded) >= SLOTS:
+                    break
+            time.sleep(0.05)
         with lock:
             assert not errors and len(responded) == SLOTS, (errors, responded)  # only those holding a slot stream
     finally:
