@@ -124,6 +124,8 @@ class EngineConfig:
     max_lora_rank: int = 64  # the largest adapter rank accepted at load (at most 256)
     max_loras: int = 8  # adapters loaded at most
     lora_draft: bool = True  # the draft model (on the native forward) drafts with the request's adapter too
+    lora_metric_prefix: str = ""  # put before each adapter's name in the LoRA info metric (serving/gateway.py): a
+    # gateway's endpoint picker matches a request's `model` to those names (OpenAI frontend: "llm_lora_")
     reasoning_end: str = "auto"  # a thinking model's end of reasoning: a guided chat request's guide holds after
     # it (the reasoning before it is free text); auto = "</think>" where the tokenizer has that token and the chat
     # template opens a <think> block, "none" = off, else the marker itself (engine/settings.py)

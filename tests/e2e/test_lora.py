@@ -6,13 +6,15 @@ get what each gets alone, and an unknown name is that request's error."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 from collect import errors_of, ids_of, stream_infer
 from openai_frontend_requests import completion_lora, send
-from triton_server import TritonServer, metric_total, model_repository_with
+from triton_server import TritonServer, metric_total, model_parameters, model_repository_with
 
 from tests.unit.tiny import build_tokenizer, save_family_with_loras
 
@@ -121,3 +123,49 @@ def test_each_adapter_has_its_counters_and_is_listed(lora_server):
         "all-linear": 1,
         "attention": 1,
     }
+
+
+def lora_info(text: str) -> dict[str, str] | None:
+    """The labels of the LoRA info series an endpoint picker reads: of those naming an adapter, the one with the
+    largest value (the time its labels became current)."""
+    best, labels = None, None
+    for m in re.finditer(r"^specgram_lora_requests_info\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if (have["running_lora_adapters"] or have["waiting_lora_adapters"]) and (best is None or float(m[2]) > best):
+            best, labels = float(m[2]), have
+    return labels
+
+
+def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server):
+    """Every slot held by requests of one adapter and a request of the other waiting: the picker's series names
+    them as running and waiting, with max_lora the two adapters loaded."""
+    import tritonclient.grpc as grpcclient
+    from stream_client import build_inputs
+
+    server, _ = lora_server
+    slots = int(model_parameters(server.model_repository)["max_slots"])
+    long = {"text_input": PROMPT, "stream": True, "max_tokens": 900, "ignore_eos": True}
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    want = {"max_lora": "2", "running_lora_adapters": "all-linear", "waiting_lora_adapters": "attention"}
+    got = None
+    finished = metric_total(requests.get(server.metrics_url, timeout=30).text, "specgram_lora_requests_total")
+    try:
+        for name in ["all-linear"] * slots + ["attention"]:
+            client.async_stream_infer("llm", build_inputs({**long, "lora_name": name}))
+        for _ in range(200):  # the gauges follow the load every 0.5 s
+            labels = lora_info(requests.get(server.metrics_url, timeout=30).text)
+            got = labels and {k: labels[k] for k in want}
+            if got == want:
+                break
+            time.sleep(0.1)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert got == want
+    for _ in range(300):  # every request ended (cancelled): none is left to count in a later test's window
+        text = requests.get(server.metrics_url, timeout=30).text
+        if metric_total(text, "specgram_lora_requests_total") == finished + slots + 1:
+            break
+        time.sleep(0.1)
+    assert metric_total(text, "specgram_lora_requests_total") == finished + slots + 1

@@ -140,6 +140,14 @@ class MetricFamily:
         return m
 
 
+unloaded: list[str] = []  # the models unload_model() was asked to unload, in order
+
+
+def unload_model(model_name: str) -> None:
+    """Triton's unload (explicit model-control mode): recorded here; the tests finalize the model themselves."""
+    unloaded.append(model_name)
+
+
 class Logger:
     errors: list[str] = []
 

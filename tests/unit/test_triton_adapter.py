@@ -362,7 +362,8 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
         lambda: (gauge("specgram_requests_running"), gauge("specgram_requests_waiting")) == (1, 1),
         "the gauges show one running and one waiting request",
     )
-    assert gauge("specgram_engine_up") == 1
+    assert gauge("specgram_engine_up") == 1 and gauge("specgram_kv_cache_usage") == 1.0  # its one slot is held
+    assert name not in pb.unloaded
 
     def broken_step():
         raise RuntimeError("slot bookkeeping broke")
@@ -378,6 +379,10 @@ def test_load_gauges_refusals_and_a_dying_engine(own_model):
     assert (errors("unavailable"), errors("internal"), errors("invalid")) == (2, 2, 0)
     wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
     assert gauge("specgram_requests_running") == gauge("specgram_requests_waiting") == 0
+    assert gauge("specgram_kv_cache_usage") == 0
+    wait_for(lambda: name in pb.unloaded, "the model asks Triton to unload it")
+    time.sleep(0.2)  # the sender thread goes on polling: it must not ask again
+    assert pb.unloaded.count(name) == 1
 
 
 # ---- one request's failure stays with it -----------------------------------------------------------------------
@@ -499,3 +504,14 @@ def test_a_model_json_with_enable_lora_enables_it(tiny_ckpt, tmp_path, model_py)
     wanted = str(tmp_path / "1" / "multi_lora.json")
     with pytest.raises(pb.TritonModelException, match=f"could not read the LoRA list '{re.escape(wanted)}'"):
         model_py.TritonPythonModel().initialize(args)
+
+
+def test_grammar_workers_that_cannot_restart_make_the_model_unready(own_model):
+    """Guided requests would all be refused: the instance asks Triton to unload it, as for a stopped engine."""
+    name = "test_grammar_workers_that_cannot_restart_make_the_model_unready"
+    m = own_model()
+    assert m.is_ready() and m.engine.grammar.broken is None
+    m.engine.grammar.pool._broken = "grammar compile workers keep failing to start (see the server log)"
+    wait_for(lambda: name in pb.unloaded, "the model asks Triton to unload it")
+    assert not m.is_ready() and m.loop.alive  # the engine itself still runs until the unload finalizes it
+    assert any("keep failing to start" in e and "unloaded itself" in e for e in pb.Logger.errors)

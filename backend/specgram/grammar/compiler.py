@@ -83,6 +83,10 @@ class GrammarCompiler:
                 self._pools.append(CompilePool(*self._pool_args))
             return self._pools[0]
 
+    @property
+    def broken(self) -> str | None:  # why guides can no longer be compiled (workers cannot restart), or None
+        return self._pools[0].broken if self._pools else None
+
     def start(self) -> None:
         """Start the compile workers now rather than for the first guide."""
         self.pool  # noqa: B018 - the property starts it

@@ -130,6 +130,10 @@ class CompilePool:
         with self._lock:
             return len(self._new) + len(self._long)
 
+    @property
+    def broken(self) -> str | None:  # why workers cannot be started any more (None: they can)
+        return self._broken
+
     def worker_pids(self) -> list[int]:
         """The live workers' process ids (for tests and diagnostics)."""
         with self._lock:

@@ -26,6 +26,10 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def adapters(self) -> frozenset[int]:
+        """The LoRA adapters (ids; -1, the base model, left out) of the waiting requests."""
+        return frozenset(r.adapter for r in self._waiting.values() if r.adapter >= 0)
+
     def refusal(self, req: Request) -> str | None:
         """Why req cannot wait now (None: it can)."""
         if self.closed is not None:

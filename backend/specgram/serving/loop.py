@@ -44,6 +44,9 @@ class Load:
     waiting: int = 0  # requests without a KV slot yet
     running: int = 0  # requests holding a KV slot
     compiling: int = 0  # waiting requests whose grammar is still compiling
+    # LoRA adapters (ids, the base model left out) of the requests holding a slot, and of the waiting ones
+    running_adapters: frozenset[int] = frozenset()
+    waiting_adapters: frozenset[int] = frozenset()
 
 
 def _ended(request_id: int, error: str, kind: ErrorKind) -> RequestOutput:
@@ -217,8 +220,10 @@ class EngineLoop:
         """After a step: the requests that got a slot stop counting as waiting; the load is published."""
         with self._lock:
             self._admission.settle()
-            waiting = self._admission.waiting
-        self.load = Load(waiting, *self.engine.load())
+            waiting, waiting_adapters = self._admission.waiting, self._admission.adapters()
+        running = self.engine.scheduler.running.values()
+        running_adapters = frozenset(r.adapter for r in running if r.adapter >= 0)
+        self.load = Load(waiting, *self.engine.load(), running_adapters, waiting_adapters)
 
     def _deliver(self, out: RequestOutput | None) -> None:
         if out is None:

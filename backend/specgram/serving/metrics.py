@@ -10,6 +10,7 @@ import time
 
 from ..request import RequestOutput
 from ..wire import BRANCH_SOURCES, DRAFT_SOURCES, ErrorKind, FinishReason
+from .gateway import GatewayMetrics
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -20,11 +21,14 @@ _TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
 class Metrics:
     """Custom Prometheus metrics on the server's metrics port (next to Triton's own nv_* metrics)."""
 
-    def __init__(self, metric_family, labels: dict, max_draft_len: int, max_slots: int, forward: str, adapters=()):
+    def __init__(
+        self, metric_family, labels: dict, max_draft_len: int, max_slots: int, forward: str, adapters=(), lora_prefix=""
+    ):
         """metric_family: Triton's pb_utils.MetricFamily (passed in: this package never imports Triton).
         forward: the target's forward implementation ("native" C kernels or "torch"), exported as a gauge so that
         a silent fall-back to the slower path shows on the metrics port. adapters: the LoRA adapters' names, each
-        with its own request and token counters (and a gauge listing it)."""
+        with its own request and token counters (and a gauge listing it); lora_prefix: before each adapter's name in
+        the LoRA info an inference gateway's picker reads (gateway.py)."""
         F = metric_family
         self._families = []  # a MetricFamily must outlive its Metrics: keep every family referenced
 
@@ -129,6 +133,7 @@ class Metrics:
         for m in self.lora_listed:
             m.set(1)
         gauge("specgram_kv_slots", "KV cache slots (max_slots): the most requests that run at once").set(max_slots)
+        self.gateway = GatewayMetrics(F, labels, max_slots, adapters, lora_prefix)  # what a gateway's picker reads
         family(
             "specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)", F.GAUGE
         ).Metric(labels={**labels, "kind": forward}).set(1)
@@ -140,6 +145,7 @@ class Metrics:
             if value != before:
                 gauge.set(value)
         self.published = values
+        self.gateway.publish(load)
 
     def release(self) -> None:
         """Destroy every metric and family now. Left to the end of the process, the stub destroys them inside its

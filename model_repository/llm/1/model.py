@@ -161,6 +161,8 @@ class TritonPythonModel:
         except EngineError as e:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
+        self.model_name = args["model_name"]
+        self.withdrawn = False  # whether this instance has asked Triton to unload it (its engine stopped)
         # "instance": this instance's own series. Triton hands every instance that asks for the same family and
         # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
         # instance loads before the old one unloads) shared series would be freed under the new instance.
@@ -176,6 +178,7 @@ class TritonPythonModel:
             self.engine.config.max_slots,
             self.engine.target.linear_kind,
             list(self.engine.target.adapters.index) if self.engine.target.adapters is not None else [],
+            self.engine.config.lora_metric_prefix,
         )
         self.gauges_at = 0.0  # last time the sender thread looked at the load
         self.streams: dict[int, _Stream] = {}  # owned by the sender thread after submission
@@ -215,9 +218,33 @@ class TritonPythonModel:
             self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), timeout_s)
         return None
 
+    def down(self) -> str | None:
+        """Why this instance can no longer serve (None: it can): its engine stopped on an internal error, or its
+        grammar compile workers cannot be restarted (guided requests would all be refused)."""
+        return self.loop.failure or self.engine.grammar.broken
+
     def is_ready(self) -> bool:
-        """Triton's model readiness (Python backends that ask the model): not ready once the engine has stopped."""
-        return self.loop.alive
+        """Triton's model readiness (Python backends that ask the model; 2.51's does not)."""
+        return self.down() is None
+
+    def _withdraw(self, why: str) -> None:
+        """This instance can no longer serve: ask Triton to unload it, so that its readiness (and the server's)
+        says so at once and a load brings a new instance. Until the unload, the engine's own refusals apply
+        (UNAVAILABLE). Unloading needs explicit model control; in the other modes the model stays READY (the
+        Python backend of Triton 2.51 never asks is_ready()), and specgram_engine_up says why."""
+        self.withdrawn = True
+
+        def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
+            try:
+                pb_utils.unload_model(self.model_name)
+                pb_utils.Logger.log_error(f"llm: {why}; model '{self.model_name}' unloaded itself")
+            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded
+                pb_utils.Logger.log_error(
+                    f"llm: {why}; unloading model '{self.model_name}' failed ({e}), so it still reports ready: "
+                    "restart the server"
+                )
+
+        threading.Thread(target=unload, name="llm-withdraw", daemon=True).start()
 
     def finalize(self):
         self.loop.shutdown()  # every request ends: its final output lands in the outbox
@@ -245,6 +272,8 @@ class TritonPythonModel:
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
                     self._check_cancelled(rid, st)
+            if not self.withdrawn and (why := self.down()) is not None:
+                self._withdraw(why)
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
