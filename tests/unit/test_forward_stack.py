@@ -112,6 +112,6 @@ def test_one_call_equals_the_kernels_one_by_one(lib, weights, shape, family, kv_
     for head_rows in (torch.tensor([N - 1, 0]), None):
         runner.cache.k.copy_(k0)
         runner.cache.v.copy_(v0)
-        logits = native._run(runner.cache, tokens, slots, positions, window, head_rows)
+        logits = native._run(runner.cache, tokens, slots, positions, None, window, head_rows)
         ref = native.lm_head(want if head_rows is None else want[head_rows])
         assert torch.equal(logits, ref / native.arch.logits_divisor if native.arch.logits_divisor != 1 else ref)

@@ -47,13 +47,13 @@ def test_each_family_with_an_adapter_computes_what_peft_computes(name, linear, t
     peft = save_lora(model, tmp_path / "a", r=4, seed=3)
     runner = ModelRunner(model, 3, 96, choose_for(model, linear=linear))
     with_adapters(runner, model, [tmp_path / "a"])
-    runner.slot_adapters[0], runner.slot_adapters[1] = 0, -1  # slot 0 under the adapter, slot 1 the base
-    got = runner.forward_rows(PROMPTS[:2], [0, 1], [0, 0], last_only=False).cpu()
+    # row 0 under the adapter, row 1 the base model
+    got = runner.forward_rows(PROMPTS[:2], [0, 1], [0, 0], last_only=False, adapters=[0, -1]).cpu()
     torch.testing.assert_close(got[0, : len(PROMPTS[0])], reference(peft, PROMPTS[0]), **TOL)
     torch.testing.assert_close(got[1, : len(PROMPTS[1])], reference(model, PROMPTS[1]), **TOL)
     assert (reference(peft, PROMPTS[0]) - reference(model, PROMPTS[0])).abs().max() > 1e-2  # the adapter matters
     row = [7, 8, 9]  # a verify row after the prompt
-    got = runner.forward_rows([row], [0], [len(PROMPTS[0])], last_only=False)[0].cpu()
+    got = runner.forward_rows([row], [0], [len(PROMPTS[0])], last_only=False, adapters=[0])[0].cpu()
     torch.testing.assert_close(got[: len(row)], reference(peft, PROMPTS[0] + row)[len(PROMPTS[0]) :], **TOL)
 
 
@@ -67,8 +67,7 @@ def test_an_rslora_adapter_computes_what_peft_computes(linear, tmp_path):
     assert peft.peft_config["default"].use_rslora
     runner = ModelRunner(model, 2, 96, choose_for(model, linear=linear))
     with_adapters(runner, model, [tmp_path / "rs"])
-    runner.slot_adapters[0] = 0
-    got = runner.forward_rows(PROMPTS[:1], [0], [0], last_only=False)[0].cpu()
+    got = runner.forward_rows(PROMPTS[:1], [0], [0], last_only=False, adapters=[0])[0].cpu()
     torch.testing.assert_close(got[: len(PROMPTS[0])], reference(peft, PROMPTS[0]), **TOL)
 
 
@@ -80,13 +79,14 @@ def test_mixed_adapters_in_one_batch_are_bitwise_each_alone(tmp_path, weights):
     save_lora(model, tmp_path / "b", r=8, seed=4, modules=["q_proj", "v_proj", "down_proj"], rslora=True)
     runner = ModelRunner(model, 4, 96, choose_for(model, linear="native", weights=weights))
     with_adapters(runner, model, [tmp_path / "a", tmp_path / "b"])
-    runner.slot_adapters[:3] = [0, 1, -1]
-    together = runner.forward_rows(PROMPTS, [0, 1, 2], [0, 0, 0], last_only=False)
+    adapters = [0, 1, -1]
+    together = runner.forward_rows(PROMPTS, [0, 1, 2], [0, 0, 0], last_only=False, adapters=adapters)
     for b, ids in enumerate(PROMPTS):
-        alone = runner.forward_rows([ids], [b], [0], last_only=False)[0]
+        alone = runner.forward_rows([ids], [b], [0], last_only=False, adapters=[adapters[b]])[0]
         assert torch.equal(together[b, : len(ids)], alone[: len(ids)])
-    verify = runner.forward_rows([[5, 6], [7]], [1, 0], [20, 45], last_only=False)
-    assert torch.equal(verify[0, :2], runner.forward_rows([[5, 6]], [1], [20], last_only=False)[0])
+    verify = runner.forward_rows([[5, 6], [7]], [1, 0], [20, 45], last_only=False, adapters=[1, 0])
+    assert torch.equal(verify[0, :2], runner.forward_rows([[5, 6]], [1], [20], last_only=False, adapters=[1])[0])
+    assert not torch.equal(verify[0, :2], runner.forward_rows([[5, 6]], [1], [20], last_only=False)[0])
 
 
 # ---- through the engine ----------------------------------------------------------------------------------------

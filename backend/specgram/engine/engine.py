@@ -65,8 +65,6 @@ class Engine:
         self.overlap_grammar = self.device.type == "cuda"
         eos = loading.eos_ids(tokenizer, getattr(target.model, "generation_config", None), target.config)
         all_drafters = build_drafters(config, drafters or {})  # the registry's (drafting/registry.py) and loaded
-        runners = [d.runner for d in all_drafters.values() if hasattr(d, "runner")]  # the draft models'
-        self.lora_runners = [r for r in [target, *runners] if r.adapters]  # those applying LoRA, each by its slots'
         self.grammar = GrammarCompiler(
             tokenizer,
             target.vocab_size,
@@ -101,6 +99,7 @@ class Engine:
             all_drafters, masks, tree_budget, self.faults, coupled, not self.overlap_grammar, target
         )
         self.logits = LogitsProcessor(masks, eos, self.faults, coupled=coupled)
+        runners = [d.runner for d in all_drafters.values() if hasattr(d, "runner")]  # the draft models'
         self.logits.reduced_drafts = any(r.head_ids is not None for r in runners)
         self.logprobs = LogprobTaker(config.logprobs_mode, tokenizer)
         self.verifier = Verifier(self.planner, self.logits, self.logprobs, self.faults, self.trees)
@@ -211,8 +210,6 @@ class Engine:
             req.finish_reason = FinishReason.ERROR
             outputs.append(self._finish(req, self.output.final(req, [], "", error, ErrorKind.INVALID)))
         for req in admitted:
-            for runner in self.lora_runners:
-                runner.slot_adapters[req.slot] = req.adapter  # its tokens' LoRA adapter, by slot
             self.faults.guard(req, self.output.start, req)
         return outputs + self._end_failed()
 
@@ -232,7 +229,8 @@ class Engine:
 
     def _forward(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        first, verify = self.target.forward_step(*plan.rows(), n_last=len(plan.chunks), trees=plan.trees())
+        adapters = plan.adapters() if self.target.adapters is not None else None
+        first, verify = self.target.forward_step(*plan.rows(), len(plan.chunks), plan.trees(), adapters)
         return StepResult(first, verify, started)
 
     def _prefilled(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:

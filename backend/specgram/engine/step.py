@@ -52,6 +52,10 @@ class StepPlan:
         reqs = self.requests
         return rows, [r.slot for r in reqs], [r.cache_len for r in reqs]
 
+    def adapters(self) -> list[int]:
+        """Per row (as rows()) its request's LoRA adapter (-1: the base model)."""
+        return [r.adapter for r in self.requests]
+
     def trees(self) -> list[list[int] | None] | None:
         """Per row (as rows()) its tokens' parents where it is a tree of drafts (model/tree.py); None: all plain."""
         verify = [v.proposal.parents for v in self.verify]

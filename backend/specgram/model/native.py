@@ -71,21 +71,16 @@ class NativeForward(PackedDecoder):
                 f"the rotary tables are {width} wide where the native forward rotates {self.rotary_dims} dimensions "
                 "of each head: serve this checkpoint with linear torch"
             )
-        self._lora, self._lora_keep, self._slot_adapters = None, None, None
+        self._lora, self._lora_keep = None, None
 
-    def attach_lora(self, adapters, slot_adapters: list[int]) -> None:
-        """LoRA adapters (lora.Adapters) applied from now on to each token by its slot's entry of slot_adapters
-        (the runner's list, read at every call; -1: none)."""
+    def attach_lora(self, adapters) -> None:
+        """LoRA adapters (lora.Adapters) applied from now on, each token under its row's adapter (the calls'
+        `adapters`)."""
         self._lora, self._lora_keep = adapters.native_table(len(self.layers))
-        self._slot_adapters = slot_adapters
 
-    def _lora_args(self, slots) -> tuple:
+    def _lora_args(self, per_token: list[int] | None) -> tuple:
         """-> (the adapters' table, each token's adapter) for forward.c; (None, None) where no token has one."""
-        if self._lora is None:
-            return None, None
-        table = self._slot_adapters
-        per_token = [table[s] for s in (slots.tolist() if isinstance(slots, torch.Tensor) else slots)]
-        if max(per_token, default=-1) < 0:
+        if self._lora is None or per_token is None or max(per_token, default=-1) < 0:
             return None, None
         return ctypes.byref(self._lora), _int64s(per_token)
 
@@ -99,17 +94,19 @@ class NativeForward(PackedDecoder):
         num_new: torch.Tensor,
         last_only: bool,
         window: int | None,
+        adapters: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The runner's forward() on padded tensors: tokens [B, T] long (right-padded), slots/starts/num_new [B]
-        long, all on the CPU. Padding is dropped first: the layers see only the N real tokens."""
+        long, adapters [B] long (each row's LoRA adapter, -1: none; None: none at all), all on the CPU. Padding is
+        dropped first: the layers see only the N real tokens."""
         B, T = tokens.shape
         valid = torch.arange(T)[None, :] < num_new[:, None]  # [B, T]
         positions = (starts[:, None] + torch.arange(T)[None, :])[valid]  # [N]
         tok_slots = slots[:, None].expand(B, T)[valid]  # [N]
         head_rows = (num_new.cumsum(0) - 1).contiguous() if last_only else None
-        logits = self._run(
-            cache, tokens[valid].contiguous(), tok_slots.contiguous(), positions.contiguous(), window, head_rows
-        )
+        per_token = None if adapters is None else adapters[:, None].expand(B, T)[valid].tolist()
+        flat = (tokens[valid].contiguous(), tok_slots.contiguous(), positions.contiguous())
+        logits = self._run(cache, *flat, per_token, window, head_rows)
         return logits if last_only else self._per_token(logits, num_new.tolist())
 
     @torch.inference_mode()
@@ -122,13 +119,14 @@ class NativeForward(PackedDecoder):
         last_only: bool,
         window: int | None,
         trees: list[list[int] | None] | None = None,
+        adapters: list[int] | None = None,
     ) -> torch.Tensor:
         """The runner's forward_rows, built straight from the lists (no padded [B, T] tensors): row b appends
-        rows[b] to slot slots[b] from position starts[b]; trees as forward_split's."""
+        rows[b] to slot slots[b] from position starts[b]; trees and adapters as forward_split's."""
         lengths = [len(r) for r in rows]
         head_rows = _int64s([n - 1 for n in accumulate(lengths)]) if last_only else None
         masks = tree_rows.flat_masks(trees, lengths)
-        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows, masks)
+        logits = self._run(cache, *self._flatten(rows, slots, starts, adapters), window, head_rows, masks)
         return logits if last_only else self._per_token(logits, lengths)
 
     @torch.inference_mode()
@@ -141,29 +139,32 @@ class NativeForward(PackedDecoder):
         n_last: int,
         window: int | None,
         trees: list[list[int] | None] | None = None,
+        adapters: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """forward_rows over all rows in one pass over the weights -> (logits [n_last, V] at the last token of
         rows[:n_last], logits [B - n_last, T, V] at every token of the rest). Each row's results are bitwise
         what a forward of that row alone gives (the kernels never mix rows). trees: per row its tokens' parents
         (tree.py; None: a plain row), or None for all plain: a tree token's results are bitwise those of its own
-        path verified as a plain row."""
+        path verified as a plain row. adapters: per row its LoRA adapter (-1: none), or None: none at all."""
         lengths = [len(r) for r in rows]
         ends = list(accumulate(lengths))
         n = ends[n_last - 1] if n_last else 0
         head_rows = _int64s([e - 1 for e in ends[:n_last]] + list(range(n, ends[-1] if ends else 0)))
         masks = tree_rows.flat_masks(trees, lengths)
-        logits = self._run(cache, *self._flatten(rows, slots, starts), window, head_rows, masks)
+        logits = self._run(cache, *self._flatten(rows, slots, starts, adapters), window, head_rows, masks)
         return logits[:n_last], self._per_token(logits[n_last:], lengths[n_last:])
 
     @staticmethod
-    def _flatten(rows: list[list[int]], slots: list[int], starts: list[int]) -> tuple[ctypes.Array, ...]:
-        """-> tokens, slots, positions [N] as int64 arrays: the rows one after another."""
+    def _flatten(rows: list[list[int]], slots: list[int], starts: list[int], adapters: list[int] | None) -> tuple:
+        """-> tokens, slots, positions [N] as int64 arrays, the rows one after another, and each token's row's
+        adapter (a list; None where `adapters`, per row, is None)."""
         flat_tokens, flat_slots, flat_pos = [], [], []
         for row, slot, start in zip(rows, slots, starts, strict=True):
             flat_tokens += row
             flat_slots += [slot] * len(row)
             flat_pos += range(start, start + len(row))
-        return _int64s(flat_tokens), _int64s(flat_slots), _int64s(flat_pos)
+        per_token = None if adapters is None else [a for a, r in zip(adapters, rows, strict=True) for _ in r]
+        return _int64s(flat_tokens), _int64s(flat_slots), _int64s(flat_pos), per_token
 
     def _per_token(self, logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """logits [N, V] at every token of rows of `lengths` tokens, one row after another -> [B, T, V] with T the
@@ -240,10 +241,11 @@ class NativeForward(PackedDecoder):
         self, cache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, window: int | None
     ) -> torch.Tensor:
         """tokens, slots, positions: [N] long -> final-normed hidden states [N, E]; KV written to `cache`."""
-        return self._run(cache, tokens, slots, positions, window, head_rows=False)
+        return self._run(cache, tokens, slots, positions, None, window, head_rows=False)
 
-    def _run(self, cache, tokens, slots, positions, window: int | None, head_rows, tree=None) -> torch.Tensor:
-        """tokens, slots, positions: [N] int64 (ctypes arrays, or contiguous int64 tensors); KV written to `cache`
+    def _run(self, cache, tokens, slots, positions, adapters, window: int | None, head_rows, tree=None) -> torch.Tensor:
+        """tokens, slots, positions: [N] int64 (ctypes arrays, or contiguous int64 tensors), adapters: each token's
+        LoRA adapter (a list [N], -1: none) or None: none; KV written to `cache`
         -> float32 logits [R, V] at the final hidden rows head_rows [R] (None: all N), or with head_rows False
         the final-normed hidden states [N, E]. The embedding lookup, rotary, every layer and the lm_head in one
         native call (kernels/forward.c), which checks the indices before it writes anything (ValueError).
@@ -286,7 +288,7 @@ class NativeForward(PackedDecoder):
             rows_ptr,
             R,
             None if logits is None else logits.data_ptr(),
-            *self._lora_args(slots),
+            *self._lora_args(adapters),
             torch.get_num_threads(),
         )
         if code:

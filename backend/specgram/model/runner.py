@@ -105,7 +105,6 @@ class ModelRunner:
         else:
             self.cache = KVCache(*shape, kv, self.device, k_positions_last=self.native is not None)
             self.shares_cache = False
-        self.slot_adapters = [-1] * shape[1]  # each slot's request's LoRA adapter (-1: none); attach_lora
         self.lora_hooks, self.adapters = None, None  # attach_lora
         self.graphed = None
         if static_width:
@@ -114,12 +113,12 @@ class ModelRunner:
             self.graphed = GraphedForward(self, max_slots, static_width)
 
     def attach_lora(self, adapters) -> None:
-        """Apply LoRA adapters (lora.Adapters) from now on: each token under its slot's adapter (slot_adapters)."""
+        """Apply LoRA adapters (lora.Adapters) from now on: each row's tokens under the adapter its call names."""
         if self.graphed is not None:
             raise ModelLoadError("LoRA adapters do not run on the CUDA-graph path (set cuda_graphs off)")
         self.adapters = adapters
         if self.native is not None:
-            self.native.attach_lora(adapters, self.slot_adapters)
+            self.native.attach_lora(adapters)
         else:
             self.lora_hooks = lora.TorchHooks(self.model, adapters)
 
@@ -136,14 +135,16 @@ class ModelRunner:
         starts: list[int],
         last_only: bool,
         trees: list[list[int] | None] | None = None,
+        adapters: list[int] | None = None,
     ) -> torch.Tensor:
-        """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b].
+        """forward() from python lists: row b appends rows[b] to slot slots[b] at position starts[b], under LoRA
+        adapter adapters[b] (-1: none; adapters None: none at all; attach_lora).
         Everything that depends on the row lengths (padding, the cache write index, the attended length) is
         computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
         Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on.
         trees: per row its tokens' parents (tree.py: a tree of drafts; None: a plain row), or None."""
         if self.native is not None:
-            return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window, trees)
+            return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window, trees, adapters)
         if tree_rows.plain(trees):
             trees = None
         width = max(map(len, rows))
@@ -164,6 +165,7 @@ class ModelRunner:
             length=max(a + b for a, b in zip(starts, num_new, strict=True)),
             widx=widx,
             tree=None if trees is None else tree_rows.tensors(trees, width, dev),
+            adapters=None if adapters is None or self.lora_hooks is None else h2d(torch.tensor(adapters), dev),
         )
 
     def forward_step(
@@ -173,6 +175,7 @@ class ModelRunner:
         starts: list[int],
         n_last: int,
         trees: list[list[int] | None] | None = None,
+        adapters: list[int] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One engine step's forward: rows[:n_last] are prompt chunks -> logits [n_last, V] at each one's last
         token; the other rows are verify rows -> logits [B - n_last, T, V] at every token (T the longest); None
@@ -181,15 +184,16 @@ class ModelRunner:
         verify rows ride along a compute-bound prefill for about a millisecond a row. Otherwise each side gets
         a forward of its own: a prompt chunk is never padded to a verify row's shape nor the reverse, and the
         verify side keeps its small static shapes (CUDA graphs). trees: per verify row its tokens' parents (a tree
-        of drafts, tree.py; None: a plain row), or None for all plain."""
+        of drafts, tree.py; None: a plain row), or None for all plain. adapters: per row its LoRA adapter, or None."""
         if self.fuse_steps and 0 < n_last < len(rows):
-            return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window, trees)
+            return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window, trees, adapters)
         first = rest = None
+        ads = (None, None) if adapters is None else (adapters[:n_last], adapters[n_last:])
         if n_last:
-            first = self.forward_rows(rows[:n_last], slots[:n_last], starts[:n_last], last_only=True)
+            first = self.forward_rows(rows[:n_last], slots[:n_last], starts[:n_last], True, adapters=ads[0])
         if n_last < len(rows):
             rest = self.forward_rows(
-                rows[n_last:], slots[n_last:], starts[n_last:], last_only=False, trees=trees and trees[n_last:]
+                rows[n_last:], slots[n_last:], starts[n_last:], False, trees and trees[n_last:], ads[1]
             )
         return first, rest
 
@@ -213,15 +217,17 @@ class ModelRunner:
         length: int | None = None,
         widx: WriteIndex | None = None,
         tree: tuple | None = None,
+        adapters: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens: [B, T] (right-padded), slots/starts/num_new: [B] on self.device.
         Writes the new tokens' KV into the cache and returns logits (float32):
         [B, V] at each row's last new token if last_only, else [B, T, V].
         length (max of starts + num_new) and widx (make_write_index) may be given precomputed on the host;
         computed here they cost a device -> host sync each. tree: (ancestor masks, depths) [B, T] (tree.tensors):
-        rows that are trees of drafts (the PyTorch forward only)."""
+        rows that are trees of drafts (the PyTorch forward only). adapters: [B] each row's LoRA adapter (-1: none),
+        or None: none."""
         if self.native is not None:
-            return self.native(self.cache, tokens, slots, starts, num_new, last_only, self.window)
+            return self.native(self.cache, tokens, slots, starts, num_new, last_only, self.window, adapters)
         B, T = tokens.shape
         if length is None:
             length = int((starts + num_new).max())
@@ -229,8 +235,8 @@ class ModelRunner:
         positions = (starts[:, None] + steps).clamp_max(self.max_seq_len - 1)  # padding stays in range
         if widx is None:
             widx = make_write_index(slots, starts, num_new, T)
-        if self.lora_hooks is not None:  # each row's adapter, by its slot
-            self.lora_hooks.rows = torch.tensor(self.slot_adapters, device=self.device)[slots]
+        if self.lora_hooks is not None:  # each row's adapter (None: the base model's forward)
+            self.lora_hooks.rows = adapters
         try:
             h = torch_forward.hidden(
                 self.model, tokens, positions, torch_forward.SlotBatch(self.cache, slots, widx, starts, T, length, tree)

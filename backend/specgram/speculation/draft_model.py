@@ -60,7 +60,8 @@ class DraftModelDrafter(Drafter):
         self.alternatives = 0.0  # > 0: each draft's runner-up at least this likely is kept (Proposal.alts: trees)
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
-        logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, last_only=True)
+        adapters = [r.adapter for r in reqs] if self.runner.adapters is not None else None  # LoRA drafts
+        logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, True, adapters=adapters)
         return fit_vocab(logits, self.vocab, self.runner.head_ids)
 
     def admit(self, reqs: list[Request], now: bool = True) -> None:
