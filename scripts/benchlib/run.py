@@ -182,6 +182,7 @@ def triton_inputs(
         "max_tokens": max_tokens,
         "num_draft_tokens": k,
         "drafter": drafter or "ngram",
+        **({"cache_salt": case["cache_salt"]} if "cache_salt" in case else {}),
         **extra,
     }
     if guided:

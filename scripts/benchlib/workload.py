@@ -55,6 +55,40 @@ COPY_PROMPTS = [
     "the pasta. Cook it for ten minutes. Drain the pasta. Add the tomato sauce, stir, and serve with cheese.",
 ]
 
+# one instruction applied to a stream of related inputs (serving --prompt-set repeat): the answers share most of
+# their text with each other (the signature, the docstring's layout, the loop), little with their own prompt
+REPEAT_TASKS = [
+    ("total", "sum"),
+    ("mean", "arithmetic mean"),
+    ("largest", "largest value"),
+    ("smallest", "smallest value"),
+    ("median", "median"),
+    ("product", "product"),
+    ("spread", "difference between the largest and smallest value"),
+    ("positives", "number of positive values"),
+    ("negatives", "number of negative values"),
+    ("evens", "number of even values"),
+    ("odds", "number of odd values"),
+    ("squares", "sum of the squares"),
+    ("cubes", "sum of the cubes"),
+    ("first_negative", "first negative value, or None"),
+    ("last_positive", "last positive value, or None"),
+    ("doubled", "list of every value doubled"),
+    ("halved", "list of every value halved"),
+    ("absolute", "list of the absolute values"),
+    ("rounded", "list of the values rounded to integers"),
+    ("running_total", "list of running totals"),
+    ("deduplicated", "list of the values without duplicates, in their first order"),
+    ("sorted_desc", "list of the values sorted from largest to smallest"),
+    ("zeros", "number of zeros"),
+    ("mean_of_positives", "mean of the positive values, or 0.0 when there are none"),
+]
+REPEAT_PROMPTS = [
+    f"Write a Python function `{name}(values)` that returns the {what} of a list of numbers. Give it type hints "
+    "and a docstring. Reply with the code only."
+    for name, what in REPEAT_TASKS
+]
+
 
 def prompt_text(item: dict) -> str:
     return INSTRUCTION.format(record=json.dumps(item["instance"]), schema=item["guide"])

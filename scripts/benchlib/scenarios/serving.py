@@ -7,6 +7,8 @@
     python scripts/bench.py serving --configs k0,served --repeat 3 --prompt-set chat   # speculation's gain
     python scripts/bench.py serving --configs k0,served-lines,served --repeat 5   # trees of drafts' gain
     python scripts/bench.py serving --configs k0,served --settings '{"spec_fallback": "0"}'  # engine settings
+    python scripts/bench.py serving --configs k0,lookup-only,ngram-auto,served-nosuffix,served --prompt-set repeat \
+        --prompts 24 --max-tokens 128                     # the suffix store's gain on a repeated task
 
 Every request produces exactly --max-tokens tokens (ignore_eos), greedy, chat-templated prompts; each
 concurrency level sends max(--prompts, c) requests in a closed loop. Per concurrency: aggregate output tok/s,
@@ -15,7 +17,11 @@ per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and th
   served      no num_draft_tokens / drafter inputs: the server's defaults (config.pbtxt)
   served-lines  the same with tree_drafts false: lines of drafts only (no trees)
   k0          num_draft_tokens 0: no speculation
-  ngram-auto  drafter ngram, num_draft_tokens auto
+  ngram-auto  drafter ngram, num_draft_tokens auto (n-gram lookup and the suffix store)
+  lookup-only ngram-auto with a cache_salt per request: the suffix store never holds the request's scope
+  served-nosuffix  served, a cache_salt per request: the served default without suffix drafts
+Each timed run carries a cache_salt of its own (the suffix store starts empty for it and learns from that run's
+earlier answers only, as a stream of new inputs would), and the per-request ones above one per request.
 k0 always runs; the ratio column is tok/s ÷ k0's at the same concurrency, and every config's outputs are
 compared with k0's (greedy: they must be identical).
 """
@@ -27,7 +33,7 @@ import statistics
 
 from .. import report
 from ..run import acceptance, ids, run_triton, served, tok_s
-from ..workload import CHAT_PROMPTS, COPY_PROMPTS, choose, is_valid, load_jme
+from ..workload import CHAT_PROMPTS, COPY_PROMPTS, REPEAT_PROMPTS, choose, is_valid, load_jme
 
 SHARED = {"concurrency": [1, 8], "prompts": 8, "max_tokens": 64}
 QUICK = {"concurrency": [1, 2], "prompts": 2, "max_tokens": 16}
@@ -41,8 +47,19 @@ CONFIGS = {
     "served": {"num_draft_tokens": None, "drafter": None},
     "served-lines": {"num_draft_tokens": None, "drafter": None, "tree_drafts": False},
     "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"},
+    "lookup-only": {"num_draft_tokens": -1, "drafter": "ngram", "salt": "request"},
+    "served-nosuffix": {"num_draft_tokens": None, "drafter": None, "salt": "request"},
 }
-PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None}
+PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None, "repeat": REPEAT_PROMPTS}
+# prompt sets whose answers end where the model ends them (EOS; a grammar's end): no ignore_eos
+NATURAL_END = ("guided", "repeat")
+
+
+def salted(cases: list[dict], config: str, run: str) -> list[dict]:
+    """The cases with their cache_salt: the run's (every request of a timed run shares it), or one per request
+    where the config says so."""
+    per_request = CONFIGS[config].get("salt") == "request"
+    return [{**c, "cache_salt": f"{run}-{i}" if per_request else run} for i, c in enumerate(cases)]
 
 
 def guided_cases(n: int) -> list[dict]:
@@ -72,7 +89,8 @@ def add_options(ap) -> None:
         choices=sorted(PROMPT_SETS),
         default="chat",
         help="chat: open-ended chat prompts (free text); copy: prompts holding text to copy; "
-        "guided: JSON-schema guided requests whose prompt does not quote the schema (--configs)",
+        "guided: JSON-schema guided requests whose prompt does not quote the schema; repeat: one instruction "
+        "over a stream of related inputs, answers ending at EOS (--configs)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
     ap.add_argument("--settings", default="{}", help="JSON of engine settings for the server started here")
@@ -125,25 +143,27 @@ def compare_configs(args) -> None:
     names = choose(args.configs, CONFIGS, ("k0",))  # k0: the reference
     guided = args.prompt_set == "guided"
     pool = guided_cases(max(args.prompts, 8)) if guided else [dict(prompt=p) for p in PROMPT_SETS[args.prompt_set]]
-    # guided answers end with their JSON (a grammar allows only EOS there); the others run --max-tokens
-    base = {**({} if guided else {"ignore_eos": True}), **json.loads(args.extra)}
+    # guided answers end with their JSON (a grammar allows only EOS there), repeat's at EOS; the others run
+    # --max-tokens
+    base = {**({} if args.prompt_set in NATURAL_END else {"ignore_eos": True}), **json.loads(args.extra)}
+    inputs = {n: {k: v for k, v in CONFIGS[n].items() if k != "salt"} for n in names}
     rows, recs = [], []
     with served(args.url, json.loads(args.settings), report.raw_dir(args) / "tritonserver.log") as (url, _):
         for n in names:  # warm-up: every config
-            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **CONFIGS[n]})  # compiles the guides
+            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **inputs[n]})  # compiles the guides
         for c in args.concurrency:
             cases = [pool[i % len(pool)] for i in range(max(args.prompts, c))]
             runs: dict[str, list[dict]] = {n: [] for n in names}
-            for _ in range(args.repeat):
+            for rep in range(args.repeat):
                 for n in names:
                     runs[n].append(
                         run_triton(
                             url,
-                            cases,
+                            salted(cases, n, f"{n}-c{c}-r{rep}"),
                             args.max_tokens,
                             c,
                             guided=guided,
-                            extra={**base, **CONFIGS[n]},
+                            extra={**base, **inputs[n]},
                             system="ours via Triton",
                             config=n,
                         )
