@@ -57,6 +57,7 @@ def test_the_picker_prefers_a_replica_with_the_adapter_only_when_the_kv_is_close
     assert pick([View(kv=0.0), View(kv=0.5, running_adapters=warm)], "a0", -1) == 0  # two slots more: too far
     assert pick([View(kv=0.75), View(kv=1.0, running_adapters=warm)], "a0", -1) == 0  # never a full one
     assert pick([View(waiting=0), View(waiting=1, running_adapters=warm)], "a0", -1) == 0  # nor a longer queue
+    assert pick(near, "a0", -1, affinity_kv=-1) == 0  # affinity off
 
 
 def test_the_picker_breaks_ties_in_turn_after_the_last_pick():
@@ -122,14 +123,18 @@ def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
         _round("picker", [0, 1, 0, 1], [1.0, 1.0, 1.0, 1.0]),
         _round("round robin", [0, 0, 0, 1], [1.0, 2.0, 2.0, 2.0], tokens=5),
     ]
-    fleet.write_report(args, fleet.requests(args), recs, threads=1)
+    reqs = [dict(prompt="p", adapter=None, max_tokens=args.short[0])] * 3 + [
+        dict(prompt="p", adapter="a0", max_tokens=20)
+    ]
+    fleet.write_report(args, reqs, recs, threads=1)
     text = (tmp_path / "report.md").read_text()
-    assert "| 2 | picker | 1.00 / 1.00 | 0.25 / 0.25 | 20.0 | 1.00 | 0.10 |" in text
-    assert "| 2 | round robin | 2.00 / 2.00 | 0.50 / 0.50 | 10.0 | 2.00 | 0.10 |" in text
+    assert "| 2 | picker | 1.00 / 1.00 | 0.25 / 0.25 | 1.00 / 1.00 | 20.0 | 1.00 | 0.10 |" in text
+    assert "| 2 | round robin | 2.00 / 2.00 | 0.50 / 0.50 | 2.00 / 2.00 | 10.0 | 2.00 | 0.10 |" in text
     assert "| 2 | 0.50× | 0.50× | 2.00× |" in text  # picker ÷ round robin
     assert "| 2 | picker | 0 | 2 | 2 | 0 | 20 | 1.00 | 1.00 |" in text  # requests, base, a0, tokens, sampled
     assert "| 2 | round robin | 0 | 3 | 2 | 1 | 15 | 1.00 | 1.00 |" in text
     assert "| 2 | round robin | 1 | 1 | 0 | 1 | 5 | 0.00 | 2.00 |" in text
+    assert "base 3, a0 1; 1 long answers of 16-24 tokens" in text
     assert (tmp_path / "fleet.json").exists()
 
 

@@ -24,7 +24,8 @@ value: its running_lora_adapters and waiting_lora_adapters). The rule, each step
   1. the fewest waiting requests;
   2. a replica with a free KV slot (usage < 1) before a full one;
   3. a request naming an adapter: the replicas whose running or waiting requests already name it, if their KV
-     usage is at most the lowest usage left + AFFINITY_KV (one slot of four), and if there are any;
+     usage is at most the lowest usage left + --affinity-kv (default AFFINITY_KV: one slot of four), and if
+     there are any (a negative --affinity-kv skips this step);
   4. the lowest KV usage;
   5. a tie: the first in turn after the replica picked last.
 It knows nothing else (not its own recent picks). Round robin sends the i-th request to replica i mod n. A server
@@ -85,6 +86,9 @@ def add_options(ap) -> None:
     ap.add_argument("--rank", type=int, default=16, help="the adapters' rank (default %(default)s)")
     ap.add_argument("--short", type=int, nargs=2, default=[8, 32], help="a short answer's tokens, from..to")
     ap.add_argument("--long", type=int, nargs=2, default=[96, 192], help="a long answer's tokens, from..to")
+    ap.add_argument(
+        "--affinity-kv", type=float, default=AFFINITY_KV, help="the picker's LoRA affinity margin (< 0: none)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="the request sequence's seed (default %(default)s)")
 
 
@@ -138,16 +142,16 @@ def parse_metrics(text: str, model: str = "llm") -> View:
     )
 
 
-def pick(views: list[View], adapter: str | None, last: int) -> int:
+def pick(views: list[View], adapter: str | None, last: int, affinity_kv: float = AFFINITY_KV) -> int:
     """The replica the picker sends a request naming `adapter` (None: the base) to, by the module's rule; last:
-    the replica picked last (ties go to the first after it in turn)."""
+    the replica picked last (ties go to the first after it in turn); affinity_kv < 0: no adapter affinity."""
     n = len(views)
     fewest = min(v.waiting for v in views)
     left = [i for i in range(n) if views[i].waiting == fewest]
     left = [i for i in left if views[i].kv < 1] or left
-    if adapter is not None:
+    if adapter is not None and affinity_kv >= 0:
         lowest = min(views[i].kv for i in left)
-        left = [i for i in left if adapter in views[i].adapters and views[i].kv <= lowest + AFFINITY_KV] or left
+        left = [i for i in left if adapter in views[i].adapters and views[i].kv <= lowest + affinity_kv] or left
     lowest = min(views[i].kv for i in left)
     return min((i for i in left if views[i].kv == lowest), key=lambda i: (i - last - 1) % n)
 
@@ -155,8 +159,8 @@ def pick(views: list[View], adapter: str | None, last: int) -> int:
 class Fleet:
     """The replicas' metrics urls, a shared scrape no older than a given age, and the two policies."""
 
-    def __init__(self, metrics_urls: list[str]):
-        self.urls, self.lock = metrics_urls, threading.Lock()
+    def __init__(self, metrics_urls: list[str], affinity_kv: float = AFFINITY_KV):
+        self.urls, self.lock, self.affinity_kv = metrics_urls, threading.Lock(), affinity_kv
         self.views: list[View] = []
         self.scraped_at = float("-inf")
         self.last = -1
@@ -176,7 +180,7 @@ class Fleet:
                 return (self.turn - 1) % len(self.urls)
         views = self.scrape(MAX_AGE_S)
         with self.lock:
-            self.last = pick(views, adapter, self.last)
+            self.last = pick(views, adapter, self.last, self.affinity_kv)
             return self.last
 
 
@@ -203,7 +207,7 @@ def requests(args) -> list[dict]:
 
 def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: int) -> dict:
     """One closed-loop round of the sequence under a policy, the replicas sampled meanwhile -> its record."""
-    fleet.turn, fleet.last = 0, -1
+    fleet.turn, fleet.last, start = 0, -1, time.perf_counter()
     samples, done = [], threading.Event()
 
     def sampler() -> None:
@@ -218,6 +222,7 @@ def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: i
         got = stream_request(grpc[replica], {**triton_inputs(r, r["max_tokens"]), **extra})
         return dict(
             case=i,
+            start_s=t0 - start,
             replica=replica,
             adapter=r["adapter"] or "base",
             tokens=len(got["ids"]),
@@ -280,7 +285,7 @@ def run(args) -> None:
         servers, threads = _start(args, listing, raw)
         try:
             grpc = [s.grpc_url for s in servers]
-            fleet = Fleet([s.metrics_url for s in servers])
+            fleet = Fleet([s.metrics_url for s in servers], args.affinity_kv)
             warm = [dict(r, max_tokens=4) for r in reqs[: 2 * args.replicas]]
             one_round(fleet, grpc, "round robin", warm, args.replicas)
             recs = []
@@ -313,6 +318,8 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
             rounds = [r for r in recs if r["concurrency"] == c and r["policy"] == policy]
             qs = [q for r in rounds for q in r["requests"]]
             lat, ttft = [q["latency_s"] for q in qs], [q["ttft_s"] for q in qs]
+            long = [reqs[q["case"]]["max_tokens"] >= args.long[0] for q in qs]
+            split = [pct([x for x, lg in zip(lat, long, strict=True) if lg == want], 95) for want in (False, True)]
             figs[policy] = (pct(lat, 95), pct(ttft, 95), statistics.median(map(tok_s, rounds)))
             rows.append(
                 [
@@ -320,6 +327,7 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
                     policy,
                     f"{pct(lat, 50):.2f} / {pct(lat, 95):.2f}",
                     f"{pct(ttft, 50):.2f} / {pct(ttft, 95):.2f}",
+                    " / ".join(report.cell(x, "{:.2f}") for x in split),
                     f"{figs[policy][2]:.1f}",
                     " / ".join(f"{pct([q['latency_s'] for q in r['requests']], 95):.2f}" for r in rounds),
                     f"{statistics.mean(q['pick_ms'] for q in qs):.2f}",
@@ -352,13 +360,15 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
         f"tokens, the rest {args.short[0]}-{args.short[1]}; ignore_eos, greedy, seed {args.seed}), the same "
         f"sequence in every round, closed loop, rounds interleaved (picker, round robin) x {args.repeat}. "
         f"{args.replicas} replicas, each a tritonserver with {threads} torch thread(s), {settings}; "
-        f"{args.adapters} random LoRA adapters of rank {args.rank} on every projection. The picker's rule: "
+        f"{args.adapters} random LoRA adapters of rank {args.rank} on every projection. The picker's rule "
+        f"(affinity margin {args.affinity_kv}): "
         f"scenario fleet's docstring (`python scripts/bench.py fleet --help`), scrapes at most "
         f"{1e3 * MAX_AGE_S:.0f} ms old",
         ("tritonclient", "nvidia-pytriton"),
     )
     lines += ["Latency and TTFT over all requests of a policy's rounds, from the pick (seconds):", ""]
-    header = ["c", "policy", "latency p50 / p95", "TTFT p50 / p95", "output tok/s (median)", "p95 per round"]
+    header = ["c", "policy", "latency p50 / p95", "TTFT p50 / p95", "latency p95 short / long"]
+    header += ["output tok/s (median)", "latency p95 per round"]
     lines += report.table(header + ["pick ms (mean)"], rows)
     lines += ["", "Picker ÷ round robin:", ""]
     lines += report.table(["c", "latency p95", "TTFT p95", "output tok/s"], ratio_rows)
