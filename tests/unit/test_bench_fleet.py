@@ -1,7 +1,9 @@
 """The fleet scenario's pure parts: reading a replica's metrics port (Prometheus text), the picker's rule, the two
 policies, the request sequence both policies send, and the report from run records."""
 
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,7 +116,7 @@ def _round(policy, replica_of, latency, tokens=10):
         )
         for i, (r, lat) in enumerate(zip(replica_of, latency, strict=True))
     ]
-    return dict(policy=policy, concurrency=2, wall_s=2.0, requests=requests, samples=[[(1, 1), (0, 2)]])
+    return dict(policy=policy, load="c 2", wall_s=2.0, requests=requests, samples=[[(1, 1), (0, 2)]])
 
 
 def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
@@ -128,12 +130,12 @@ def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
     ]
     fleet.write_report(args, reqs, recs, threads=1)
     text = (tmp_path / "report.md").read_text()
-    assert "| 2 | picker | 1.00 / 1.00 | 0.25 / 0.25 | 1.00 / 1.00 | 20.0 | 1.00 | 0.10 |" in text
-    assert "| 2 | round robin | 2.00 / 2.00 | 0.50 / 0.50 | 2.00 / 2.00 | 10.0 | 2.00 | 0.10 |" in text
-    assert "| 2 | 0.50× | 0.50× | 2.00× |" in text  # picker ÷ round robin
-    assert "| 2 | picker | 0 | 2 | 2 | 0 | 20 | 1.00 | 1.00 |" in text  # requests, base, a0, tokens, sampled
-    assert "| 2 | round robin | 0 | 3 | 2 | 1 | 15 | 1.00 | 1.00 |" in text
-    assert "| 2 | round robin | 1 | 1 | 0 | 1 | 5 | 0.00 | 2.00 |" in text
+    assert "| c 2 | picker | 1.00 / 1.00 | 0.25 / 0.25 | 1.00 / 1.00 | 20.0 | 1.00 | 0.10 |" in text
+    assert "| c 2 | round robin | 2.00 / 2.00 | 0.50 / 0.50 | 2.00 / 2.00 | 10.0 | 2.00 | 0.10 |" in text
+    assert "| c 2 | 0.50× | 0.50× | 2.00× |" in text  # picker ÷ round robin
+    assert "| c 2 | picker | 0 | 2 | 2 | 0 | 20 | 1.00 | 1.00 |" in text  # requests, base, a0, tokens, sampled
+    assert "| c 2 | round robin | 0 | 3 | 2 | 1 | 15 | 1.00 | 1.00 |" in text
+    assert "| c 2 | round robin | 1 | 1 | 0 | 1 | 5 | 0.00 | 2.00 |" in text
     assert "base 3, a0 1; 1 long answers of 16-24 tokens" in text
     assert (tmp_path / "fleet.json").exists()
 
@@ -142,3 +144,22 @@ def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
 def test_fleet_options(argv):
     args = bench.parse(argv)
     assert args.replicas == 2 and args.adapters == 3 and args.short[0] < args.short[1] < args.long[0] < args.long[1]
+
+
+def test_the_open_loop_sends_each_request_at_its_time_and_arrivals_follow_the_rate():
+    starts, t0 = {}, time.perf_counter()
+
+    def square(i: int) -> int:
+        starts[i] = time.perf_counter() - t0
+        return i * i
+
+    results, wall = fleet.open_loop(square, [0, 0.1, 0.2])
+    assert results == [0, 1, 4] and wall >= 0.2
+    assert [round(starts[i], 1) for i in range(3)] == [0.0, 0.1, 0.2]
+    with pytest.raises(ZeroDivisionError):
+        fleet.open_loop(lambda i: 1 / (i - 1), [0, 0])
+    closed = fleet.requests(bench.parse(["fleet", "--prompts", "400"]))
+    reqs = fleet.requests(bench.parse(["fleet", "--prompts", "400", "--rate", "2"]))
+    assert {r["at"] for r in closed} == {0.0} and [dict(r, at=0.0) for r in reqs] == closed  # the same mix
+    gaps = [b["at"] - a["at"] for a, b in zip(reqs, reqs[1:], strict=False)]
+    assert min(gaps) >= 0 and abs(statistics.mean(gaps) - 0.5) < 0.1

@@ -3,6 +3,7 @@ against round robin, one run.
 
     python scripts/bench.py fleet                  # 2 replicas, 3 adapters + base, 48 requests at c = 12, 2 rounds
     python scripts/bench.py fleet --replicas 3 --concurrency 16
+    python scripts/bench.py fleet --rate 1.2        # an open loop: Poisson arrivals, 1.2 requests/s
     python scripts/bench.py fleet --quick
 
 Replicas: --replicas tritonservers on this machine, started one after the other (each binds the free ports it
@@ -13,8 +14,9 @@ the lora scenario makes them).
 
 Load: --prompts requests, one sequence for both policies (seeded, --seed): chat prompts, each naming an adapter or
 none (the base) by the weights of MIX, each asking for a short or a long answer (SHORT, LONG: ignore_eos, so the
-lengths are exact). A closed loop at --concurrency (above the fleet's slots, so queues form); rounds interleaved:
-picker, round robin, picker, ... (--repeat of each).
+lengths are exact). A closed loop at --concurrency (above the fleet's slots, so queues form) or, with --rate, an
+open loop: Poisson arrivals at that rate (seeded too: the same times in every round). Rounds interleaved: picker,
+round robin, picker, ... (--repeat of each).
 
 The picker (a test harness, not a router; the Gateway API Inference Extension's endpoint picker scores the same
 metrics, see docs/operating.md, "Running as one replica of a fleet"). Per request it takes a scrape of every
@@ -89,6 +91,7 @@ def add_options(ap) -> None:
     ap.add_argument(
         "--affinity-kv", type=float, default=AFFINITY_KV, help="the picker's LoRA affinity margin (< 0: none)"
     )
+    ap.add_argument("--rate", type=float, default=0.0, help="requests/s of an open loop (0: the closed loop)")
     ap.add_argument("--seed", type=int, default=0, help="the request sequence's seed (default %(default)s)")
 
 
@@ -188,11 +191,11 @@ class Fleet:
 
 
 def requests(args) -> list[dict]:
-    """The request sequence both policies send: prompt, adapter (None: the base), max_tokens."""
-    rng = random.Random(args.seed)
+    """The request sequence both policies send: prompt, adapter (None: the base), max_tokens, arrival (s)."""
+    rng, clock = random.Random(args.seed), random.Random(args.seed + 1)  # arrivals apart: the mix is the same
     names = [None] + [f"a{i}" for i in range(args.adapters)]
     weights = list(MIX[: len(names)]) + [MIX[-1]] * max(0, len(names) - len(MIX))
-    out = []
+    out, at = [], 0.0
     for i in range(args.prompts):
         span = args.long if rng.random() < LONG_SHARE else args.short
         out.append(
@@ -200,13 +203,38 @@ def requests(args) -> list[dict]:
                 prompt=CHAT_PROMPTS[i % len(CHAT_PROMPTS)],
                 adapter=rng.choices(names, weights)[0],
                 max_tokens=rng.randint(*span),
+                at=at,
             )
         )
+        at += clock.expovariate(args.rate) if args.rate else 0.0
     return out
 
 
-def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: int) -> dict:
-    """One closed-loop round of the sequence under a policy, the replicas sampled meanwhile -> its record."""
+def open_loop(fn, times: list[float]) -> tuple[list, float]:
+    """fn(i) started in a thread of its own at times[i] seconds -> the results in order, wall seconds. The first
+    exception is raised once every thread has ended."""
+    results, failed, threads, t0 = {}, [], [], time.perf_counter()
+
+    def one(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+            failed.append(e)
+
+    for i, at in enumerate(times):
+        time.sleep(max(0.0, t0 + at - time.perf_counter()))
+        threads.append(threading.Thread(target=one, args=(i,), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+    return [results[i] for i in sorted(results)], time.perf_counter() - t0
+
+
+def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: int, rate: float = 0.0) -> dict:
+    """One round of the sequence under a policy (closed loop at c, or the open loop's arrivals at `rate`), the
+    replicas sampled meanwhile -> its record."""
     fleet.turn, fleet.last, start = 0, -1, time.perf_counter()
     samples, done = [], threading.Event()
 
@@ -234,11 +262,15 @@ def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: i
     watcher = threading.Thread(target=sampler, daemon=True)
     watcher.start()
     try:
-        out, wall = closed_loop(send, range(len(reqs)), c)
+        if rate:
+            out, wall = open_loop(send, [r["at"] for r in reqs])
+        else:
+            out, wall = closed_loop(send, range(len(reqs)), c)
     finally:
         done.set()
         watcher.join()
-    return dict(policy=policy, concurrency=c, wall_s=wall, requests=out, samples=samples)
+    load = f"{rate:g} req/s" if rate else f"c {c}"
+    return dict(policy=policy, load=load, wall_s=wall, requests=out, samples=samples)
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -289,11 +321,11 @@ def run(args) -> None:
             warm = [dict(r, max_tokens=4) for r in reqs[: 2 * args.replicas]]
             one_round(fleet, grpc, "round robin", warm, args.replicas)
             recs = []
-            for c in args.concurrency:
+            for c in [0] if args.rate else args.concurrency:
                 for r in range(args.repeat):
                     for policy in POLICIES:
-                        recs.append(one_round(fleet, grpc, policy, reqs, c))
-                        report.log(f"c {c} round {r + 1} {policy}: {summary(recs[-1])}")
+                        recs.append(one_round(fleet, grpc, policy, reqs, c, args.rate))
+                        report.log(f"{recs[-1]['load']} round {r + 1} {policy}: {summary(recs[-1])}")
         finally:
             for s in servers:
                 s.stop()
@@ -312,10 +344,10 @@ def tok_s(rec: dict) -> float:
 def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None:
     names = ["base"] + [f"a{i}" for i in range(args.adapters)]
     rows, replica_rows, ratio_rows = [], [], []
-    for c in args.concurrency:
+    for c in dict.fromkeys(r["load"] for r in recs):
         figs = {}
         for policy in POLICIES:
-            rounds = [r for r in recs if r["concurrency"] == c and r["policy"] == policy]
+            rounds = [r for r in recs if r["load"] == c and r["policy"] == policy]
             qs = [q for r in rounds for q in r["requests"]]
             lat, ttft = [q["latency_s"] for q in qs], [q["ttft_s"] for q in qs]
             long = [reqs[q["case"]]["max_tokens"] >= args.long[0] for q in qs]
@@ -352,13 +384,14 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
         ratio_rows.append([c, f"{p95 / rr95:.2f}×", f"{t95 / rrt95:.2f}×", f"{tok / rrtok:.2f}×"])
     long_n = sum(r["max_tokens"] >= args.long[0] for r in reqs)
     mix = ", ".join(f"{n} {sum((r['adapter'] or 'base') == n for r in reqs)}" for n in names)
+    loop = f"an open loop at {args.rate:g} req/s" if args.rate else "closed loop"
     settings = ", ".join(f"{k} {v}" for k, v in {**BENCH_ENGINE, **REPLICA}.items())
     lines = report.header(
         "A fleet of replicas: endpoint picker against round robin",
         args,
         f"{args.prompts} chat prompts per round ({mix}; {long_n} long answers of {args.long[0]}-{args.long[1]} "
         f"tokens, the rest {args.short[0]}-{args.short[1]}; ignore_eos, greedy, seed {args.seed}), the same "
-        f"sequence in every round, closed loop, rounds interleaved (picker, round robin) x {args.repeat}. "
+        f"sequence in every round, {loop}, rounds interleaved (picker, round robin) x {args.repeat}. "
         f"{args.replicas} replicas, each a tritonserver with {threads} torch thread(s), {settings}; "
         f"{args.adapters} random LoRA adapters of rank {args.rank} on every projection. The picker's rule "
         f"(affinity margin {args.affinity_kv}): "
@@ -367,12 +400,12 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
         ("tritonclient", "nvidia-pytriton"),
     )
     lines += ["Latency and TTFT over all requests of a policy's rounds, from the pick (seconds):", ""]
-    header = ["c", "policy", "latency p50 / p95", "TTFT p50 / p95", "latency p95 short / long"]
+    header = ["load", "policy", "latency p50 / p95", "TTFT p50 / p95", "latency p95 short / long"]
     header += ["output tok/s (median)", "latency p95 per round"]
     lines += report.table(header + ["pick ms (mean)"], rows)
     lines += ["", "Picker ÷ round robin:", ""]
-    lines += report.table(["c", "latency p95", "TTFT p95", "output tok/s"], ratio_rows)
+    lines += report.table(["load", "latency p95", "TTFT p95", "output tok/s"], ratio_rows)
     lines += ["", f"Per replica, over a policy's rounds (waiting, adapters running: sampled every {SAMPLE_S} s):", ""]
-    header = ["c", "policy", "replica", "requests", *names, "output tokens", "mean waiting", "mean adapters running"]
+    header = ["load", "policy", "replica", "requests", *names, "output tokens", "mean waiting", "mean adapters running"]
     lines += report.table(header, replica_rows)
     report.write(args, lines, dict(requests=reqs, records=recs))
