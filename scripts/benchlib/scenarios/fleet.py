@@ -282,17 +282,18 @@ def _adapters(args, folder: Path) -> Path:
     return make(args.model, folder, args.rank, args.adapters, 0.0)
 
 
-def _start(args, listing: Path, raw: Path) -> tuple[list, int]:
-    """The replicas, started one after the other, each with its share of the cores."""
+def _start(args, listing: Path, folder: Path, raw: Path) -> tuple[list, int]:
+    """The replicas (their model repositories in `folder`), started one after the other, each with its share of
+    the cores."""
     from triton_server import TritonServer, model_repository_with
 
     threads = args.replica_threads or max(1, (os.cpu_count() or 1) // args.replicas)
-    settings = {**BENCH_ENGINE, **REPLICA, "checkpoint": str(Path(args.model).resolve()), "lora_adapters": listing}
+    settings = {**BENCH_ENGINE, **REPLICA, "checkpoint": str(Path(args.model).absolute()), "lora_adapters": listing}
     servers, before = [], os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the servers copy the environment; torch reads it at start
     try:
         for i in range(args.replicas):
-            repo = model_repository_with({k: str(v) for k, v in settings.items()}, Path(tempfile.mkdtemp()) / "repo")
+            repo = model_repository_with({k: str(v) for k, v in settings.items()}, folder / f"repo{i}")
             server = TritonServer(model_repository=repo, log_path=raw / f"replica{i}.log")
             servers.append(server)
             server.start()
@@ -314,7 +315,7 @@ def run(args) -> None:
     reqs = requests(args)
     with tempfile.TemporaryDirectory() as tmp:
         listing = _adapters(args, Path(tmp))
-        servers, threads = _start(args, listing, raw)
+        servers, threads = _start(args, listing, Path(tmp), raw)
         try:
             grpc = [s.grpc_url for s in servers]
             fleet = Fleet([s.metrics_url for s in servers], args.affinity_kv)
