@@ -13,10 +13,11 @@ threads (default: the cores shared out) and the same --adapters random PEFT LoRA
 the lora scenario makes them).
 
 Load: --prompts requests, one sequence for both policies (seeded, --seed): chat prompts, each naming an adapter or
-none (the base) by the weights of MIX, each asking for a short or a long answer (SHORT, LONG: ignore_eos, so the
-lengths are exact). A closed loop at --concurrency (above the fleet's slots, so queues form) or, with --rate, an
-open loop: Poisson arrivals at that rate (seeded too: the same times in every round). Rounds interleaved: picker,
-round robin, picker, ... (--repeat of each).
+none (the base) by the weights of MIX, each asking for a long answer (--long tokens, LONG_SHARE of them) or a
+short one (--short; ignore_eos, so the lengths are exact). A closed loop at --concurrency (above the fleet's
+slots, so queues form) or, with --rate, an open loop: Poisson arrivals at that rate (seeded too: the same times in
+every round). Rounds interleaved: picker, round robin, picker, ... (--repeat of each), each from idle replicas
+(their gauges read no request).
 
 The picker (a test harness, not a router; the Gateway API Inference Extension's endpoint picker scores the same
 metrics, see docs/operating.md, "Running as one replica of a fleet"). Per request it takes a scrape of every
@@ -36,7 +37,8 @@ cluster does.
 
 Report per policy: requests and each adapter's requests per replica, each replica's mean waiting and mean
 distinct adapters running (sampled every SAMPLE_S), latency and TTFT p50 / p95 over all its rounds' requests
-(times from the pick), output tok/s (median of rounds), and picker ÷ round robin.
+(times from the pick; and the latency p95 of the short and of the long answers), output tok/s (median of rounds),
+and picker ÷ round robin.
 """
 
 from __future__ import annotations
@@ -176,6 +178,15 @@ class Fleet:
                 self.views, self.scraped_at = [parse_metrics(t) for t in texts], time.perf_counter()
             return self.views
 
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every replica's gauges read no request: a round's first picks would otherwise see the last
+        round's tail (the gauges lag up to 0.5 s) and all go to the replica that looked idlest."""
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if all(v.waiting == v.running == v.kv == 0 for v in self.scrape(0.0)):
+                return
+            time.sleep(SAMPLE_S)
+
     def choose(self, policy: str, adapter: str | None) -> int:
         if policy == "round robin":
             with self.lock:
@@ -235,6 +246,7 @@ def open_loop(fn, times: list[float]) -> tuple[list, float]:
 def one_round(fleet: Fleet, grpc: list[str], policy: str, reqs: list[dict], c: int, rate: float = 0.0) -> dict:
     """One round of the sequence under a policy (closed loop at c, or the open loop's arrivals at `rate`), the
     replicas sampled meanwhile -> its record."""
+    fleet.settle()
     fleet.turn, fleet.last, start = 0, -1, time.perf_counter()
     samples, done = [], threading.Event()
 
