@@ -89,7 +89,7 @@ def test_round_robin_turns_and_the_picker_scrapes_at_most_every_max_age(monkeypa
     f.choose("picker", None)
     assert len(calls) == 4
     texts["u0"] = "specgram_requests_waiting 0\n"
-    f.settle(timeout=5.0)  # u1 still holds KV: waits it out
+    f.settle(timeout=0.5)  # u1 still holds KV: waits it out
     assert len(calls) > 6
     texts["u1"] = texts["u0"]
     before = len(calls)
