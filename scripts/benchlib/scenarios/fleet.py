@@ -31,7 +31,7 @@ value: its running_lora_adapters and waiting_lora_adapters). The rule, each step
      there are any (a negative --affinity-kv skips this step);
   4. the lowest KV usage;
   5. a tie: the first in turn after the replica picked last.
-It knows nothing else (not its own recent picks). Round robin sends the i-th request to replica i mod n. A server
+It knows nothing else (not its own recent picks). Round robin sends the i-th request picked to replica i mod n. A server
 sets its gauges at most every 0.5 s, so the picker sees each replica up to half a second late, as a picker in a
 cluster does.
 
