@@ -21,7 +21,7 @@ def scrape(server) -> tuple[dict[str, float], str]:
 
 
 def wait_for(server, expected: dict[str, float]) -> str:
-    """The gauges follow the load every 0.5 s: poll for up to two minutes; -> the last scrape."""
+    """The gauges follow the load within 50 ms: poll for up to two minutes; -> the last scrape."""
     for _ in range(480):
         values, text = scrape(server)
         if values == expected:

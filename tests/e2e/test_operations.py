@@ -40,7 +40,7 @@ def test_triton_request_timeout_ends_the_stream_with_finish_reason_timeout(trito
 
 
 def wait_for_gauge(server, name, value):
-    """The gauges follow the load every 0.5 s: poll for up to a minute."""
+    """The gauges follow the load within 50 ms: poll for up to a minute."""
     for _ in range(240):
         if gauges(server)[name] == value:
             return

@@ -50,8 +50,10 @@ _NUMPY = {
 # a cancelled request stops within about this long.
 _CANCEL_CHECK_S = 0.25
 _OUTBOX_WAIT_S = 0.05
-# Each gauge set is a round trip to the server process too: the gauges follow the load at most this often.
-_GAUGE_PERIOD_S = 0.5
+# Each gauge set is a round trip to the server process too, but publish() sets only the gauges whose value
+# changed (admissions and ends: a few per second): the load is looked at this often, so that a gateway's picker
+# that scrapes every 50 ms sees a burst of requests land (at 0.5 s it sent a whole burst to one replica).
+_GAUGE_PERIOD_S = 0.05
 
 
 def _error_code(kind: ErrorKind | None):
