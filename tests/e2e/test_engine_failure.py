@@ -50,16 +50,12 @@ def failing_server(tmp_path):
     trigger = tmp_path / "fail-the-engine"
     served = REPO / "model_repository" / "llm" / "1" / "model.py"
     (version / "model.py").write_text(FAILING_MODEL.format(model=str(served), trigger=str(trigger)))
-    server = TritonServer(
+    with TritonServer(
         model_repository=repo,
         log_path=tmp_path / "tritonserver.log",
         extra_args=["--model-control-mode=explicit", "--load-model=llm"],
-    )
-    server.start()
-    try:
+    ) as server:
         yield server, trigger
-    finally:
-        server.stop()
 
 
 def ready(server) -> tuple[int, int]:

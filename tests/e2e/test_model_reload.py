@@ -32,16 +32,12 @@ def wait_for(condition, polls: int = 600) -> bool:
 @pytest.fixture
 def explicit_server(tmp_path):
     repo = model_repository_with({}, tmp_path / "repository")
-    server = TritonServer(
+    with TritonServer(
         model_repository=repo,
         log_path=tmp_path / "tritonserver.log",
         extra_args=["--model-control-mode=explicit", "--load-model=llm"],
-    )
-    server.start()
-    try:
+    ) as server:
         yield server, repo
-    finally:
-        server.stop()
 
 
 def test_reloading_the_model_serves_on_and_stops_cleanly(explicit_server):

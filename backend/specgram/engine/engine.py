@@ -161,9 +161,12 @@ class Engine:
     def is_running(self, request_id: int) -> bool:  # whether the request holds a KV slot
         return request_id in self.scheduler.running
 
-    def load(self) -> tuple[int, int]:
-        """-> (requests holding a KV slot, waiting requests whose grammar is still compiling)."""
-        return len(self.scheduler.running), sum(r.pending_grammar is not None for r in self.scheduler.waiting)
+    def load(self) -> tuple[int, int, frozenset[int]]:
+        """-> (requests holding a KV slot, waiting requests whose grammar is still compiling, the LoRA adapters of
+        the requests holding a slot: ids, the base model left out)."""
+        running = self.scheduler.running.values()
+        compiling = sum(r.pending_grammar is not None for r in self.scheduler.waiting)
+        return len(running), compiling, frozenset(r.adapter for r in running if r.adapter >= 0)
 
     # ---- the step ---------------------------------------------------------------------------------------
 
@@ -229,8 +232,7 @@ class Engine:
 
     def _forward(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        adapters = plan.adapters() if self.target.adapters is not None else None
-        first, verify = self.target.forward_step(*plan.rows(), len(plan.chunks), plan.trees(), adapters)
+        first, verify = self.target.forward_step(*plan.rows(), len(plan.chunks), plan.trees(), plan.adapters())
         return StepResult(first, verify, started)
 
     def _prefilled(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:

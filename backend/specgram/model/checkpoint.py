@@ -148,8 +148,9 @@ class ModuleTensors:
                 if self.files is None
                 else self.files.get(f"{self.names[id(self.embed)]}.weight")
             )
-            view = self.files is not None and not getattr(self.files, "copies", False)  # a GGUF's is its own already
-            self._embedding = w.to(kept_dtype(w.dtype), copy=view).contiguous()
+            # a view of a mapped file is copied; a GGUF's de-quantized tensor is its own already
+            mapped = self.files is not None and not getattr(self.files, "copies", False)
+            self._embedding = w.to(kept_dtype(w.dtype), copy=mapped).contiguous()
         return self._embedding
 
     def unfit(self, model: torch.nn.Module) -> str | None:

@@ -143,6 +143,7 @@ class ModelRunner:
         computed here on the host and copied without blocking, so a CUDA forward never waits on the host.
         Small forwards (decode, verify, draft steps) take the static / CUDA-graph path when it is on.
         trees: per row its tokens' parents (tree.py: a tree of drafts; None: a plain row), or None."""
+        adapters = adapters if self.adapters is not None else None  # no LoRA attached: nothing to apply
         if self.native is not None:
             return self.native.forward_rows(self.cache, rows, slots, starts, last_only, self.window, trees, adapters)
         if tree_rows.plain(trees):
@@ -165,7 +166,7 @@ class ModelRunner:
             length=max(a + b for a, b in zip(starts, num_new, strict=True)),
             widx=widx,
             tree=None if trees is None else tree_rows.tensors(trees, width, dev),
-            adapters=None if adapters is None or self.lora_hooks is None else h2d(torch.tensor(adapters), dev),
+            adapters=None if adapters is None else h2d(torch.tensor(adapters), dev),
         )
 
     def forward_step(
@@ -185,6 +186,7 @@ class ModelRunner:
         a forward of its own: a prompt chunk is never padded to a verify row's shape nor the reverse, and the
         verify side keeps its small static shapes (CUDA graphs). trees: per verify row its tokens' parents (a tree
         of drafts, tree.py; None: a plain row), or None for all plain. adapters: per row its LoRA adapter, or None."""
+        adapters = adapters if self.adapters is not None else None  # no LoRA attached: nothing to apply
         if self.fuse_steps and 0 < n_last < len(rows):
             return self.native.forward_split(self.cache, rows, slots, starts, n_last, self.window, trees, adapters)
         first = rest = None

@@ -221,9 +221,7 @@ class EngineLoop:
         with self._lock:
             self._admission.settle()
             waiting, waiting_adapters = self._admission.waiting, self._admission.adapters()
-        running = self.engine.scheduler.running.values()
-        running_adapters = frozenset(r.adapter for r in running if r.adapter >= 0)
-        self.load = Load(waiting, *self.engine.load(), running_adapters, waiting_adapters)
+        self.load = Load(waiting, *self.engine.load(), waiting_adapters)
 
     def _deliver(self, out: RequestOutput | None) -> None:
         if out is None:

@@ -60,7 +60,7 @@ class DraftModelDrafter(Drafter):
         self.alternatives = 0.0  # > 0: each draft's runner-up at least this likely is kept (Proposal.alts: trees)
 
     def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
-        adapters = [r.adapter for r in reqs] if self.runner.adapters is not None else None  # LoRA drafts
+        adapters = [r.adapter for r in reqs]  # a runner with LoRA attached drafts under each request's adapter
         logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, True, adapters=adapters)
         return fit_vocab(logits, self.vocab, self.runner.head_ids)
 

@@ -31,7 +31,6 @@ from .drafter import Drafter, PickFn
 from .rows import VerifyRow
 
 FORCED = registry.FORCED
-FORWARD_SOURCES = registry.forward_sources()
 
 
 class DraftPlanner:
@@ -228,7 +227,7 @@ class DraftPlanner:
             r, p = v.req, v.available
             if r.params.auto_draft:
                 # a draft model's estimate learns only from verified drafts: probe now and then
-                probe = not FORWARD_SOURCES.isdisjoint(p.sources) and r.acceptance.probe_due
+                probe = not registry.forward_sources().isdisjoint(p.sources) and r.acceptance.probe_due
                 p = p.cut(max(c, min(1, len(p.tokens)) if probe else 0))
                 r.acceptance.idle_steps = 0 if p.tokens else r.acceptance.idle_steps + 1
             v.proposal = p
