@@ -10,7 +10,10 @@ Kinds of drafters:
   its seconds are timed by the step-cost model, and a free drafter's drafts that lose to it are still judged
   (they "shadow" it: their estimates stay current);
 - a *free* drafter costs no forward (a lookup). Under num_draft_tokens auto a request consults every free
-  drafter that is a `companion` beside its own and takes the drafts with the most expected accepted tokens.
+  drafter that is a `companion` beside its own and takes the drafts with the most expected accepted tokens;
+- a forward drafter declared `beside` another is a second model a request of that other may draft with under
+  auto k: each step the request drafts with whichever of the two expects more tokens per second
+  (speculation/forward_depths.py: choose).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class DrafterSpec:
     # the model loader provides it (engine/loading.py)
     needs: str = ""  # what the config must give for a request to name it (its error's words)
     enabled_by: str = ""  # the config setting that turns it off at 0 ("" always on where it can be built)
+    beside: str = ""  # forward: the forward drafter whose auto requests may draft with this one instead
 
 
 DRAFTERS: dict[str, DrafterSpec] = {
@@ -68,6 +72,19 @@ DRAFTERS: dict[str, DrafterSpec] = {
             forward=True,
             tree="alts",
             needs="a draft model",
+        ),
+        DrafterSpec(
+            "copy",
+            "the target's own int8 or int4 copy beside a `draft_checkpoint` (`draft_quantization` auto, native CPU "
+            "forward): under `num_draft_tokens` auto a `draft_model` request drafts each step with whichever of the "
+            "two models expects more tokens per second",
+            {"copy": 0.6},
+            frozenset({"prompt", "output", "model"}),
+            forward=True,
+            tree="alts",
+            needs="a draft_checkpoint beside which the target's copy loads (draft_quantization auto, native CPU "
+            "forward)",
+            beside="draft_model",
         ),
         DrafterSpec(
             "grammar",
@@ -118,6 +135,14 @@ def consulted(drafter: str, auto: bool, available) -> list[str]:
     if not (auto and spec.consults):
         return own
     return own + [n for n, s in DRAFTERS.items() if s.companion and n != drafter and n in available]
+
+
+def forward_options(drafter: str, auto: bool, available) -> list[str]:
+    """The forward drafters a request of `drafter` may draft with this step: its own if forward, and under auto k
+    those declared beside it that the engine has (`available`), its own first."""
+    if not DRAFTERS[drafter].forward:
+        return []
+    return [drafter] + ([n for n, s in DRAFTERS.items() if s.beside == drafter and n in available] if auto else [])
 
 
 def describe() -> str:

@@ -110,7 +110,9 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
     weights = t.weights if t.kind == "native" else "auto"
     parts = runner("target", config.checkpoint, target, t, weights, settings.dtype, True, True)
     remedies = ("weights int8",) if t.kind == "native" and weights == "auto" else ()
-    if d is not None:
+    for d in (settings.draft, settings.copy):
+        if d is None:
+            continue
         own = d.source == "target"
         path = config.checkpoint if own else config.draft_checkpoint
         model = target if own else skeleton(path, d.dtype)
@@ -118,7 +120,10 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         form = "int8" if d.quantized == "torch" else d.forward.weights
         parts += runner("draft copy" if own else "draft", path, model, d.forward, form, d.dtype,
                         not d.shares_cache, not shared)  # fmt: skip
-        remedies += ("draft_quantization none",) if own else ("draft_quantization int8",) if form == "auto" else ()
+        if own:  # the copy alone, or beside a draft model
+            remedies += ("draft_quantization none",) if d is settings.draft else ("draft_quantization int4",)
+        elif form == "auto":
+            remedies += ("draft_quantization int8",)
     return parts, remedies
 
 
@@ -143,29 +148,38 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     if adapters is not None:
         target.attach_lora(adapters)
     drafters: dict[str, Drafter] = {}
-    if d is not None:
-        if d.source == "checkpoint":
-            base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
-        else:
-            base, base_tensors = model, tensors  # an int8 copy reads the target's checkpoint (int8.py packs its own)
-        if d.quantized == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
-            base = quantize_dynamic_int8(base)
-        cache = target.cache if d.shares_cache else None
-        head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
-        draft = ModelRunner(
-            base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head, tensors=base_tensors
-        )
-        if adapters is not None and config.lora_draft:
-            if d.source == "target" and draft.native is not None:
-                draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would
-            else:
-                log.info(
-                    "lora_draft: the draft model drafts as its base model (adapters apply to the target's own "
-                    "copy on the native CPU forward only); the target verifies with each request's adapter"
-                )
-        drafters["draft_model"] = DraftModelDrafter(draft, target.vocab_size)
-    release_freed_memory()
+    # the draft model, and the target's copy beside a draft_checkpoint (drafter "copy")
+    for name, choice in (("draft_model", d), ("copy", settings.copy)):
+        if choice is not None:
+            runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters)
+            drafters[name] = DraftModelDrafter(runner, target.vocab_size)
+            release_freed_memory()
     return target, tokenizer, drafters
+
+
+def _draft_runner(config, settings, d, tokenizer, target: ModelRunner, model, tensors, adapters) -> ModelRunner:
+    """The runner of the draft `d` (settings.py's DraftChoice): a draft_checkpoint's model, or the target's copy
+    (model, tensors: the target's, which an int8 or int4 copy packs its own weights from)."""
+    if d.source == "checkpoint":
+        base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
+    else:
+        base, base_tensors = model, tensors
+    if d.quantized == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
+        base = quantize_dynamic_int8(base)
+    cache = target.cache if d.shares_cache else None
+    head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
+    draft = ModelRunner(
+        base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head, tensors=base_tensors
+    )
+    if adapters is not None and config.lora_draft:
+        if d.source == "target" and draft.native is not None:
+            draft.attach_lora(adapters)  # the target's copy drafts as the adapter's model would
+        else:
+            log.info(
+                "lora_draft: the draft model drafts as its base model (adapters apply to the target's own "
+                "copy on the native CPU forward only); the target verifies with each request's adapter"
+            )
+    return draft
 
 
 def _draft_head(config: EngineConfig, tokenizer, model, size: int):

@@ -19,7 +19,8 @@ weights are loaded.
   draft_quantization auto    the target's copy where the native forward runs a float target and no
                              draft_checkpoint is named: int4 from 1B matmul weights up (INT4_COPY_PARAMS), else
                              int8; a draft_checkpoint in int4 where the native forward runs (docs/performance.md,
-                             real draft models); else none
+                             real draft models), and beside it the target's copy where that loads (drafter
+                             `copy`: auto requests draft with whichever model pays more); else none
   drafter auto               draft_model where a draft model is loaded, else ngram
   draft_vocab auto           32768 entries where the vocabulary is larger than 65536 and the draft runs on the
                              native forward, else all
@@ -64,6 +65,7 @@ class Settings:
     draft: DraftChoice | None  # None: no draft model
     drafter: str  # a request's drafter when it names none (drafting/registry.py)
     prefix_cache: bool
+    copy: DraftChoice | None = None  # the target's copy beside a draft_checkpoint (drafter `copy`); None: none
 
 
 THINK_END = "</think>"
@@ -119,9 +121,14 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     else:
         target = _as_stored(target, config.checkpoint)
     draft = _draft(config, device, dtype, target_cfg, target, draft_cfg, static)
+    copy = None
+    if draft is not None and draft.source == "checkpoint" and config.draft_quantization == "auto":
+        quantization = _copy_quantization(device, target, target_cfg)
+        copy = _choice(config, device, dtype, target_cfg, target, None, static, quantization, "target")
+    models = {"draft_model": draft, "copy": copy}  # the model drafters by name, as loading.py files them
     drafter = config.drafter
     # the drafters this engine will have: every declared one but a forward drafter without its model
-    have = {n for n, spec in registry.DRAFTERS.items() if not spec.forward or draft is not None}
+    have = {n for n, spec in registry.DRAFTERS.items() if not spec.forward or models.get(n) is not None}
     if drafter == "auto":
         drafter = registry.default(have)
     elif drafter not in have:
@@ -136,7 +143,7 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
             "draft_quantization int8"
         )
     reuse = config.prefix_cache == "on" or (config.prefix_cache == "auto" and target.kind == "native")
-    return Settings(device, dtype, target, draft, drafter, reuse)
+    return Settings(device, dtype, target, draft, drafter, reuse, copy)
 
 
 def _as_stored(forward: ForwardChoice, path: str) -> ForwardChoice:
@@ -160,18 +167,33 @@ def _draft(
 ) -> DraftChoice | None:
     quantization = config.draft_quantization
     if quantization == "auto":
-        native_float = target.kind == "native" and target.weights == "auto"
         if config.draft_checkpoint:  # a draft model: in int4 where the native forward runs
             quantization = "int4" if target.kind == "native" and device.type == "cpu" else "none"
-        elif native_float:  # the target's copy: int4 for a target of INT4_COPY_PARAMS or more, else int8
-            quantization = "int4" if families.matmul_params(target_cfg) >= INT4_COPY_PARAMS else "int8"
         else:
-            quantization = "none"
+            quantization = _copy_quantization(device, target, target_cfg)
     if quantization == "none" and not config.draft_checkpoint:
         return None
     if quantization in ("int8", "int4") and device.type != "cpu":
         raise ModelLoadError(f"draft_quantization {quantization} runs on CPU only (use a smaller draft model on GPU)")
     source = "checkpoint" if config.draft_checkpoint else "target"
+    return _choice(config, device, dtype, target_cfg, target, draft_cfg, static, quantization, source)
+
+
+def _copy_quantization(device, target: ForwardChoice, target_cfg) -> str:
+    """draft_quantization auto for the target's copy: where the native forward runs a float target, int4 for a
+    target of INT4_COPY_PARAMS matmul weights or more, else int8; "none" (no copy) elsewhere."""
+    if target.kind != "native" or target.weights != "auto" or device.type != "cpu":
+        return "none"
+    return "int4" if families.matmul_params(target_cfg) >= INT4_COPY_PARAMS else "int8"
+
+
+def _choice(
+    config: EngineConfig, device, dtype, target_cfg, target, draft_cfg, static: int, quantization: str, source: str
+) -> DraftChoice | None:
+    """The draft model of `source` ("target": the target's copy; "checkpoint": draft_checkpoint's) in
+    `quantization` (none, int8, int4); None for a copy in none (no copy)."""
+    if quantization == "none" and source == "target":
+        return None
     if source == "checkpoint":
         cfg = draft_cfg if draft_cfg is not None else _hf_config(config.draft_checkpoint)
         base = dtype_of(config.draft_dtype, device)

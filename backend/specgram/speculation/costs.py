@@ -18,14 +18,25 @@ class StepCosts:
     SLOPE_PRIOR = 0.05  # one more row ~ 5% of a 1-row step (CPU forward: weight reads dominate)
     SLOPE_WEIGHT = 4.0  # the priors count like this many observations one row apart
 
-    def __init__(self) -> None:
+    def __init__(self, verify: StepCosts | None = None) -> None:
         # discounted sums of 1, N, N^2, N^3, N^4, y, N y, N^2 y over the observations (y: seconds)
         self.s0 = self.s1 = self.s2 = self.s3 = self.s4 = self.sy = self.sny = self.sn2y = 0.0
         self.draft_depth_s = 0.0  # one draft-model forward (one depth level), EMA over every row count
         self.depth_fit: StepCosts | None = None  # one depth level's seconds by the requests drafting in it
         self.read_token_s = 0.0  # the draft model's prompt read at admission, per prompt token, EMA
+        self.verify = verify  # another forward drafter's costs whose verify fit this one reads (of())
+        self.others: dict[str, StepCosts] = {}  # of(): a second forward drafter's depth and read costs
+
+    def of(self, drafter: str) -> StepCosts:
+        """A second forward drafter's costs: its own depth and read costs over this verify fit (its forwards
+        cost what its own weights cost)."""
+        if drafter not in self.others:
+            self.others[drafter] = StepCosts(verify=self)
+        return self.others[drafter]
 
     def record(self, rows: int, seconds: float) -> None:
+        if self.verify is not None:
+            return self.verify.record(rows, seconds)
         f, n = self.FORGET, float(rows)
         self.s0, self.s1, self.s2 = f * self.s0 + 1, f * self.s1 + n, f * self.s2 + n * n
         self.s3, self.s4 = f * self.s3 + n**3, f * self.s4 + n**4
@@ -56,12 +67,14 @@ class StepCosts:
 
     @property
     def known(self) -> bool:
-        return self.s0 > 0
+        return self.verify.known if self.verify is not None else self.s0 > 0
 
     def fit(self) -> tuple[float, float, float]:
         """-> (a, b, c) of cost(N) = a + b N + c N^2 in seconds, b > 0 and c >= 0. Centred normal equations in
         u = N - mean N and v = N^2 - mean N^2, with ridge priors: b toward b0 (5% of a) with weight lam, c toward
         0 with weight lam (2 mean N + 1)^2 (N^2 moves about 2 N + 1 a row)."""
+        if self.verify is not None:
+            return self.verify.fit()
         s0, lam = self.s0, self.SLOPE_WEIGHT
         m1, m2, my = self.s1 / s0, self.s2 / s0, self.sy / s0
         b0 = self.SLOPE_PRIOR * my / (1 + self.SLOPE_PRIOR * m1)  # prior: a + b0 N with b0 = 5% of a

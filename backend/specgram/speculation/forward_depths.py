@@ -18,35 +18,89 @@ def source_of(name: str) -> str:
     return next(iter(registry.DRAFTERS[name].sources))
 
 
+def costs_of(name: str, step_costs: costs.StepCosts) -> costs.StepCosts:
+    """The step costs with the forward drafter `name`'s depth and read costs: the planner's own for a drafter
+    of its own, a second one's (declared beside another) over the same verify fit."""
+    return step_costs.of(name) if registry.DRAFTERS[name].beside else step_costs
+
+
+def value(
+    name: str, model: Drafter, req: Request, k: int, prefix: int, step_costs: costs.StepCosts, catching_up=True
+) -> float:
+    """Expected tokens per second of req's next step alone (one verify row and its drafts) drafting with the
+    forward drafter `name` at the depth that pays best (at most k drafts, the first `prefix` forced and free):
+    its acceptance estimates against its measured depth cost, plus the catch-up prefill of the committed tokens
+    it has not read beyond the usual two (a model that other drafters stood in for; catching_up=False: not
+    counted). Infinite for a model whose depth was never timed: drafting once measures it."""
+    own = costs_of(name, step_costs)
+    if not step_costs.known or own.draft_depth_s == 0:
+        return float("inf")
+    cost, depth_s = step_costs.curve(), own.depth_curve()(1)
+    chances = req.acceptance.chances([FORCED] * prefix + [source_of(name)] * (k - prefix))
+    catch = max(model.behind(req) - 2, 0) * own.read_token_s if catching_up else 0.0
+    best, tokens = 0.0, 1.0 + sum(chances[:prefix])
+    for d in range(1, k - prefix + 1):
+        tokens += chances[prefix + d - 1]
+        best = max(best, tokens / (cost(1 + prefix + d) + d * depth_s + catch))
+    return best
+
+
+def choose(
+    drafters: dict[str, Drafter], reqs: list[Request], ks: list[int], prefixes: list[list[int]], step_costs
+) -> list[str]:
+    """Per request the forward drafter it drafts with this step ("" none): its own where that is a forward
+    drafter; under auto k the one of its options (registry.forward_options: its own, then those declared beside
+    it) that has read its prompt and expects the most tokens per second (value(); the first on a tie)."""
+    out = []
+    for r, k, pre in zip(reqs, ks, prefixes, strict=True):
+        options = registry.forward_options(r.params.drafter, r.params.auto_draft, drafters)
+        ready = [n for n in options if drafters[n].started(r)]
+        if len(ready) < 2 or k <= len(pre):
+            out.append(ready[0] if ready else options[0] if options else "")
+            continue
+        scores = [value(n, drafters[n], r, k, len(pre), step_costs) for n in ready]
+        out.append(ready[scores.index(max(scores))])
+    return out
+
+
 def readers(
     name: str,
-    model: Drafter,
+    drafters: dict[str, Drafter],
     users: list[Request],
     admitted: list[Request],
     running: list[Request],
     population: Population,
     step_costs: costs.StepCosts,
+    k: int,
 ) -> tuple[list[Request], list[Request]]:
     """Of the newly admitted requests `users` of the draft model `name` (admitted: every request admitted with
     them; running: every request holding a slot, these included): (those whose prompt it reads now, those it never
     drafts for under auto). An auto request's prompt is read only where a draft depth could pay at this many
     streams (costs.depth_can_pay) and the drafts can save more than the read costs over the tokens the request may
-    still produce, alone or joining the depths that the requests it already reads draft in (costs.read_pays);
-    fixed-k requests are always read."""
+    still produce, alone or joining the depths that the requests it already reads draft in (costs.read_pays),
+    and where no forward drafter declared beside it that needs no read (it shares the target's cache) is
+    expected to draft better (value() at up to k drafts, at the engine-wide rates, both timed); fixed-k requests
+    are always read."""
+    model, own = drafters[name], costs_of(name, step_costs)
     source = source_of(name)
     p = population.rate(source, PRIORS[source])
     streams, new = len(running), {r.request_id for r in admitted}
     joined = sum(1 for r in running if r.request_id not in new and r.params.drafter == name and model.started(r))
-    can = costs.depth_can_pay(streams, step_costs, p)
+    can = costs.depth_can_pay(streams, own, p)
+    beside = [n for n in registry.forward_options(name, True, drafters)[1:] if not drafters[n].reads_prompts]
+
+    def better_beside(r: Request) -> bool:
+        mine = value(name, model, r, k, 0, step_costs, catching_up=False)
+        return any(value(n, drafters[n], r, k, 0, step_costs) > mine for n in beside)
+
     read = [
         r
         for r in users
         if not r.params.auto_draft
         or (
             can
-            and costs.read_pays(
-                streams, step_costs, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined
-            )
+            and costs.read_pays(streams, own, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined)
+            and not better_beside(r)
         )
     ]
     skip = [r for r in users if r not in read]
@@ -61,15 +115,17 @@ def plan(
     lookups: list,
     ks: list[int],
     step_costs: costs.StepCosts,
+    using: list[str],
 ) -> None:
-    """Auto requests drafting with the forward drafter `name`: their k (in ks) is chosen before drafting (each
-    depth costs a draft forward), from their acceptance estimates, against their lookup drafts (lookups[i])
-    where they have some (adaptive.plan_depths); a request whose prompt the model never read (admitted among
-    many streams) gets no model drafts. Their drafts to make: the forced prefix or less (none from the model;
-    its lookup drafts, if any, are verified instead) up to k."""
-    auto = [r.params.auto_draft and r.params.drafter == name for r in reqs]
+    """Auto requests drafting with the forward drafter `name` this step (using[i], choose()): their k (in ks) is
+    chosen before drafting (each depth costs a draft forward), from their acceptance estimates, against their
+    lookup drafts (lookups[i]) where they have some (adaptive.plan_depths); a request whose prompt the model never
+    read (admitted among many streams) gets no model drafts. Their drafts to make: the forced prefix or less (none
+    from the model; its lookup drafts, if any, are verified instead) up to k."""
+    auto = [r.params.auto_draft and u == name for r, u in zip(reqs, using, strict=True)]
     if not any(auto):
         return
+    step_costs = costs_of(name, step_costs)
     source = source_of(name)
     # a prompt the model never read: no drafts
     seen = [a and model.started(r) for r, a in zip(reqs, auto, strict=True)]
@@ -84,8 +140,8 @@ def plan(
     paid = max(
         (
             k - len(pre)
-            for r, k, pre, a in zip(reqs, ks, prefixes, auto, strict=True)
-            if not a and r.params.speculates and r.params.drafter == name
+            for r, k, pre, a, u in zip(reqs, ks, prefixes, auto, using, strict=True)
+            if not a and r.params.speculates and u == name
         ),
         default=0,
     )

@@ -62,17 +62,21 @@ class DraftPlanner:
         (reading the prompt is a prefill, which then costs more than the drafts it may ever win). A draft model
         that shares the target's cache reads nothing: every request may draft with it at any step."""
         for name, drafter in self.drafters.items():
-            users = [r for r in reqs if r.params.speculates and r.params.drafter == name]
+            users = [r for r in reqs if r.params.speculates and name in self._uses(r)]
             if not users:
                 continue
             if not registry.DRAFTERS[name].forward or not drafter.reads_prompts:
                 self._admit(drafter, users, True)
                 continue
-            read, skip = forward_depths.readers(name, drafter, users, reqs, running, self.population, self.costs)
+            read, skip = forward_depths.readers(
+                name, self.drafters, users, reqs, running, self.population, self.costs, self.max_draft_len
+            )
             if read:
                 start = time.perf_counter()
                 self._admit(drafter, read, True)
-                self.costs.record_read(sum(len(r.prompt_ids) for r in read), time.perf_counter() - start)
+                forward_depths.costs_of(name, self.costs).record_read(
+                    sum(len(r.prompt_ids) for r in read), time.perf_counter() - start
+                )
             if skip:
                 self._admit(drafter, skip, False)
 
@@ -80,10 +84,18 @@ class DraftPlanner:
         """drafter.admit(reqs, now); where that fails, each request alone (a failing one ends)."""
         self.faults.each_or_alone(reqs, lambda sub: [drafter.admit(sub, now)] * len(sub), None)
 
+    def _uses(self, req: Request) -> list[str]:
+        """The drafters req may draft with: its own, and the forward drafters beside it (under auto k)."""
+        return [
+            req.params.drafter,
+            *registry.forward_options(req.params.drafter, req.params.auto_draft, self.drafters)[1:],
+        ]
+
     def release(self, req: Request) -> None:
-        """req finished or was aborted: its drafter, and every drafter that learns from other requests, hear it."""
+        """req finished or was aborted: its drafters, and every drafter that learns from other requests, hear it."""
+        uses = self._uses(req)
         for name, drafter in self.drafters.items():
-            if name == req.params.drafter or "other requests" in registry.DRAFTERS[name].reads:
+            if name in uses or "other requests" in registry.DRAFTERS[name].reads:
                 drafter.release(req)
 
     def draft_len(self, req: Request) -> int:
@@ -114,14 +126,15 @@ class DraftPlanner:
         # auto requests idle for a while look up only now and then (acceptance.LOOKUP_EVERY)
         rests = [r.params.auto_draft and r.acceptance.lookup_rests for r in reqs]
         found = self._free_drafts(reqs, ks, prefixes, pick, rests)
-        depths = self._forward_depths(reqs, ks, prefixes, found)
+        using = forward_depths.choose(self.drafters, reqs, ks, prefixes, self.costs)  # each one's model this step
+        depths = self._forward_depths(reqs, ks, prefixes, found, using)
         drafted_s = 0.0  # this step's draft-model seconds (choose_cuts: spent whatever it cuts)
         proposals = [Proposal(p, sources=[FORCED] * len(p)) for p in prefixes]
         modeled = [False] * len(reqs)
         for name, drafter in self.drafters.items():
             if not registry.DRAFTERS[name].forward:
                 continue
-            idx = [i for i, r in enumerate(reqs) if depths[i] > len(prefixes[i]) and r.params.drafter == name]
+            idx = [i for i in range(len(reqs)) if depths[i] > len(prefixes[i]) and using[i] == name]
             if idx:
                 # a draft model's depth cost is learned from steps that feed it the usual 1-2 committed tokens
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
@@ -134,7 +147,7 @@ class DraftPlanner:
                 drafted_s += spent
                 if timed:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
-                    self.costs.record_draft(max(made), spent, sum(made) / max(made))
+                    forward_depths.costs_of(name, self.costs).record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
                     proposals[i], modeled[i] = prop.tagged(len(prefixes[i]), forward_depths.source_of(name)), True
         for i, lookup in enumerate(found):
@@ -195,14 +208,14 @@ class DraftPlanner:
         return best
 
     def _forward_depths(
-        self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], lookups: list
+        self, reqs: list[Request], ks: list[int], prefixes: list[list[int]], lookups: list, using: list[str]
     ) -> list[int]:
-        """Per request its drafts to make this step: each forward drafter's auto requests planned (_plan), the
-        other requests keep their k."""
+        """Per request its drafts to make this step: each forward drafter's auto requests (using[i]: the model it
+        drafts with this step) planned (forward_depths.plan), the other requests keep their k."""
         out = list(ks)
         for name, drafter in self.drafters.items():
             if registry.DRAFTERS[name].forward:
-                forward_depths.plan(name, drafter, reqs, prefixes, lookups, out, self.costs)
+                forward_depths.plan(name, drafter, reqs, prefixes, lookups, out, self.costs, using)
         return out
 
     def choose_cuts(self, rows: list[VerifyRow], drafted_s: float) -> None:
@@ -252,7 +265,8 @@ class DraftPlanner:
         k, t = len(p.tokens), v.committed[a]  # every proposal carries its sources from draft() on; t: after a
         beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
         r.acceptance.observe(full.sources[: k + 1], k, a, beyond)
-        self.drafters[r.params.drafter].committed(r, a)
+        for name in self._uses(r):  # each drafter it may draft with (those that did not draft this step: no-ops)
+            self.drafters[name].committed(r, a)
         self._observe_shadow(r, v.shadow, v.committed)
 
     @staticmethod
