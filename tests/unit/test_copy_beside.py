@@ -11,7 +11,7 @@ from contextlib import closing
 import pytest
 
 from specgram.config import EngineConfig
-from specgram.drafting.acceptance import RequestAcceptance
+from specgram.drafting.acceptance import Population, RequestAcceptance
 from specgram.engine.engine import Engine
 from specgram.engine.loading import footprint_of
 from specgram.engine.settings import resolve
@@ -50,7 +50,8 @@ def right(tmp_path_factory):
 
 def _costs(monkeypatch, engine, draft_s: float, copy_s: float) -> None:
     """Freeze the planner's costs: a 30 ms step, the draft model's depth draft_s, the copy's copy_s, prompt
-    reads at 0.2 ms a token."""
+    reads at 0.2 ms a token; the engine-wide acceptance back at the declared priors (0.6 for either model)."""
+    monkeypatch.setattr(engine.planner, "population", Population())
     costs = StepCosts()
     for _ in range(50):
         for n in (1, 2, 4, 8, 16):
@@ -111,6 +112,25 @@ def test_auto_drafts_with_the_copy_where_the_draft_model_misses(wrong, monkeypat
     drafted = _by_source(auto)
     # the wrong draft model is tried first (the request's own drafter) and then loses to the copy
     assert drafted.get("copy", 0) > 3 * drafted.get("draft_model", 0), drafted
+    # the engine-wide rates now favour the copy: the draft model no longer reads a new auto prompt
+    drafter, seen = wrong.drafters["draft_model"], []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    again = run(wrong, PROMPTS[:1], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+    assert seen == [False] and tokens_of(again[0]) == tokens_of(base[0])
+    assert "draft_model" not in again[0][-1].spec.by_source and again[0][-1].spec.by_source.get("copy", (0, 0))[0]
+
+
+def test_the_draft_model_reads_no_prompt_where_the_copy_is_expected_to_draft_better(right, monkeypatch):
+    _costs(monkeypatch, right, draft_s=0.004, copy_s=0.001)  # both right (the target's weights); the copy cheaper
+    drafter, seen = right.drafters["draft_model"], []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    base = run(right, PROMPTS[:2], max_tokens=24)
+    auto = run(right, PROMPTS[:2], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+    assert seen == [False] and [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
+    drafted = _by_source(auto)
+    assert drafted.get("copy", 0) > 0 and "draft_model" not in drafted, drafted
 
 
 def test_auto_drafts_with_the_draft_model_where_the_copy_costs_more(right, monkeypatch):
