@@ -59,6 +59,7 @@ def _costs(monkeypatch, engine, draft_s: float, copy_s: float) -> None:
     costs.draft_depth_s, costs.read_token_s = draft_s, 0.0002
     copy = costs.of("copy")
     copy.draft_depth_s = copy_s
+    costs.draft_calls = copy.draft_calls = forward_depths.TIMED_CALLS  # both timed
     monkeypatch.setattr(copy, "record_draft", lambda *a: None)
     freeze(monkeypatch, engine, costs)
 
@@ -142,16 +143,18 @@ def test_auto_drafts_with_the_draft_model_where_the_copy_costs_more(right, monke
     assert drafted.get("draft_model", 0) > 0 and "copy" not in drafted, drafted
 
 
-def test_a_model_that_was_never_timed_is_tried_once_and_a_behind_one_pays_its_catch_up(right, monkeypatch):
+def test_a_model_timed_too_few_times_is_tried_and_a_behind_one_pays_its_catch_up(right, monkeypatch):
     costs = StepCosts()
     for n in (1, 2, 4):
         costs.record(n, 0.030)
     req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="Hello there")
     req.acceptance = RequestAcceptance(None)  # the declared priors: 0.6 for either model
     drafters = right.drafters
-    # the copy's depth was never timed: it is tried (its cost then measured)
+    # the copy's depth was timed fewer than TIMED_CALLS times: it is tried (its cost then measured)
+    costs.of("copy").draft_calls, costs.of("copy").draft_depth_s = 1, 0.5  # one (slow) call timed
     assert forward_depths.value("copy", drafters["copy"], req, 4, 0, costs) == float("inf")
     costs.draft_depth_s = costs.of("copy").draft_depth_s = 0.002
+    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
     costs.read_token_s = 0.001
     monkeypatch.setattr(drafters["draft_model"], "behind", lambda r: 2)
     fresh = forward_depths.value("draft_model", drafters["draft_model"], req, 4, 0, costs)

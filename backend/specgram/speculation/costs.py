@@ -24,6 +24,7 @@ class StepCosts:
         self.draft_depth_s = 0.0  # one draft-model forward (one depth level), EMA over every row count
         self.depth_fit: StepCosts | None = None  # one depth level's seconds by the requests drafting in it
         self.read_token_s = 0.0  # the draft model's prompt read at admission, per prompt token, EMA
+        self.draft_calls = 0  # timed draft-model calls (record_draft)
         self.verify = verify  # another forward drafter's costs whose verify fit this one reads (of())
         self.others: dict[str, StepCosts] = {}  # of(): a second forward drafter's depth and read costs
 
@@ -46,6 +47,7 @@ class StepCosts:
     def record_draft(self, depth: int, seconds: float, rows: float = 1.0) -> None:
         """A draft-model call of `depth` levels (forwards) took `seconds`; rows: requests per level, on average."""
         if depth > 0:
+            self.draft_calls += 1
             self.draft_depth_s = _ema(self.draft_depth_s, seconds / depth)
             if self.depth_fit is None:
                 self.depth_fit = StepCosts()

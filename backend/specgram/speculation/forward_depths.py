@@ -11,6 +11,9 @@ from . import adaptive, costs
 from .drafter import Drafter
 
 FORCED = registry.FORCED
+# a second model is weighed by its own timings only once it has this many (value()): a model's first call may
+# pay one-time costs, and one that loses on a slow first timing would never be timed again
+TIMED_CALLS = 2
 
 
 def source_of(name: str) -> str:
@@ -31,9 +34,9 @@ def value(
     forward drafter `name` at the depth that pays best (at most k drafts, the first `prefix` forced and free):
     its acceptance estimates against its measured depth cost, plus the catch-up prefill of the committed tokens
     it has not read beyond the usual two (a model that other drafters stood in for; catching_up=False: not
-    counted). Infinite for a model whose depth was never timed: drafting once measures it."""
+    counted). Infinite for a model whose depth was timed fewer than TIMED_CALLS times: drafting measures it."""
     own = costs_of(name, step_costs)
-    if not step_costs.known or own.draft_depth_s == 0:
+    if not step_costs.known or own.draft_calls < TIMED_CALLS:
         return float("inf")
     cost, depth_s = step_costs.curve(), own.depth_curve()(1)
     chances = req.acceptance.chances([FORCED] * prefix + [source_of(name)] * (k - prefix))
