@@ -94,6 +94,14 @@ def add_options(ap) -> None:
     )
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per config, interleaved (with --configs)")
     ap.add_argument("--settings", default="{}", help="JSON of engine settings for the server started here")
+    ap.add_argument(
+        "--warm-store",
+        type=int,
+        default=0,
+        help="before each timed run, this many other prompts of the set (those after the timed ones) run untimed "
+        "with the run's cache_salt: the suffix store and prefix cache as a server that has served the task a while "
+        "finds them (with --configs)",
+    )
 
 
 def run(args) -> None:
@@ -147,23 +155,31 @@ def compare_configs(args) -> None:
     # --max-tokens
     base = {**({} if args.prompt_set in NATURAL_END else {"ignore_eos": True}), **json.loads(args.extra)}
     inputs = {n: {k: v for k, v in CONFIGS[n].items() if k != "salt"} for n in names}
+
+    def extra(n: str) -> dict:
+        return {**base, **inputs[n]}
+
     rows, recs = [], []
     with served(args.url, json.loads(args.settings), report.raw_dir(args) / "tritonserver.log") as (url, _):
         for n in names:  # warm-up: every config
             run_triton(url, pool, 8, 2, guided=guided, extra={**base, **inputs[n]})  # compiles the guides
         for c in args.concurrency:
             cases = [pool[i % len(pool)] for i in range(max(args.prompts, c))]
+            warm = [pool[(len(cases) + i) % len(pool)] for i in range(args.warm_store)]
             runs: dict[str, list[dict]] = {n: [] for n in names}
             for rep in range(args.repeat):
                 for n in names:
+                    salt = f"{n}-c{c}-r{rep}"
+                    if warm:  # untimed, under the timed run's salt
+                        run_triton(url, salted(warm, n, salt), args.max_tokens, c, guided=guided, extra=extra(n))
                     runs[n].append(
                         run_triton(
                             url,
-                            salted(cases, n, f"{n}-c{c}-r{rep}"),
+                            salted(cases, n, salt),
                             args.max_tokens,
                             c,
                             guided=guided,
-                            extra={**base, **inputs[n]},
+                            extra=extra(n),
                             system="ours via Triton",
                             config=n,
                         )
@@ -198,7 +214,12 @@ def compare_configs(args) -> None:
         args,
         f"max(--prompts, c) {args.prompt_set} prompts per level, {args.max_tokens} tokens at most "
         f"each, greedy, extra inputs {base}, configs interleaved {args.repeat}x; "
-        f"{'server at ' + args.url if args.url else 'own server'}",
+        + (
+            f"{args.warm_store} other prompts untimed before each timed run, its cache_salt; "
+            if args.warm_store
+            else ""
+        )
+        + f"{'server at ' + args.url if args.url else 'own server'}",
         ("tritonclient",),
     )
     lines += report.table(
