@@ -523,3 +523,30 @@ def test_every_draft_source_has_a_prior():
     from specgram.wire import DRAFT_SOURCES
 
     assert tuple(PRIORS) == DRAFT_SOURCES
+
+
+def test_the_draft_model_checks_a_lookups_drafts_in_its_first_forward(engines, monkeypatch):
+    """A lookup's drafts ride in the draft model's first forward (draft_model.py: _checkable): the model keeps them
+    as far as its own picks agree, so it makes exactly the drafts it makes one forward at a time, in fewer
+    forwards; a wrong hint changes nothing but the first forward's rows."""
+    engine = engines["wrong"]
+    drafter = engine.drafters["draft_model"]
+    req = engine.make_request(SamplingParams(max_tokens=30, num_draft_tokens=2, drafter="draft_model"), text=PROMPTS[0])
+    engine.add(req)
+    while len(req.output_ids) < 4:
+        engine.step()
+    calls, forward = [], drafter._forward
+    monkeypatch.setattr(drafter, "_forward", lambda *a: calls.append(a[3]) or forward(*a))
+    pick = engine.logits.draft_pick
+
+    def propose(hint):
+        calls.clear()
+        return drafter.propose([req], [6], pick, [[]], hints=[hint]).pop().tokens, len(calls)
+
+    plain, n = propose([])
+    assert len(plain) == 6 and n == 6  # one forward a draft
+    assert propose(plain) == (plain, 1)  # a right hint: all six from one forward (five checked, the sixth picked)
+    assert propose(plain[:3]) == (plain, 3)  # three right: the first forward makes four
+    wrong = [(t + 1) % engine.target.vocab_size for t in plain]
+    assert propose(wrong) == (plain, 6)  # the first pick leaves the hint: drafting goes on as without it
+    engine.abort(req.request_id)

@@ -59,9 +59,18 @@ class DraftModelDrafter(Drafter):
         self.fed: dict[int, tuple[int, int]] = {}  # request id -> (committed tokens, draft tokens) in cache now
         self.alternatives = 0.0  # > 0: each draft's runner-up at least this likely is kept (Proposal.alts: trees)
 
-    def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int]) -> torch.Tensor:
+    def _forward(self, rows: list[list[int]], reqs: list[Request], starts: list[int], tails: list[int]) -> torch.Tensor:
+        """The draft logits at the last tails[b] tokens of each row b (one forward), one row after another:
+        [sum(tails), V]."""
         adapters = [r.adapter for r in reqs]  # a runner with LoRA attached drafts under each request's adapter
-        logits = self.runner.forward_rows(rows, [r.slot for r in reqs], starts, True, adapters=adapters)
+        slots = [r.slot for r in reqs]
+        if all(t == 1 for t in tails):
+            logits = self.runner.forward_rows(rows, slots, starts, True, adapters=adapters)
+        else:  # [B, T, V] at every token, each row's last tails[b]
+            every = self.runner.forward_rows(rows, slots, starts, False, adapters=adapters)
+            logits = torch.cat(
+                [every[b, len(row) - t : len(row)] for b, (row, t) in enumerate(zip(rows, tails, strict=True))]
+            )
         return fit_vocab(logits, self.vocab, self.runner.head_ids)
 
     def admit(self, reqs: list[Request], now: bool = True) -> None:
@@ -74,7 +83,7 @@ class DraftModelDrafter(Drafter):
             for r in reqs:
                 self.lens[r.request_id] = 0
             return
-        self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs))
+        self._forward([r.prompt_ids for r in reqs], reqs, [0] * len(reqs), [1] * len(reqs))
         for r in reqs:
             self.lens[r.request_id] = len(r.prompt_ids)
 
@@ -91,39 +100,67 @@ class DraftModelDrafter(Drafter):
         """Whether the draft cache holds any of req's tokens (its prompt went in at admission or since)."""
         return self._held(req) > 0
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+    def propose(
+        self,
+        reqs: list[Request],
+        ks: list[int],
+        pick: PickFn,
+        prefixes: list[list[int]],
+        hints: list[list[int]] | None = None,
+    ) -> list[Proposal]:
+        """hints[i]: drafts a lookup found for reqs[i] (after its prefix), which the first forward checks (check())."""
         out = [Proposal(list(p)) for p in prefixes]
         active = [i for i, k in enumerate(ks) if k > len(prefixes[i])]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
-        # first forward: the committed tokens the draft cache lacks (>= 1: the last one) + the forced prefix
+        checked = {i: self._checkable(reqs[i], ks[i], prefixes[i], hints[i] if hints else []) for i in active}
+        # first forward: the committed tokens the draft cache lacks (>= 1: the last one) + the forced prefix + the
+        # hint it checks
         starts = [self._held(reqs[i]) for i in active]
-        rows = [reqs[i].all_ids[s:] + prefixes[i] for i, s in zip(active, starts, strict=True)]
+        rows = [reqs[i].all_ids[s:] + prefixes[i] + checked[i] for i, s in zip(active, starts, strict=True)]
+        tails = [1 + len(checked[i]) for i in active]
         while active:
             group = [reqs[i] for i in active]
-            logits = self._forward(rows, group, starts)
-            ids, p = pick(logits, group, [len(out[i].tokens) for i in active])
+            logits = self._forward(rows, group, starts, tails)
+            owners = [j for j, t in enumerate(tails) for _ in range(t)]  # each logits row's request (in group)
+            offsets = [len(out[active[j]].tokens) + n for j, t in enumerate(tails) for n in range(t)]
+            ids, p = pick(logits, [group[j] for j in owners], offsets)
             alts = runner_up(logits, ids, self.alternatives) if self.alternatives else None
-            ended = set()
+            ended, row = set(), 0
             for j, i in enumerate(active):
-                r = reqs[i]
-                fed_drafts = len(out[i].tokens)  # drafts whose KV the draft cache now holds
-                self.fed[r.request_id] = (r.num_tokens, fed_drafts)
-                if int(ids[j]) < 0:  # no token to draft here (pick's NO_TOKEN)
-                    ended.add(i)
-                    continue
-                if alts is not None and alts[j] is not None:
-                    out[i].alts[len(out[i].tokens)] = alts[j]
-                out[i].tokens.append(int(ids[j]))
-                if p is not None:
-                    probs[i].append(p[j])
+                r, hint = reqs[i], checked[i] if tails[j] > 1 else []
+                for n in range(tails[j]):  # the model's picks along the row, up to the first that leaves the hint
+                    at = row + n
+                    self.fed[r.request_id] = (r.num_tokens, len(out[i].tokens))  # drafts whose KV the cache holds
+                    if int(ids[at]) < 0:  # no token to draft here (pick's NO_TOKEN)
+                        ended.add(i)
+                        break
+                    if alts is not None and alts[at] is not None:
+                        out[i].alts[len(out[i].tokens)] = alts[at]
+                    out[i].tokens.append(int(ids[at]))
+                    if p is not None:
+                        probs[i].append(p[at])
+                    if n >= len(hint) or int(ids[at]) != hint[n]:
+                        break
+                row += tails[j]
             active = [i for i in active if len(out[i].tokens) < ks[i] and i not in ended]
             rows = [[out[i].tokens[-1]] for i in active]
             starts = [reqs[i].num_tokens + len(out[i].tokens) - 1 for i in active]
+            tails = [1] * len(active)
         for i, picked in probs.items():
             n_prefix = len(prefixes[i])
             if picked and len(picked) == len(out[i].tokens) - n_prefix:  # sampled requests need q
                 out[i].probs = torch.cat([one_hot_rows(prefixes[i], self.vocab, picked[0].device), torch.stack(picked)])
         return out
+
+    def _checkable(self, req: Request, k: int, prefix: list[int], hint: list[int]) -> list[int]:
+        """Of a lookup's drafts for req, those the first forward checks: the model's pick at each of their
+        positions comes from the same forward, and drafting keeps them as far as the picks agree (the very drafts
+        the model would make one forward at a time, for one forward). Unguided requests only (a guided pick
+        needs the grammar's mask after each draft), and only where the model has read the committed tokens
+        but the last two (a catch-up's logits are not needed at every token)."""
+        if not hint or req.guide is not None or self.behind(req) > 2:
+            return []
+        return hint[: max(k - len(prefix) - 1, 0)]
 
     def behind(self, req: Request) -> int:
         """Committed tokens the draft cache lacks: what the next proposal feeds before drafting."""

@@ -140,8 +140,10 @@ class DraftPlanner:
                 # first, not from a catch-up (the prompt, or tokens committed while lookup drafted: a prefill)
                 timed = max(drafter.behind(reqs[i]) for i in idx) <= 2
                 start = time.perf_counter()
+                # a request's lookup drafts ride along: the model checks them in its first forward (draft_model.py)
+                hints = [found[i].tokens[len(prefixes[i]) :] if found[i] is not None else [] for i in idx]
                 props = self._propose(
-                    drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick, [prefixes[i] for i in idx]
+                    drafter, [reqs[i] for i in idx], [depths[i] for i in idx], pick, [prefixes[i] for i in idx], hints
                 )
                 spent = time.perf_counter() - start
                 drafted_s += spent
@@ -162,17 +164,27 @@ class DraftPlanner:
         return drafted_s
 
     def _propose(
-        self, drafter: Drafter, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]
+        self,
+        drafter: Drafter,
+        reqs: list[Request],
+        ks: list[int],
+        pick: PickFn,
+        prefixes: list[list[int]],
+        hints: list[list[int]] | None = None,
     ) -> list[Proposal]:
         """drafter.propose over the requests together; where that fails, for each alone (its grammar back at its
-        forced prefix first), so that the failure ends the request that causes it and the others draft on."""
-        at = {id(r): (k, pre) for r, k, pre in zip(reqs, ks, prefixes, strict=True)}
+        forced prefix first), so that the failure ends the request that causes it and the others draft on.
+        hints: a forward drafter's (lookup drafts it checks)."""
+        at = {id(r): (k, pre, h) for r, k, pre, h in zip(reqs, ks, prefixes, hints or [[]] * len(reqs), strict=True)}
 
         def propose(sub: list[Request]) -> list[Proposal]:
             for r in sub:
                 if r.guide is not None:
                     r.guide.rollback_to(len(at[id(r)][1]))
-            return drafter.propose(sub, [at[id(r)][0] for r in sub], pick, [at[id(r)][1] for r in sub])
+            ks, prefixes = [at[id(r)][0] for r in sub], [at[id(r)][1] for r in sub]
+            if hints is None:
+                return drafter.propose(sub, ks, pick, prefixes)
+            return drafter.propose(sub, ks, pick, prefixes, hints=[at[id(r)][2] for r in sub])
 
         return self.faults.each_or_alone(reqs, propose, Proposal([]))
 
