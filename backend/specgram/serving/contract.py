@@ -183,8 +183,8 @@ OUTPUTS: tuple[Field, ...] = (
           optional=False),
     Field("spec_detail", "STRING", (1,),
           'final response: JSON `{"sources": {source: {"drafted", "accepted"}}, "k_hist": [...]}`, drafts by '
-          "source (`forced` by the grammar, lookup in the `prompt` / `output` / `guide`, `draft_model`) and "
-          "k_hist[k] = steps that verified k drafts; empty before", optional=False),
+          f"source ({', '.join(f'`{s}`' for s in registry.sources())}: `forced` by the grammar, the others "
+          "the drafters' tags) and k_hist[k] = steps that verified k drafts; empty before", optional=False),
 )
 # fmt: on
 
