@@ -108,7 +108,7 @@ class DraftModelDrafter(Drafter):
         prefixes: list[list[int]],
         hints: list[list[int]] | None = None,
     ) -> list[Proposal]:
-        """hints[i]: drafts a lookup found for reqs[i] (after its prefix), which the first forward checks (check())."""
+        """hints[i]: a lookup's drafts for reqs[i] (after its prefix), which the first forward checks (_checkable)."""
         out = [Proposal(list(p)) for p in prefixes]
         active = [i for i, k in enumerate(ks) if k > len(prefixes[i])]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
