@@ -43,7 +43,7 @@ GOOD = {
     "text_input": "Tell me a long story about a lighthouse keeper and his cat.",
     "apply_chat_template": True,
     "stream": True,
-    "max_tokens": 200,
+    "max_tokens": 400,  # long enough to outlast the table of bad requests beside it
     "ignore_eos": True,
     "temperature": 0.0,
 }
