@@ -127,7 +127,7 @@ class DraftModelDrafter(Drafter):
             alts = runner_up(logits, ids, self.alternatives) if self.alternatives else None
             ended, row = set(), 0
             for j, i in enumerate(active):
-                r, hint = reqs[i], checked[i] if tails[j] > 1 else []
+                r, hint = reqs[i], checked[i][: tails[j] - 1]  # after the first forward: none
                 for n in range(tails[j]):  # the model's picks along the row, up to the first that leaves the hint
                     at = row + n
                     self.fed[r.request_id] = (r.num_tokens, len(out[i].tokens))  # drafts whose KV the cache holds

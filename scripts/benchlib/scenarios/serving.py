@@ -162,7 +162,7 @@ def compare_configs(args) -> None:
     rows, recs = [], []
     with served(args.url, json.loads(args.settings), report.raw_dir(args) / "tritonserver.log") as (url, _):
         for n in names:  # warm-up: every config
-            run_triton(url, pool, 8, 2, guided=guided, extra={**base, **inputs[n]})  # compiles the guides
+            run_triton(url, pool, 8, 2, guided=guided, extra=extra(n))  # compiles the guides
         for c in args.concurrency:
             cases = [pool[i % len(pool)] for i in range(max(args.prompts, c))]
             warm = [pool[(len(cases) + i) % len(pool)] for i in range(args.warm_store)]
