@@ -97,12 +97,10 @@ def test_round_robin_turns_and_the_picker_scrapes_at_most_every_max_age(monkeypa
     assert len(calls) == before + 2  # idle at once: one scrape
 
 
-def test_both_policies_get_one_seeded_mixed_sequence():
+def test_both_policies_get_one_seeded_mixed_sequence_per_round():
     args = bench.parse(["fleet", "--prompts", "400"])
-    reqs = fleet.requests(args)
-    assert reqs == fleet.requests(args) and reqs != fleet.requests(
-        bench.parse(["fleet", "--prompts", "400", "--seed", "1"])
-    )
+    reqs = fleet.requests(args, 0)
+    assert reqs == fleet.requests(args, 0) and reqs != fleet.requests(args, 1)
     share = {a: sum(r["adapter"] == a for r in reqs) / 400 for a in (None, "a0", "a1", "a2")}
     assert all(abs(share[a] - w) < 0.08 for a, w in zip(share, fleet.MIX, strict=True)), share
     long = [r for r in reqs if r["max_tokens"] >= args.long[0]]
@@ -123,7 +121,7 @@ def _round(policy, replica_of, latency, tokens=10):
         )
         for i, (r, lat) in enumerate(zip(replica_of, latency, strict=True))
     ]
-    return dict(policy=policy, load="c 2", wall_s=2.0, requests=requests, samples=[[(1, 1), (0, 2)]])
+    return dict(policy=policy, load="c 2", wall_s=2.0, requests=requests, samples=[[(1, 1), (0, 2)]], round=0)
 
 
 def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
@@ -135,7 +133,7 @@ def test_the_report_shows_each_policy_per_replica_and_the_ratios(tmp_path):
     reqs = [dict(prompt="p", adapter=None, max_tokens=args.short[0])] * 3 + [
         dict(prompt="p", adapter="a0", max_tokens=20)
     ]
-    fleet.write_report(args, reqs, recs, threads=1)
+    fleet.write_report(args, [reqs], recs, threads=1)
     text = (tmp_path / "report.md").read_text()
     assert "| c 2 | picker | 1.00 / 1.00 | 0.25 / 0.25 | 1.00 / 1.00 | 20.0 | 1.00 | 0.10 |" in text
     assert "| c 2 | round robin | 2.00 / 2.00 | 0.50 / 0.50 | 2.00 / 2.00 | 10.0 | 2.00 | 0.10 |" in text
@@ -165,8 +163,8 @@ def test_the_open_loop_sends_each_request_at_its_time_and_arrivals_follow_the_ra
     assert [round(starts[i], 1) for i in range(3)] == [0.0, 0.1, 0.2]
     with pytest.raises(ZeroDivisionError):
         fleet.open_loop(lambda i: 1 / (i - 1), [0, 0])
-    closed = fleet.requests(bench.parse(["fleet", "--prompts", "400"]))
-    reqs = fleet.requests(bench.parse(["fleet", "--prompts", "400", "--rate", "2"]))
+    closed = fleet.requests(bench.parse(["fleet", "--prompts", "400"]), 0)
+    reqs = fleet.requests(bench.parse(["fleet", "--prompts", "400", "--rate", "2"]), 0)
     assert {r["at"] for r in closed} == {0.0} and [dict(r, at=0.0) for r in reqs] == closed  # the same mix
     gaps = [b["at"] - a["at"] for a, b in zip(reqs, reqs[1:], strict=False)]
     assert min(gaps) >= 0 and abs(statistics.mean(gaps) - 0.5) < 0.1

@@ -12,12 +12,14 @@ enough for several on a small CPU; no bound on waiting requests, so none is refu
 threads (default: the cores shared out) and the same --adapters random PEFT LoRA adapters (rank --rank, made as
 the lora scenario makes them).
 
-Load: --prompts requests, one sequence for both policies (seeded, --seed): chat prompts, each naming an adapter or
-none (the base) by the weights of MIX, each asking for a long answer (--long tokens, LONG_SHARE of them) or a
-short one (--short; ignore_eos, so the lengths are exact). A closed loop at --concurrency (above the fleet's
-slots, so queues form) or, with --rate, an open loop: Poisson arrivals at that rate (seeded too: the same times in
-every round). Rounds interleaved: picker, round robin, picker, ... (--repeat of each), each from idle replicas
-(their gauges read no request).
+Load: --prompts requests per round, a seeded sequence (--seed, then --seed + 1, ... for the following rounds):
+chat prompts, each naming an adapter or none (the base) by the weights of MIX, each asking for a long answer
+(--long tokens, LONG_SHARE of them) or a short one (--short; ignore_eos, so the lengths are exact). A closed loop
+at --concurrency (above the fleet's slots, so queues form) or, with --rate, an open loop: Poisson arrivals at that
+rate (seeded too). Rounds interleaved: picker, round robin, picker, ... (--repeat of each); each round of one
+policy is answered by a round of the other on the same sequence (the same prompts, adapters, lengths and arrival
+times), each from idle replicas (their gauges read no request). A p95 over one sequence is its two or three
+longest answers; over several sequences it is the load's.
 
 The picker (a test harness, not a router; the Gateway API Inference Extension's endpoint picker scores the same
 metrics, see docs/operating.md, "Running as one replica of a fleet"). Per request it takes a scrape of every
@@ -201,9 +203,11 @@ class Fleet:
 # ---- the load --------------------------------------------------------------------------------------------------
 
 
-def requests(args) -> list[dict]:
-    """The request sequence both policies send: prompt, adapter (None: the base), max_tokens, arrival (s)."""
-    rng, clock = random.Random(args.seed), random.Random(args.seed + 1)  # arrivals apart: the mix is the same
+def requests(args, seed: int) -> list[dict]:
+    """The request sequence both policies send in a round: prompt, adapter (None: the base), max_tokens,
+    arrival (s)."""
+    # arrivals drawn apart: the same seed's mix whatever the rate
+    rng, clock = random.Random(seed), random.Random(f"{seed} arrivals")
     names = [None] + [f"a{i}" for i in range(args.adapters)]
     weights = list(MIX[: len(names)]) + [MIX[-1]] * max(0, len(names) - len(MIX))
     out, at = [], 0.0
@@ -324,25 +328,25 @@ def _start(args, listing: Path, folder: Path, raw: Path) -> tuple[list, int]:
 
 def run(args) -> None:
     raw = report.raw_dir(args)
-    reqs = requests(args)
+    rounds = [requests(args, args.seed + r) for r in range(args.repeat)]
     with tempfile.TemporaryDirectory() as tmp:
         listing = _adapters(args, Path(tmp))
         servers, threads = _start(args, listing, Path(tmp), raw)
         try:
             grpc = [s.grpc_url for s in servers]
             fleet = Fleet([s.metrics_url for s in servers], args.affinity_kv)
-            warm = [dict(r, max_tokens=4) for r in reqs[: 2 * args.replicas]]
+            warm = [dict(r, max_tokens=4) for r in rounds[0][: 2 * args.replicas]]
             one_round(fleet, grpc, "round robin", warm, args.replicas)
             recs = []
             for c in [0] if args.rate else args.concurrency:
-                for r in range(args.repeat):
+                for r, reqs in enumerate(rounds):
                     for policy in POLICIES:
-                        recs.append(one_round(fleet, grpc, policy, reqs, c, args.rate))
+                        recs.append(dict(one_round(fleet, grpc, policy, reqs, c, args.rate), round=r))
                         report.log(f"{recs[-1]['load']} round {r + 1} {policy}: {summary(recs[-1])}")
         finally:
             for s in servers:
                 s.stop()
-    write_report(args, reqs, recs, threads)
+    write_report(args, rounds, recs, threads)
 
 
 def summary(rec: dict) -> str:
@@ -354,7 +358,8 @@ def tok_s(rec: dict) -> float:
     return sum(q["tokens"] for q in rec["requests"]) / rec["wall_s"]
 
 
-def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None:
+def write_report(args, sequences: list[list[dict]], recs: list[dict], threads: int) -> None:
+    """sequences: each round's requests (a record's `round` indexes them)."""
     names = ["base"] + [f"a{i}" for i in range(args.adapters)]
     rows, replica_rows, ratio_rows = [], [], []
     for c in dict.fromkeys(r["load"] for r in recs):
@@ -363,7 +368,8 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
             rounds = [r for r in recs if r["load"] == c and r["policy"] == policy]
             qs = [q for r in rounds for q in r["requests"]]
             lat, ttft = [q["latency_s"] for q in qs], [q["ttft_s"] for q in qs]
-            long = [reqs[q["case"]]["max_tokens"] >= args.long[0] for q in qs]
+            asked = [sequences[r["round"]][q["case"]]["max_tokens"] for r in rounds for q in r["requests"]]
+            long = [n >= args.long[0] for n in asked]
             split = [pct([x for x, lg in zip(lat, long, strict=True) if lg == want], 95) for want in (False, True)]
             figs[policy] = (pct(lat, 95), pct(ttft, 95), statistics.median(map(tok_s, rounds)))
             rows.append(
@@ -395,16 +401,18 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
                 )
         (p95, t95, tok), (rr95, rrt95, rrtok) = figs["picker"], figs["round robin"]
         ratio_rows.append([c, f"{p95 / rr95:.2f}×", f"{t95 / rrt95:.2f}×", f"{tok / rrtok:.2f}×"])
-    long_n = sum(r["max_tokens"] >= args.long[0] for r in reqs)
-    mix = ", ".join(f"{n} {sum((r['adapter'] or 'base') == n for r in reqs)}" for n in names)
+    every = [r for reqs in sequences for r in reqs]
+    long_n = sum(r["max_tokens"] >= args.long[0] for r in every)
+    mix = ", ".join(f"{n} {sum((r['adapter'] or 'base') == n for r in every)}" for n in names)
     loop = f"an open loop at {args.rate:g} req/s" if args.rate else "closed loop"
     settings = ", ".join(f"{k} {v}" for k, v in {**BENCH_ENGINE, **REPLICA}.items())
     lines = report.header(
         "A fleet of replicas: endpoint picker against round robin",
         args,
-        f"{args.prompts} chat prompts per round ({mix}; {long_n} long answers of {args.long[0]}-{args.long[1]} "
-        f"tokens, the rest {args.short[0]}-{args.short[1]}; ignore_eos, greedy, seed {args.seed}), the same "
-        f"sequence in every round, {loop}, rounds interleaved (picker, round robin) x {args.repeat}. "
+        f"{args.prompts} chat prompts per round, {len(sequences)} sequences (seeds {args.seed}-"
+        f"{args.seed + len(sequences) - 1}; over all: {mix}; {long_n} long answers of {args.long[0]}-{args.long[1]} "
+        f"tokens, the rest {args.short[0]}-{args.short[1]}; ignore_eos, greedy), {loop}, rounds interleaved "
+        f"(picker, round robin on the same sequence) x {args.repeat}. "
         f"{args.replicas} replicas, each a tritonserver with {threads} torch thread(s), {settings}; "
         f"{args.adapters} random LoRA adapters of rank {args.rank} on every projection. The picker's rule "
         f"(affinity margin {args.affinity_kv}): "
@@ -421,4 +429,4 @@ def write_report(args, reqs: list[dict], recs: list[dict], threads: int) -> None
     lines += ["", f"Per replica, over a policy's rounds (waiting, adapters running: sampled every {SAMPLE_S} s):", ""]
     header = ["load", "policy", "replica", "requests", *names, "output tokens", "mean waiting", "mean adapters running"]
     lines += report.table(header, replica_rows)
-    report.write(args, lines, dict(requests=reqs, records=recs))
+    report.write(args, lines, dict(requests=sequences, records=recs))
