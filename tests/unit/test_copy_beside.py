@@ -171,3 +171,29 @@ def test_a_model_timed_too_few_times_is_tried_and_a_behind_one_pays_its_catch_up
     monkeypatch.setattr(drafters["draft_model"], "started", lambda r: False)  # a prompt it never read
     costs.of("copy").draft_depth_s = 0.004
     assert forward_depths.choose(drafters, [req], [4], [[]], costs) == ["copy"]
+
+
+def test_a_model_passed_over_drafts_a_step_now_and_then_where_it_needs_no_catch_up(right, monkeypatch):
+    costs = StepCosts()
+    for n in (1, 2, 4):
+        costs.record(n, 0.030)
+    costs.draft_depth_s, costs.of("copy").draft_depth_s = 0.002, 0.004  # the copy dearer: the draft model wins
+    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
+    req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="Hello there")
+    req.acceptance = RequestAcceptance(None)
+    drafters = right.drafters
+    for name in ("draft_model", "copy"):
+        monkeypatch.setattr(drafters[name], "started", lambda r: True)
+        monkeypatch.setattr(drafters[name], "behind", lambda r: 1)
+
+    def steps(n: int) -> list[str]:
+        return [forward_depths.choose(drafters, [req], [4], [[]], costs)[0] for _ in range(n)]
+
+    every = forward_depths.EXPLORE_AFTER
+    # passed over EXPLORE_AFTER steps in a row, the copy drafts the next one (its estimate's evidence), then the
+    # draft model again, and so on
+    assert steps(2 * (every + 1)) == (["draft_model"] * every + ["copy"]) * 2
+    # the other way round the draft model would have to read the tokens it missed first: it is not explored
+    costs.draft_depth_s, costs.of("copy").draft_depth_s = 0.004, 0.002
+    monkeypatch.setattr(drafters["draft_model"], "behind", lambda r: 40)
+    assert steps(3 * every) == ["copy"] * (3 * every)

@@ -70,12 +70,15 @@ class Acceptance:
 
 @dataclass
 class RequestAcceptance:
-    """A request's estimates, by draft source, and how many steps in a row it drafted nothing; population:
-    the engine's pooled estimates (the priors), None = fixed PRIORS."""
+    """A request's estimates, by draft source, how many steps in a row it drafted nothing and how many each
+    model it may draft with was passed over; population: the engine's pooled estimates (the priors), None = fixed
+    PRIORS."""
 
     population: Population | None = None
     sources: dict[str, Acceptance] = field(default_factory=dict)
     idle_steps: int = 0
+    # per forward drafter it may draft with: its steps in a row that chose another (forward_depths.choose)
+    passed_over: dict[str, int] = field(default_factory=dict)
 
     @property
     def probe_due(self) -> bool:

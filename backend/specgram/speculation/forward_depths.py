@@ -14,6 +14,11 @@ FORCED = registry.FORCED
 # a second model is weighed by its own timings only once it has this many (value()): a model's first call may
 # pay one-time costs, and one that loses on a slow first timing would never be timed again
 TIMED_CALLS = 2
+# a model passed over this many of a request's steps in a row drafts its next step, where it needs no catch-up
+# (a copy sharing the target's cache): a model that is not chosen gets no new evidence, and estimates that were
+# low when it lost (the engine-wide rate of its first requests) would keep it out for good. Bounded cost: one
+# step in EXPLORE_AFTER drafts with a model expected to pay a little less
+EXPLORE_AFTER = 16
 
 
 def source_of(name: str) -> str:
@@ -53,7 +58,8 @@ def choose(
 ) -> list[str]:
     """Per request the forward drafter it drafts with this step ("" none): its own where that is a forward
     drafter; under auto k the one of its options (registry.forward_options: its own, then those declared beside
-    it) that has read its prompt and expects the most tokens per second (value(); the first on a tie)."""
+    it) that has read its prompt and expects the most tokens per second (value(); the first on a tie), or one
+    passed over too long (explored())."""
     out = []
     for r, k, pre in zip(reqs, ks, prefixes, strict=True):
         options = registry.forward_options(r.params.drafter, r.params.auto_draft, drafters)
@@ -62,8 +68,21 @@ def choose(
             out.append(ready[0] if ready else options[0] if options else "")
             continue
         scores = [value(n, drafters[n], r, k, len(pre), step_costs) for n in ready]
-        out.append(ready[scores.index(max(scores))])
+        out.append(explored(r, ready, ready[scores.index(max(scores))], drafters))
     return out
+
+
+def explored(req: Request, ready: list[str], best: str, drafters: dict[str, Drafter]) -> str:
+    """The model req drafts with this step: `best`, unless another of `ready` was passed over EXPLORE_AFTER of
+    its steps in a row and needs no catch-up (behind by at most the usual two tokens): that one, for fresh evidence
+    (the first such in `ready`). Counts each model's steps passed over in req.acceptance.passed_over."""
+    seen = req.acceptance.passed_over
+    for n in ready:
+        seen[n] = seen.get(n, 0) + 1
+    due = [n for n in ready if n != best and seen[n] > EXPLORE_AFTER and drafters[n].behind(req) <= 2]
+    chosen = due[0] if due else best
+    seen[chosen] = 0
+    return chosen
 
 
 def readers(
