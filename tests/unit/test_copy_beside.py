@@ -18,7 +18,7 @@ from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.request import AUTO_DRAFT, SamplingParams
 from specgram.speculation import forward_depths
-from specgram.speculation.costs import StepCosts
+from specgram.speculation.costs import StepCosts, read_pays
 
 from .helpers import PROMPTS, freeze, run, tokens_of
 from .tiny import save_checkpoint
@@ -197,3 +197,38 @@ def test_a_model_passed_over_drafts_a_step_now_and_then_where_it_needs_no_catch_
     costs.draft_depth_s, costs.of("copy").draft_depth_s = 0.004, 0.002
     monkeypatch.setattr(drafters["draft_model"], "behind", lambda r: 40)
     assert steps(3 * every) == ["copy"] * (3 * every)
+
+
+def test_a_prompt_is_read_only_where_the_draft_models_edge_over_the_copy_repays_the_read():
+    inf = float("inf")
+    # 100 tokens at 25 tok/s take 4 s, at 20 tok/s 5 s: the better model saves 1 s
+    assert forward_depths.saves_over(25.0, 20.0, 100, 0.9) and not forward_depths.saves_over(25.0, 20.0, 100, 1.1)
+    assert not forward_depths.saves_over(25.0, 20.0, 10, 0.9)  # 10 tokens left save 0.1 s
+    assert not forward_depths.saves_over(20.0, 25.0, 10**6, 0.0)  # the copy drafts better: never
+    assert not forward_depths.saves_over(25.0, 25.0, 10**6, 0.001)  # a tie saves nothing
+    assert forward_depths.saves_over(inf, 20.0, 1, 5.0) and forward_depths.saves_over(inf, inf, 1, 5.0)  # untimed
+    assert forward_depths.saves_over(25.0, 20.0, 1, 0.0)  # no read timed yet: read (and time it)
+    assert not forward_depths.saves_over(20.0, inf, 10**6, 0.0)  # an untimed copy is tried first
+
+
+def test_the_draft_model_skips_a_prompt_whose_read_costs_more_than_its_edge_over_the_copy_saves(right, monkeypatch):
+    costs = StepCosts()
+    for _ in range(50):
+        for n in (1, 2, 4, 8, 16):
+            costs.record(n, 0.030 + 1e-4 * n)
+    costs.draft_depth_s = 0.002  # the draft model a little cheaper than the copy: it expects a little more
+    costs.of("copy").draft_depth_s = 0.003
+    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
+    drafters = right.drafters
+    req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT, max_tokens=64), text=PROMPTS[0])
+    req.acceptance = RequestAcceptance(None)
+    mine = forward_depths.value("draft_model", drafters["draft_model"], req, 4, 0, costs, catching_up=False)
+    other = forward_depths.value("copy", drafters["copy"], req, 4, 0, costs)
+    assert mine > other
+    edge = 64 * (1 / other - 1 / mine)  # seconds the draft model saves over the 64 tokens
+    for share, read in ((0.5, True), (2.0, False)):
+        costs.read_token_s = share * edge / len(req.prompt_ids)
+        # reading pays against no drafts at all in both cases: the copy's edge alone decides
+        assert read_pays(1, costs, 0.6, 64, len(req.prompt_ids))
+        got = forward_depths.readers("draft_model", drafters, [req], [req], [req], Population(), costs, 4)
+        assert got == (([req], []) if read else ([], [req])), share

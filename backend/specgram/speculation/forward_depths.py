@@ -4,6 +4,8 @@ depth each auto request drafts to, against its lookup drafts (the step-cost mode
 
 from __future__ import annotations
 
+import math
+
 from ..drafting import registry
 from ..drafting.acceptance import PRIORS, Population
 from ..request import Request
@@ -100,9 +102,9 @@ def readers(
     drafts for under auto). An auto request's prompt is read only where a draft depth could pay at this many
     streams (costs.depth_can_pay) and the drafts can save more than the read costs over the tokens the request may
     still produce, alone or joining the depths that the requests it already reads draft in (costs.read_pays),
-    and where no forward drafter declared beside it that needs no read (it shares the target's cache) is
-    expected to draft better (value() at up to k drafts, at the engine-wide rates, both timed); fixed-k requests
-    are always read."""
+    and where drafting with it instead of the best forward drafter declared beside it that needs no read (it
+    shares the target's cache) saves more than the read costs (saves_over(): value() at up to k drafts, at the
+    engine-wide rates); fixed-k requests are always read."""
     model, own = drafters[name], costs_of(name, step_costs)
     source = source_of(name)
     p = population.rate(source, PRIORS[source])
@@ -111,9 +113,12 @@ def readers(
     can = costs.depth_can_pay(streams, own, p)
     beside = [n for n in registry.forward_options(name, True, drafters)[1:] if not drafters[n].reads_prompts]
 
-    def better_beside(r: Request) -> bool:
+    def pays_beside(r: Request) -> bool:
+        if not beside:
+            return True
         mine = value(name, model, r, k, 0, step_costs, catching_up=False)
-        return any(value(n, drafters[n], r, k, 0, step_costs) > mine for n in beside)
+        other = max(value(n, drafters[n], r, k, 0, step_costs) for n in beside)
+        return saves_over(mine, other, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids) * own.read_token_s)
 
     read = [
         r
@@ -122,11 +127,24 @@ def readers(
         or (
             can
             and costs.read_pays(streams, own, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined)
-            and not better_beside(r)
+            and pays_beside(r)
         )
     ]
     skip = [r for r in users if r not in read]
     return read, skip
+
+
+def saves_over(mine: float, other: float, tokens_left: int, read_s: float) -> bool:
+    """Whether a model that must read a request's prompt first (read_s seconds) pays against one that needs no
+    read, from their expected tokens per second (value(): mine, other): where it drafts better by enough that the
+    tokens_left tokens take less time by more than the read, tokens_left (1 / other - 1 / mine) > read_s. A tie
+    saves nothing: no read. Either untimed (infinite) or a read not yet timed (read_s 0): the one expected higher
+    wins, a tie reads (drafting and reading measure them); nothing expected beside it: it reads."""
+    if other > mine:
+        return False
+    if math.isinf(mine) or read_s == 0 or other <= 0:
+        return True
+    return tokens_left * (1 / other - 1 / mine) > read_s
 
 
 def plan(

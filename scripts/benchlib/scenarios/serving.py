@@ -7,6 +7,7 @@
     python scripts/bench.py serving --configs k0,served --repeat 3 --prompt-set chat   # speculation's gain
     python scripts/bench.py serving --configs k0,served-lines,served --repeat 5   # trees of drafts' gain
     python scripts/bench.py serving --configs k0,served --settings '{"spec_fallback": "0"}'  # engine settings
+    python scripts/bench.py serving --configs k0,copy-auto,served --settings '{"draft_checkpoint": "..."}'
     python scripts/bench.py serving --configs k0,lookup-only,ngram-auto,served-nosuffix,served --prompt-set repeat \
         --prompts 24 --max-tokens 128                     # the suffix store's gain on a repeated task
 
@@ -20,6 +21,8 @@ per-stream tok/s (a request's tokens / its latency, averaged), mean TTFT, and th
   ngram-auto  drafter ngram, num_draft_tokens auto (n-gram lookup and the suffix store)
   lookup-only ngram-auto with a cache_salt per request: the suffix store never holds the request's scope
   served-nosuffix  served, a cache_salt per request: the served default without suffix drafts
+  copy-auto   drafter copy, num_draft_tokens auto: on a server with a draft_checkpoint, the target alone's own
+              drafting (its copy and the lookups), the draft model left out: the pair against the target alone
 Each timed run carries a cache_salt of its own (the suffix store starts empty for it and learns from that run's
 earlier answers only, as a stream of new inputs would), and the per-request ones above one per request.
 k0 always runs; the ratio column is tok/s ÷ k0's at the same concurrency, and every config's outputs are
@@ -49,6 +52,7 @@ CONFIGS = {
     "ngram-auto": {"num_draft_tokens": -1, "drafter": "ngram"},
     "lookup-only": {"num_draft_tokens": -1, "drafter": "ngram", "salt": "request"},
     "served-nosuffix": {"num_draft_tokens": None, "drafter": None, "salt": "request"},
+    "copy-auto": {"num_draft_tokens": -1, "drafter": "copy"},
 }
 PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None, "repeat": REPEAT_PROMPTS}
 # prompt sets whose answers end where the model ends them (EOS; a grammar's end): no ignore_eos
