@@ -172,4 +172,6 @@ def test_the_load_peaks_near_what_it_keeps(tmp_path):
     grew = mid["kept"] - tiny["kept"]
     assert grew <= 1.1 * (mid["weights"] + mid["embedding"] - tiny["weights"] - tiny["embedding"]) + 30e6, (tiny, mid)
     assert abs(grew - (mid["estimate"] - tiny["estimate"])) <= 0.1 * grew, (tiny, mid)  # the load's own estimate
-    assert mid["peak"] <= 1.25 * mid["kept"], mid  # a layer's temporaries in flight weigh more against 300 MB than GB
+    # a layer's temporaries in flight weigh more against 300 MB than GB, and when other threads allocate during
+    # the load moves the peak: 1.10-1.26x over repeated loads of this model; a second whole copy would be ~2x
+    assert mid["peak"] <= 1.3 * mid["kept"], mid
