@@ -211,7 +211,7 @@ def test_a_prompt_is_read_only_where_the_draft_models_edge_over_the_copy_repays_
     assert not forward_depths.saves_over(20.0, inf, 10**6, 0.0)  # an untimed copy is tried first
 
 
-def test_the_draft_model_skips_a_prompt_whose_read_costs_more_than_its_edge_over_the_copy_saves(right, monkeypatch):
+def test_the_draft_model_skips_a_prompt_whose_read_costs_more_than_its_edge_over_the_copy_saves(right):
     costs = StepCosts()
     for _ in range(50):
         for n in (1, 2, 4, 8, 16):

@@ -113,23 +113,20 @@ def readers(
     can = costs.depth_can_pay(streams, own, p)
     beside = [n for n in registry.forward_options(name, True, drafters)[1:] if not drafters[n].reads_prompts]
 
-    def pays_beside(r: Request) -> bool:
+    def pays_beside(r: Request, left: int) -> bool:
         if not beside:
             return True
         mine = value(name, model, r, k, 0, step_costs, catching_up=False)
         other = max(value(n, drafters[n], r, k, 0, step_costs) for n in beside)
-        return saves_over(mine, other, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids) * own.read_token_s)
+        return saves_over(mine, other, left, len(r.prompt_ids) * own.read_token_s)
 
-    read = [
-        r
-        for r in users
-        if not r.params.auto_draft
-        or (
-            can
-            and costs.read_pays(streams, own, p, r.params.max_tokens - len(r.output_ids), len(r.prompt_ids), joined)
-            and pays_beside(r)
-        )
-    ]
+    def reads(r: Request) -> bool:
+        if not r.params.auto_draft:
+            return True
+        left = r.params.max_tokens - len(r.output_ids)  # the tokens it may still produce
+        return can and costs.read_pays(streams, own, p, left, len(r.prompt_ids), joined) and pays_beside(r, left)
+
+    read = [r for r in users if reads(r)]
     skip = [r for r in users if r not in read]
     return read, skip
 
