@@ -41,6 +41,13 @@ class Population:
         c[0] = POPULATION_FORGET * c[0] + successes
         c[1] = POPULATION_FORGET * c[1] + trials
 
+    def cap(self, trials: float) -> None:
+        """Scale each estimate's counts down to at most `trials` trials, its rate kept: evidence that the next
+        observations soon outweigh."""
+        for c in self.counts.values():
+            if c[1] > trials:
+                c[0], c[1] = c[0] * trials / c[1], trials
+
     def rate(self, key: str, fixed_prior: float) -> float:
         s, t = self.counts.get(key, (0.0, 0.0))
         return (s + fixed_prior) / (t + 1)

@@ -31,7 +31,7 @@ from ..speculation.fallback import Fallback
 from ..speculation.planner import DraftPlanner
 from ..speculation.rows import VerifyRow
 from ..wire import ErrorKind, FinishReason
-from . import loading
+from . import loading, warmup
 from .intake import Intake
 from .logits import LogitsProcessor
 from .logprobs import LogprobTaker
@@ -113,7 +113,9 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
         settings = resolve(config)
-        return cls(config, settings, *loading.load(config, settings))
+        engine = cls(config, settings, *loading.load(config, settings))
+        warmup.time_models(engine)  # where two models may draft: timed before the first request
+        return engine
 
     eos_ids = property(lambda self: self.output.eos_ids)
     drafters = property(lambda self: self.planner.drafters)  # name -> Drafter

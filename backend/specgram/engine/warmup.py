@@ -1,0 +1,84 @@
+"""Timing at load: where an auto request may draft with either of two models (a draft_checkpoint and the target's
+copy beside it), each model drafts a short built-in prompt before the first request, so the first requests choose
+between them by measured costs and acceptance. Untimed, a model is expected to pay whatever its acceptance
+(forward_depths.value), so without this a fresh server's first requests read their prompts with the draft model
+and draft with it until its timings and acceptance show it losing: a trial paid by those requests.
+
+What carries over: each model's draft depth and prompt read and the verify step's seconds (the planner's
+StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidence, scaled to SEED_TRIALS trials per
+estimate. On any text the target's own copy follows the target far more often than a smaller model does (plain
+prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the 0.5B's first drafts 44%), which orders the
+two before the workload's own observations arrive; a model whose prompt reads then never pay gets no more (it
+never drafts). The warm-up requests use a cache_salt of their own: no client's request reaches their prefix-cache
+or suffix-store entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..drafting import registry
+from ..drafting.acceptance import Population
+from ..request import SamplingParams
+from ..speculation.costs import StepCosts
+
+log = logging.getLogger(__name__)
+
+# plain English that most tokenizers cut into 50-70 tokens: a prompt read long enough to time per token
+PROMPT = (
+    "The river runs past the old mill, under the stone bridge and out through the fields to the sea. In spring "
+    "the water is high and fast; in late summer it slows, and children wade across to the island where the "
+    "herons nest. The miller kept a log of the river's height for forty years."
+)
+TOKENS = 16  # output tokens per warm-up request: at depth DEPTH, four or more timed draft calls per model
+DEPTH = 3  # drafts per step (a fixed k): the verify step is timed at DEPTH + 1 rows
+SALT = "specgram-load-timing"
+# the warm-up's acceptance seeds the engine-wide rates with at most this many trials per estimate (a request's
+# prior counts as acceptance.PRIOR_WEIGHT = 4 on top)
+SEED_TRIALS = 8
+
+
+def models(engine) -> list[str]:
+    """The forward drafters (models) an auto request may choose between: timed at load where there are two."""
+    return [n for n in engine.drafters if registry.DRAFTERS[n].forward]
+
+
+def time_models(engine) -> bool:
+    """Time each model an auto request may choose between (models(): where there are two or more), twice: the
+    first pass pays one-time costs (first touches of the weights' pages, lazy initialisations) and is dropped, the
+    second is kept, its acceptance capped at SEED_TRIALS trials. -> whether the timings were taken. A config
+    whose context cannot hold the warm-up, or a warm-up request that fails, leaves the costs untimed and the rates
+    at the declared priors (the first requests then time them), with a warning."""
+    names = models(engine)
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[: engine.config.max_seq_len - TOKENS - DEPTH - 2]
+    if len(names) < 2 or len(ids) < 8:
+        return False
+    started = time.perf_counter()
+    for _ in ("dropped", "kept"):
+        engine.planner.costs, engine.planner.population = StepCosts(), Population()
+        for name in names:
+            params = SamplingParams(
+                max_tokens=TOKENS, num_draft_tokens=DEPTH, drafter=name, ignore_eos=True, cache_salt=SALT
+            )
+            errors = _run(engine, engine.make_request(params, prompt_ids=ids))
+            if errors:
+                log.warning("timing the draft models at load failed (%s): the first requests time them", errors)
+                engine.planner.costs = StepCosts()
+                engine.planner.population = Population()
+                return False
+    engine.planner.population.cap(SEED_TRIALS)  # a few trials' worth: the workload's own soon outweigh them
+    log.info("draft models %s timed at load in %.1f s", names, time.perf_counter() - started)
+    return True
+
+
+def _run(engine, req) -> list[str]:
+    """Step the engine (idle but for req) until req finishes -> its errors (one if it does not finish)."""
+    engine.add(req)
+    errors: list[str] = []
+    for _ in range(4 * TOKENS):  # a step commits at least one token
+        if not engine.has_work():
+            return errors
+        errors += [o.error for o in engine.step() if o.error]
+    engine.abort(req.request_id)
+    return [*errors, f"not finished in {4 * TOKENS} steps"]

@@ -1,0 +1,81 @@
+"""Timing at load (engine/warmup.py): a draft_checkpoint with the target's copy beside it is timed, and its
+acceptance seen, before the first request, so that request pays no trial of a draft model that loses."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import closing
+
+import pytest
+
+from specgram.drafting.acceptance import Population
+from specgram.engine import warmup
+from specgram.request import AUTO_DRAFT
+from specgram.speculation import forward_depths
+
+from .helpers import PROMPTS, run, tokens_of
+from .test_copy_beside import _by_source, _pair
+
+
+def _reads(monkeypatch, engine) -> list[bool]:
+    """Records, per admission of the draft model, whether it read the prompts (admit's `now`)."""
+    drafter, seen = engine.drafters["draft_model"], []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    return seen
+
+
+def test_a_pair_is_timed_at_load_and_its_first_request_pays_no_trial(tmp_path, monkeypatch):
+    # a draft model of other random weights (mostly wrong) beside the target's int8 copy (every draft right)
+    with closing(_pair(tmp_path, 11)) as engine:
+        costs, population = engine.planner.costs, engine.planner.population
+        assert costs.known and costs.read_token_s > 0
+        for own in (costs, costs.of("copy")):  # both models' depths timed often enough to be weighed
+            assert own.draft_calls >= forward_depths.TIMED_CALLS and own.draft_depth_s > 0
+        assert population.rate("draft_model", 0.6) < 0.4 and population.rate("copy", 0.6) > 0.8
+        assert max(t for _, t in population.counts.values()) <= warmup.SEED_TRIALS  # first evidence, not more
+        base = run(engine, PROMPTS[:2], max_tokens=24)
+        seen = _reads(monkeypatch, engine)
+        auto = run(engine, PROMPTS[:2], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+        assert [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
+        # the wrong model neither reads the prompts nor drafts (whether the copy drafts is the step costs' call)
+        assert seen == [False] and "draft_model" not in _by_source(auto)
+
+
+def test_untimed_the_first_request_tries_the_draft_model(tmp_path, monkeypatch):
+    # the same pair without the timing at load: its first auto request reads its prompt with the wrong model
+    monkeypatch.setattr(warmup, "time_models", lambda engine: False)
+    with closing(_pair(tmp_path, 11)) as engine:
+        seen = _reads(monkeypatch, engine)
+        auto = run(engine, PROMPTS[:1], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+        assert seen == [True] and _by_source(auto).get("draft_model", 0) > 0
+
+
+def test_a_context_too_short_for_the_warm_up_and_a_failing_warm_up_leave_the_costs_untimed(tmp_path, caplog):
+    with closing(_pair(tmp_path / "short", 11, max_seq_len=24)) as engine:
+        assert not engine.planner.costs.known and not engine.planner.population.counts
+    with closing(_pair(tmp_path / "failing", 11)) as engine:
+        copy = engine.drafters["copy"]
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("copy failed")
+
+        copy.propose = broken
+        with caplog.at_level(logging.WARNING, logger=warmup.__name__):
+            assert not warmup.time_models(engine)
+        assert "timing the draft models at load failed" in caplog.text and "copy failed" in caplog.text
+        assert not engine.planner.costs.known and not engine.planner.population.counts
+        del copy.propose  # the engine serves on
+        out = run(engine, PROMPTS[:1], max_tokens=8, num_draft_tokens=AUTO_DRAFT)
+        assert tokens_of(out[0]) and not out[0][-1].error
+
+
+@pytest.mark.parametrize("trials", [0.5, 8.0])
+def test_capping_keeps_each_rate(trials):
+    population = Population()
+    population.observe("copy", 30, 32)
+    population.observe("draft_model", 3, 12)
+    before = {k: s / t for k, (s, t) in population.counts.items()}
+    population.cap(trials)
+    assert {k: s / t for k, (s, t) in population.counts.items()} == pytest.approx(before)
+    assert all(t == trials for _, t in population.counts.values())
