@@ -51,6 +51,12 @@ def test_untimed_the_first_request_tries_the_draft_model(tmp_path, monkeypatch):
         assert seen == [True] and _by_source(auto).get("draft_model", 0) > 0
 
 
+def test_the_warm_up_drafts_at_most_max_draft_len(tmp_path):
+    with closing(_pair(tmp_path, 11, max_draft_len=1)) as engine:  # depth 3 would be refused
+        costs = engine.planner.costs
+        assert costs.known and min(costs.draft_calls, costs.of("copy").draft_calls) >= forward_depths.TIMED_CALLS
+
+
 def test_a_context_too_short_for_the_warm_up_and_a_failing_warm_up_leave_the_costs_untimed(tmp_path, caplog):
     with closing(_pair(tmp_path / "short", 11, max_seq_len=24)) as engine:
         assert not engine.planner.costs.known and not engine.planner.population.counts

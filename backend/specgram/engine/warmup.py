@@ -20,6 +20,7 @@ import time
 
 from ..drafting import registry
 from ..drafting.acceptance import Population
+from ..errors import InvalidRequest
 from ..request import SamplingParams
 from ..speculation.costs import StepCosts
 
@@ -32,7 +33,7 @@ PROMPT = (
     "herons nest. The miller kept a log of the river's height for forty years."
 )
 TOKENS = 16  # output tokens per warm-up request: at depth DEPTH, four or more timed draft calls per model
-DEPTH = 3  # drafts per step (a fixed k): the verify step is timed at DEPTH + 1 rows
+DEPTH = 3  # drafts per step (a fixed k; max_draft_len where less): the verify step is timed at DEPTH + 1 rows
 SALT = "specgram-load-timing"
 # the warm-up's acceptance seeds the engine-wide rates with at most this many trials per estimate (a request's
 # prior counts as acceptance.PRIOR_WEIGHT = 4 on top)
@@ -50,18 +51,21 @@ def time_models(engine) -> bool:
     second is kept, its acceptance capped at SEED_TRIALS trials. -> whether the timings were taken. A config
     whose context cannot hold the warm-up, or a warm-up request that fails, leaves the costs untimed and the rates
     at the declared priors (the first requests then time them), with a warning."""
-    names = models(engine)
-    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[: engine.config.max_seq_len - TOKENS - DEPTH - 2]
-    if len(names) < 2 or len(ids) < 8:
+    names, depth = models(engine), min(DEPTH, engine.config.max_draft_len)
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[: engine.config.max_seq_len - TOKENS - depth - 2]
+    if len(names) < 2 or len(ids) < 8 or depth < 1:
         return False
     started = time.perf_counter()
     for _ in ("dropped", "kept"):
         engine.planner.costs, engine.planner.population = StepCosts(), Population()
         for name in names:
             params = SamplingParams(
-                max_tokens=TOKENS, num_draft_tokens=DEPTH, drafter=name, ignore_eos=True, cache_salt=SALT
+                max_tokens=TOKENS, num_draft_tokens=depth, drafter=name, ignore_eos=True, cache_salt=SALT
             )
-            errors = _run(engine, engine.make_request(params, prompt_ids=ids))
+            try:
+                errors = _run(engine, engine.make_request(params, prompt_ids=ids))
+            except InvalidRequest as e:  # a config whose limits refuse the warm-up request
+                errors = [str(e)]
             if errors:
                 log.warning("timing the draft models at load failed (%s): the first requests time them", errors)
                 engine.planner.costs = StepCosts()
