@@ -7,7 +7,7 @@ and draft with it until its timings and acceptance show it losing: a trial paid 
 What carries over: each model's draft depth and prompt read and the verify step's seconds (the planner's
 StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidence, scaled to SEED_TRIALS trials per
 estimate. On any text the target's own copy follows the target far more often than a smaller model does (plain
-prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the 0.5B's first drafts 44%), which orders the
+prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the 0.5B's first drafts half), which orders the
 two before the workload's own observations arrive; a model whose prompt reads then never pay gets no more (it
 never drafts). The warm-up requests use a cache_salt of their own: no client's request reaches their prefix-cache
 or suffix-store entries.
@@ -52,7 +52,8 @@ def time_models(engine) -> bool:
     whose context cannot hold the warm-up, or a warm-up request that fails, leaves the costs untimed and the rates
     at the declared priors (the first requests then time them), with a warning."""
     names, depth = models(engine), min(DEPTH, engine.config.max_draft_len)
-    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[: engine.config.max_seq_len - TOKENS - depth - 2]
+    room = max(engine.config.max_seq_len - TOKENS - depth - 2, 0)  # the prompt's most tokens
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[:room]
     if len(names) < 2 or len(ids) < 8 or depth < 1:
         return False
     started = time.perf_counter()
