@@ -64,6 +64,14 @@ def _costs(monkeypatch, engine, draft_s: float, copy_s: float) -> None:
     freeze(monkeypatch, engine, costs)
 
 
+def _reads(monkeypatch, engine) -> list[bool]:
+    """Records, per admission of the draft model, whether it read the prompts (admit's `now`)."""
+    drafter, seen = engine.drafters["draft_model"], []
+    admit = drafter.admit
+    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    return seen
+
+
 def _by_source(outputs) -> dict[str, int]:
     """Drafts verified per source over the outputs' requests."""
     out: dict[str, int] = {}
@@ -114,9 +122,7 @@ def test_auto_drafts_with_the_copy_where_the_draft_model_misses(wrong, monkeypat
     # the wrong draft model is tried first (the request's own drafter) and then loses to the copy
     assert drafted.get("copy", 0) > 3 * drafted.get("draft_model", 0), drafted
     # the engine-wide rates now favour the copy: the draft model no longer reads a new auto prompt
-    drafter, seen = wrong.drafters["draft_model"], []
-    admit = drafter.admit
-    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    seen = _reads(monkeypatch, wrong)
     again = run(wrong, PROMPTS[:1], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
     assert seen == [False] and tokens_of(again[0]) == tokens_of(base[0])
     assert "draft_model" not in again[0][-1].spec.by_source and again[0][-1].spec.by_source.get("copy", (0, 0))[0]
@@ -124,9 +130,7 @@ def test_auto_drafts_with_the_copy_where_the_draft_model_misses(wrong, monkeypat
 
 def test_the_draft_model_reads_no_prompt_where_the_copy_is_expected_to_draft_better(right, monkeypatch):
     _costs(monkeypatch, right, draft_s=0.004, copy_s=0.001)  # both right (the target's weights); the copy cheaper
-    drafter, seen = right.drafters["draft_model"], []
-    admit = drafter.admit
-    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
+    seen = _reads(monkeypatch, right)
     base = run(right, PROMPTS[:2], max_tokens=24)
     auto = run(right, PROMPTS[:2], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
     assert seen == [False] and [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]

@@ -14,15 +14,7 @@ from specgram.request import AUTO_DRAFT
 from specgram.speculation import forward_depths
 
 from .helpers import PROMPTS, run, tokens_of
-from .test_copy_beside import _by_source, _pair
-
-
-def _reads(monkeypatch, engine) -> list[bool]:
-    """Records, per admission of the draft model, whether it read the prompts (admit's `now`)."""
-    drafter, seen = engine.drafters["draft_model"], []
-    admit = drafter.admit
-    monkeypatch.setattr(drafter, "admit", lambda reqs, now=True: seen.append(now) or admit(reqs, now))
-    return seen
+from .test_copy_beside import _by_source, _pair, _reads
 
 
 def test_a_pair_is_timed_at_load_and_its_first_request_pays_no_trial(tmp_path, monkeypatch):

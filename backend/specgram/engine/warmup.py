@@ -41,8 +41,10 @@ SEED_TRIALS = 8
 
 
 def models(engine) -> list[str]:
-    """The forward drafters (models) an auto request may choose between: timed at load where there are two."""
-    return [n for n in engine.drafters if registry.DRAFTERS[n].forward]
+    """The models an auto request may choose between: each forward drafter's options (registry.forward_options:
+    it and the models declared beside it) where the engine has two or more; none elsewhere."""
+    groups = [registry.forward_options(n, True, engine.drafters) for n in engine.drafters]
+    return list(dict.fromkeys(n for g in groups if len(g) > 1 for n in g))
 
 
 def time_models(engine) -> bool:
@@ -52,13 +54,15 @@ def time_models(engine) -> bool:
     whose context cannot hold the warm-up, or a warm-up request that fails, leaves the costs untimed and the rates
     at the declared priors (the first requests then time them), with a warning."""
     names, depth = models(engine), min(DEPTH, engine.config.max_draft_len)
+    if not names or depth < 1:
+        return False
     room = max(engine.config.max_seq_len - TOKENS - depth - 2, 0)  # the prompt's most tokens
     ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)[:room]
-    if len(names) < 2 or len(ids) < 8 or depth < 1:
+    if len(ids) < 8:
         return False
     started = time.perf_counter()
     for _ in ("dropped", "kept"):
-        engine.planner.costs, engine.planner.population = StepCosts(), Population()
+        _untimed(engine.planner)
         for name in names:
             params = SamplingParams(
                 max_tokens=TOKENS, num_draft_tokens=depth, drafter=name, ignore_eos=True, cache_salt=SALT
@@ -69,16 +73,21 @@ def time_models(engine) -> bool:
                 errors = [str(e)]
             if errors:
                 log.warning("timing the draft models at load failed (%s): the first requests time them", errors)
-                engine.planner.costs = StepCosts()
-                engine.planner.population = Population()
+                _untimed(engine.planner)
                 return False
     engine.planner.population.cap(SEED_TRIALS)  # a few trials' worth: the workload's own soon outweigh them
     log.info("draft models %s timed at load in %.1f s", names, time.perf_counter() - started)
     return True
 
 
+def _untimed(planner) -> None:
+    """The planner as a fresh engine's: no step timed, the engine-wide rates at the declared priors."""
+    planner.costs, planner.population = StepCosts(), Population()
+
+
 def _run(engine, req) -> list[str]:
-    """Step the engine (idle but for req) until req finishes -> its errors (one if it does not finish)."""
+    """Step the engine (idle but for req) until req finishes -> its errors (one if it does not finish). Not
+    generate.generate(): a load must not wait on a request that never finishes."""
     engine.add(req)
     errors: list[str] = []
     for _ in range(4 * TOKENS):  # a step commits at least one token
