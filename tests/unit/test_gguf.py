@@ -21,7 +21,7 @@ from specgram.model.runner import ModelRunner
 
 from .helpers import PROMPTS, logits_against, run, tokens_of
 from .tiny import build_tokenizer
-from .tiny_gguf import LAYERS, save_gguf, transformers_model
+from .tiny_gguf import LAYERS, save_gguf, transformers_model, with_int4_activations
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
@@ -100,7 +100,7 @@ def _kinds(runner) -> list[str]:
 
 
 def test_the_file_is_served_as_it_comes_with_its_tokenizer(vnni, q4k_file):
-    reference = transformers_model(q4k_file)
+    reference = with_int4_activations(transformers_model(q4k_file))
     with closing(engine(q4k_file)) as e:
         assert e.target.weights == "gguf" and e.target.native.lib is vnni
         assert _kinds(e.target) == ["int4"] * (4 * LAYERS + 1)  # every product kept in its Q4_K blocks
@@ -108,10 +108,11 @@ def test_the_file_is_served_as_it_comes_with_its_tokenizer(vnni, q4k_file):
         assert 2 in e.eos_ids and "<s>assistant: " in e.tokenizer.apply_chat_template(
             [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
         )
-        fp32 = ModelRunner(reference, 2, 96, choose_for(reference, linear="native"))
-        rel, agree = logits_against(fp32, e.target)
-    # the file's own weights exactly: only the int16 activations differ from transformers' float32 reading
-    assert rel.max().item() < 1e-4 and agree == 1.0, rel  # measured: max 2.5e-6
+        rounded = ModelRunner(reference, 2, 96, choose_for(reference, linear="torch"))
+        rel, agree = logits_against(rounded, e.target)
+    # the file's own weights exactly: transformers' float32 reading of them with the activations rounded as int4's
+    # products round theirs gives the same logits (the same values, summed in another order)
+    assert rel.max().item() < 1e-3 and agree == 1.0, rel  # measured: max 3e-5
 
 
 def test_mixed_block_types_take_int8_where_int4_cannot_hold_them(vnni, mixed_file):

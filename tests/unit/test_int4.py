@@ -1,9 +1,9 @@
-"""4-bit group-quantized weights (model/int4.py, kernels/gemm_i4.c; weights "int4" / "int4-dynamic8"): the quantizer's
-form and error, the product bitwise equal to int4.reference (the same integer sums and fp32 sequence in plain torch)
-and bitwise batch-invariant, the two ISA builds equal, the loops with and without VNNI equal; such a model's logits
-bitwise batch- and width-invariant and close to fp32's; the engine serving weights int4 with speculative output
-token-identical to non-speculative, and an int4 draft copy drafting without changing the output - for each ISA's
-build that this CPU runs, with its VNNI loops where it has them and without."""
+"""4-bit group-quantized weights (model/int4.py, kernels/gemm_i4.c; weights "int4", activations int8 per block of 256
+inputs): the quantizer's form and error, the product bitwise equal to int4.reference (the same integer sums and fp32
+sequence in plain torch) and bitwise batch-invariant, the two ISA builds equal, the loops with and without VNNI
+equal; such a model's logits bitwise batch- and width-invariant and close to fp32's; the engine serving weights int4
+with speculative output token-identical to non-speculative, and an int4 draft copy drafting without changing the
+output - for each ISA's build that this CPU runs, with its VNNI loops where it has them and without."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .tiny import build_model
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="native kernels need AVX-512 or AVX2 and a C compiler")
 
-ACTIVATIONS = ("int16", "int8")
+ACTIVATIONS = int4.ACTIVATIONS
 
 
 @pytest.fixture(params=["vnni", "madd"])
@@ -68,33 +68,49 @@ def test_the_quantizer_keeps_codes_in_range_and_fits_each_group():
     assert ratio < 0.97, ratio  # measured 0.94 on these Gaussian rows (0.78 on Qwen2.5-Coder-1.5B's projections)
 
 
-@pytest.mark.parametrize("activations", ACTIVATIONS)
-@pytest.mark.parametrize("n,k,bias", LINEAR_SHAPES)
-def test_the_product_is_bitwise_its_reference_and_batch_invariant(i4, n, k, bias, activations):
+@pytest.mark.parametrize("n,k,bias", [*LINEAR_SHAPES, (70, 2100, True), (40, 300, False)])
+def test_the_product_is_bitwise_its_reference_and_batch_invariant(i4, n, k, bias):
+    """Shapes beside the shared ones: several super-blocks with a last one of a single group (2100 inputs: 66
+    groups), and one whose last super-block is partial (300 inputs: 10 groups, a scale per 256 inputs and a
+    second over 44)."""
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
     w[1] = 0
     b = torch.randn(n) if bias else None
-    lin = NativeLinear(w, b, int4.DTYPE, i4, activations=activations)
+    lin = NativeLinear(w, b, int4.DTYPE, i4, activations=ACTIVATIONS)
     assert lin.descriptor().kind == (abi.LIN_I4 if kernels.has_vnni(i4) else abi.LIN_I4_MADD)
     assert lin.packed.dtype == torch.uint8 and lin.packed.numel() == int4.packed_bytes(n, k)
     x = outlier_rows(PREFILL_ROWS, k, seed=n)
+    if k > 256:
+        x[7, :256] = 0  # a zero block in a row that is not zero: its scale 0, the other blocks as they are
     full = assert_batch_invariant(lin, x)
-    assert torch.equal(full, int4.reference(x, int4.quantize(w), b, activations))
+    assert torch.equal(full, int4.reference(x, int4.quantize(w), b))
     assert not full[3].any() if b is None else torch.equal(full[3], b)  # a zero row: 0 (+ bias)
 
 
+def _per_row_int8(x: torch.Tensor) -> torch.Tensor:
+    """x with each row rounded to 127 levels of its largest magnitude: what one scale per row would keep."""
+    step = x.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(x / step) * step
+
+
 def test_the_product_is_close_to_the_float_product_of_its_own_weights(i4):
+    """The activations' rounding is one level of 127 of each block's largest input; with an outlier channel (a
+    language model's activations have a few 20-100x their median) a scale per 256 inputs keeps the other blocks
+    as fine as without it, where one scale per row would round the whole row to the outlier's step."""
     torch.manual_seed(1)
-    w, x = torch.randn(256, 512) * 0.05, torch.randn(9, 512)
+    w, x = torch.randn(256, 2048) * 0.05, torch.randn(9, 2048)
     q = int4.quantize(w)
+    lin = NativeLinear(w, None, int4.DTYPE, i4, activations=ACTIVATIONS)
     own, exact = x @ q.dequantize().T, x @ w.T
     rel = lambda y, ref: ((y - ref).norm() / ref.norm()).item()  # noqa: E731
-    y16 = NativeLinear(w, None, int4.DTYPE, i4, activations="int16")(x)
-    y8 = NativeLinear(w, None, int4.DTYPE, i4, activations="int8")(x)
-    assert rel(y16, own) < 1e-3  # int16 activations: next to nothing beyond the 4-bit weights' own error
-    assert rel(y8, own) > 3 * rel(y16, own)  # int8 ones: a step of max / 127
-    assert 0.02 < rel(own, exact) < 0.15  # the 4-bit weights' error on Gaussian weights (about 8%)
+    plain = rel(lin(x), own)
+    assert plain < 0.02  # measured 0.007: a step of max / 127 per block
+    assert 0.02 < rel(own, exact) < 0.15  # the 4-bit weights' error dominates (about 7%)
+    x[:, 5] = 60.0  # one outlier channel, in the first of 8 blocks
+    own = x @ q.dequantize().T
+    blocks, row = rel(lin(x), own), rel(_per_row_int8(x) @ q.dequantize().T, own)
+    assert blocks < row / 2, (blocks, row)  # measured 0.029 against 0.083
 
 
 def test_the_two_isa_builds_give_the_same_bits():
@@ -103,26 +119,25 @@ def test_the_two_isa_builds_give_the_same_bits():
         pytest.skip("needs both ISA builds with VNNI")
     torch.manual_seed(3)
     w, b, x = torch.randn(300, 258) * 0.05, torch.randn(300), outlier_rows(20, 258, seed=3)
-    for activations in ACTIVATIONS:
-        a, c = (NativeLinear(w, b, int4.DTYPE, lib, activations=activations)(x) for lib in libs)
-        assert torch.equal(a, c)  # integer sums and per-output fp32 steps only
+    a, c = (NativeLinear(w, b, int4.DTYPE, lib, activations=ACTIVATIONS)(x) for lib in libs)
+    assert torch.equal(a, c)  # integer sums and per-output fp32 steps only
 
 
 def test_the_loops_with_and_without_vnni_give_the_same_bits(vnni, monkeypatch):
     torch.manual_seed(5)
     w, b, x = torch.randn(200, 330) * 0.05, torch.randn(200), outlier_rows(PREFILL_ROWS, 330, seed=5)
-    for activations in ACTIVATIONS:
-        with_vnni = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
-        monkeypatch.setenv(kernels.VNNI_ENV, "0")
-        without = NativeLinear(w, b, int4.DTYPE, vnni, activations=activations)
-        monkeypatch.delenv(kernels.VNNI_ENV)
-        assert (with_vnni.descriptor().kind, without.descriptor().kind) == (abi.LIN_I4, abi.LIN_I4_MADD)
-        assert torch.equal(with_vnni(x), without(x))
+    with_vnni = NativeLinear(w, b, int4.DTYPE, vnni, activations=ACTIVATIONS)
+    monkeypatch.setenv(kernels.VNNI_ENV, "0")
+    without = NativeLinear(w, b, int4.DTYPE, vnni, activations=ACTIVATIONS)
+    monkeypatch.delenv(kernels.VNNI_ENV)
+    assert (with_vnni.descriptor().kind, without.descriptor().kind) == (abi.LIN_I4, abi.LIN_I4_MADD)
+    assert torch.equal(with_vnni(x), without(x))
 
 
 def test_int4_activations_are_quantized(lib):
-    with pytest.raises(ValueError, match="int16 or int8 activations"):
-        NativeLinear(torch.randn(32, 8), None, int4.DTYPE, lib, activations="float32")
+    for other in ("float32", "int16", "int8"):
+        with pytest.raises(ValueError, match="int4 weights need int8-blocks activations"):
+            NativeLinear(torch.randn(32, 8), None, int4.DTYPE, lib, activations=other)
 
 
 def _runner(model, weights: str, slots: int = 4, positions: int = 96) -> ModelRunner:
@@ -132,16 +147,16 @@ def _runner(model, weights: str, slots: int = 4, positions: int = 96) -> ModelRu
     return runner
 
 
-@pytest.mark.parametrize("weights,tied", [("int4", False), ("int4", True), ("int4-dynamic8", False)])
-def test_an_int4_model_rows_are_bitwise_independent_of_batch_and_width(i4, weights, tied):
-    runner = _runner(build_model("llama", seed=2, tie_word_embeddings=tied), weights)
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_int4_model_rows_are_bitwise_independent_of_batch_and_width(i4, tied):
+    runner = _runner(build_model("llama", seed=2, tie_word_embeddings=tied), "int4")
     assert runner.native.lib is i4
     assert_rows_bitwise_independent(runner)
 
 
 def test_int4_logits_are_those_of_its_own_weights_in_fp32(i4):
     """The int4 forward is the fp32 forward of the model whose weights are int4's dequantized ones, up to its
-    quantized activations (int16: 1e-4; int8: a few percent): every product reads its own matrix's codes."""
+    quantized activations (int8 per block of 256: about 1%): every product reads its own matrix's codes."""
     model = build_model("llama", seed=1, init=0.1)
     own = copy.deepcopy(model)
     with torch.no_grad():
@@ -149,16 +164,14 @@ def test_int4_logits_are_those_of_its_own_weights_in_fp32(i4):
             m.weight.copy_(int4.quantize(m.weight).dequantize())
     reference = ModelRunner(own, 2, 96, choose_for(own, linear="native"))
     rel, agree = logits_against(reference, _runner(model, "int4", 2))
-    assert rel.max().item() < 1e-3 and agree == 1.0, rel  # measured: median 9e-5, max 1.4e-4
-    rel8, _ = logits_against(reference, _runner(model, "int4-dynamic8", 2))
-    assert 5 * rel.median() < rel8.median() < 0.05, rel8  # measured: median 0.023
+    assert rel.max().item() < 0.08 and agree > 0.9, (rel, agree)  # measured: median 0.022, max 0.039, 97%
     # against the fp32 weights the 4-bit error dominates: on this random model (Gaussian weights, no structure
     # for the groups to follow) median 0.28 of the logits' norm, top-1 agreement 55%; docs/models.md has a real
     # model's figures
     rel_fp32, _ = logits_against(
         ModelRunner(model, 2, 96, choose_for(model, linear="native")), _runner(model, "int4", 2)
     )
-    assert 10 * rel.median() < rel_fp32.median() < 0.5, rel_fp32
+    assert 5 * rel.median() < rel_fp32.median() < 0.5, rel_fp32  # measured 0.28 against 0.022
 
 
 def test_an_engine_serving_int4_is_exact_with_itself_at_every_draft_length(i4, make_engine):

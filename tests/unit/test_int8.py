@@ -202,7 +202,7 @@ def test_the_weights_setting_is_validated(tiny_ckpt):
         with pytest.raises(ModelLoadError, match=f"weights int8 runs on the native CPU forward only.*{why}"):
             resolve(EngineConfig(checkpoint=str(tiny_ckpt), weights="int8", **bad))
     with pytest.raises(
-        ModelLoadError, match="weights must be one of auto, int8, int4, int8-dynamic, int8-dynamic8, int4-dynamic8"
+        ModelLoadError, match="weights must be one of auto, int8, int4, int8-dynamic, int8-dynamic8, gguf"
     ):
         ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, weights="fp8"))
     with pytest.raises(ModelLoadError, match="native CPU forward only.*linear is torch"):

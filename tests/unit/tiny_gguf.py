@@ -122,3 +122,23 @@ def transformers_model(path: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def with_int4_activations(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every Linear's input rounded as int4's products round theirs (int8 per row and block of 256
+    inputs, int4.quantize_activations) and the matmuls left in float32: a float reference for the served int4 form,
+    whose products compute the same values exactly in integers (up to float32 sums in another order)."""
+    from specgram.model import int4
+
+    def rounded(_module, inputs):
+        x = inputs[0]
+        rows = x.reshape(-1, x.shape[-1]).float()
+        xq, xs = int4.quantize_activations(rows)
+        blocks = xs.shape[1]
+        values = (xq.view(-1, blocks, int4.BLOCK).float() * xs[:, :, None]).view(len(rows), -1)[:, : x.shape[-1]]
+        return (values.view(x.shape),)
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(rounded)
+    return model

@@ -13,7 +13,7 @@ weights are loaded.
   dtype / draft_dtype auto   bfloat16 on CUDA, float32 on CPU
   linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
   weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
-  weights int4               4-bit weights with int16 activations (VNNI's products where the CPU has it)
+  weights int4               4-bit weights with int8 activations, a scale per 256 inputs (VNNI where the CPU has it)
   weights auto, a GGUF file  its own forms on the native forward: int4 where its blocks are Q4_K (kept exactly),
                              int8 elsewhere (model/gguf_checkpoint.py)
   draft_quantization auto    the target's copy where the native forward runs a float target and no

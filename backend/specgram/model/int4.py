@@ -17,8 +17,9 @@ kernel sums codes times quantized activations in integers per group, then applie
 a row's output is bitwise the same alone, batched or as a verify position (gemm_i4.c has the exact sequence,
 reference() reproduces it).
 
-Runner weights "int4" (int16 activations: two int8 digits) and "int4-dynamic8" (int8 activations), on any CPU the
-kernels build for: VNNI where it has it (kernels.has_vnni), else three instructions for its one, same results.
+Runner weights "int4": the activations quantized to int8 per row and per block of 256 inputs in the call (one scale
+each, as llama.cpp's Q8_K does for its k-quants), on any CPU the kernels build for: VNNI where it has it
+(kernels.has_vnni), else three instructions for its one, same results.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ import torch
 GROUP, SUPER = 32, 8  # inputs per group; groups per super-block
 LEVELS = 15
 DTYPE = torch.quint4x2  # the weight dtype that stands for this form in NativeLinear (never a tensor's dtype here)
-FORMS = {"int4": "int16", "int4-dynamic8": "int8"}  # runner weights -> the activations' form
+ACTIVATIONS = "int8-blocks"  # the activations' form: int8, a scale per row and per block of BLOCK inputs
+FORMS = {"int4": ACTIVATIONS}  # runner weights -> the activations' form
+BLOCK = GROUP * SUPER  # inputs per activation scale: one super-block
 CHUNK = 128  # rows quantized at a time: the float temporaries stay in cache (4096 rows: 2.8x slower)
 FIT_ROUNDS = 2  # least-squares refits of each group's step and minimum (_fit)
-ACT_LEVELS = {"int16": 32639, "int8": 127}  # gemm_i4.c's L per activation form
+ACT_LEVELS = 127  # int8 activations: [-127, 127]
 
 
 @dataclasses.dataclass
@@ -94,7 +97,7 @@ def _two_level(v: torch.Tensor, sb: int) -> tuple[torch.Tensor, torch.Tensor]:
 def packed_bytes(n: int, k: int) -> int:
     """The bytes pack() makes of an [n, k] weight (its scales included)."""
     g, sb = groups(k)
-    return -(-n // 32) * (sb * 256 + g * (64 + GROUP * 16))
+    return -(-n // 32) * (sb * 768 + g * GROUP * 16)
 
 
 def _codes(w: torch.Tensor, s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -151,55 +154,65 @@ def quantize(weight: torch.Tensor, rounds: int = FIT_ROUNDS) -> Int4Weight:
 
 
 def pack(w: Int4Weight) -> torch.Tensor:
-    """-> u8 [ceil(N / 32), block bytes]: gemm_i4.c's layout (per block of 32 outputs: per super-block its d and
-    dmin, then per group sc, mn and the codes, two outputs to a byte)."""
+    """-> u8 [ceil(N / 32), block bytes]: gemm_i4.c's layout (per block of 32 outputs and super-block: d, dmin, the
+    8 groups' sc, the mins in pairs of groups, then each group's codes, two outputs to a byte)."""
     n = w.q.shape[0]
     g, sb = w.sc.shape[1], w.d.shape[1]
     nb = -(-n // 32)
     pad = lambda t: torch.cat([t, t.new_zeros(nb * 32 - n, *t.shape[1:])]) if nb * 32 > n else t  # noqa: E731
     q = pad(w.q).view(nb, 2, 16, g, GROUP // 4, 4)  # [block, half, j, group, k4, kk]
     codes = (q[:, 0] | (q[:, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(nb, g, -1)  # [block, group, k4 * 64 + j * 4 + kk]
-    per_group = torch.cat(
-        [pad(w.sc).view(nb, 32, g).transpose(1, 2), pad(w.mn).view(nb, 32, g).transpose(1, 2), codes], dim=2
-    )
-    heads = (
-        torch.cat(
-            [pad(w.d).view(nb, 32, sb).transpose(1, 2).contiguous(), pad(w.dmin).view(nb, 32, sb).transpose(1, 2)],
-            dim=2,
-        )
-        .contiguous()
-        .view(torch.uint8)
-    )  # [block, super-block, 256]
+
+    def per_super(t: torch.Tensor) -> torch.Tensor:  # u8 [N, G] -> [block, super-block, 8 groups, 32 outputs]
+        full = torch.zeros(nb * 32, sb * SUPER, dtype=torch.uint8)
+        full[:n, :g] = t
+        return full.view(nb, 32, sb, SUPER).permute(0, 2, 3, 1)
+
+    sc = per_super(w.sc).reshape(nb, sb, -1)  # [block, super-block, group * 32 + j]
+    mn = per_super(w.mn).reshape(nb, sb, SUPER // 2, 2, 32).transpose(3, 4).reshape(nb, sb, -1)  # pair, j, 2
+    scales = torch.cat(
+        [pad(w.d).view(nb, 32, sb).transpose(1, 2).contiguous(), pad(w.dmin).view(nb, 32, sb).transpose(1, 2)],
+        dim=2,
+    ).contiguous()
+    heads = torch.cat([scales.view(torch.uint8), sc, mn], dim=2)  # [block, super-block, 768]
     parts = []
     for b in range(sb):
-        parts += [heads[:, b], per_group[:, b * SUPER : (b + 1) * SUPER].reshape(nb, -1)]
+        parts += [heads[:, b], codes[:, b * SUPER : (b + 1) * SUPER].reshape(nb, -1)]
     return torch.cat(parts, dim=1).contiguous()
 
 
-def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x fp32 [M, K] -> (xq int64 [M, K], xs fp32 [M]) as gemm_i4.c quantizes each row."""
-    amax = x.abs().amax(dim=1)
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    inv = torch.tensor(float(levels), dtype=torch.float32) / safe
-    xq = torch.round(x * inv[:, None]).clamp_(-levels, levels)
-    xq[amax == 0] = 0
-    return xq.long(), torch.where(amax > 0, amax / levels, torch.zeros_like(amax))
-
-
-def reference(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None, activations: str = "int16") -> torch.Tensor:
-    """The kernel's product, bitwise, in plain torch: x fp32 [M, K] -> y fp32 [M, N] (gemm_i4.c's sequence)."""
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x fp32 [M, K] -> (xq int64 [M, SB * 256], zero past K; xs fp32 [M, SB]) as gemm_i4.c quantizes each row: per
+    block of 256 inputs, xs = amax / 127 and xq = round(x * (127 / amax)) (0 where amax is 0)."""
     m_rows, k = x.shape
+    sb = groups(k)[1]
+    xp = torch.zeros(m_rows, sb * BLOCK)
+    xp[:, :k] = x
+    xb = xp.view(m_rows, sb, BLOCK)
+    amax = xb.abs().amax(dim=2)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.tensor(float(ACT_LEVELS), dtype=torch.float32) / safe
+    xq = torch.round(xb * inv[:, :, None]).clamp_(-ACT_LEVELS, ACT_LEVELS)
+    xq[amax == 0] = 0
+    return xq.view(m_rows, -1).long(), torch.where(amax > 0, amax / ACT_LEVELS, torch.zeros_like(amax))
+
+
+def reference(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's product, bitwise, in plain torch: x fp32 [M, K] -> y fp32 [M, N] (gemm_i4.c's sequence)."""
+    m_rows = x.shape[0]
     n, g = w.sc.shape
-    xq, xs = quantize_activations(x.float(), ACT_LEVELS[activations])
-    xp = torch.zeros(m_rows, g * GROUP, dtype=torch.int64)
-    xp[:, :k] = xq
-    integer = torch.einsum("mgk,ngk->mng", xp.view(m_rows, g, GROUP), w.q.long().view(n, g, GROUP))  # exact
-    sums = xp.view(m_rows, g, GROUP).sum(dim=2).float()  # [M, G]
-    s, m = w.scales()
+    sb = w.d.shape[1]
+    xq, xs = quantize_activations(x.float())
+    xg = xq[:, : g * GROUP].view(m_rows, g, GROUP)
+    integer = torch.einsum("mgk,ngk->mng", xg, w.q.long().view(n, g, GROUP))  # I_g, exact
+    sums = xg.sum(dim=2)  # A [M, G]
+    pad = sb * SUPER - g
+    scaled = torch.nn.functional.pad(integer * w.sc.long()[None], (0, pad)).view(m_rows, n, sb, SUPER).sum(dim=3)
+    mins = torch.nn.functional.pad(sums[:, None, :] * w.mn.long()[None], (0, pad)).view(m_rows, n, sb, SUPER).sum(3)
     acc = torch.zeros(m_rows, n)
-    for j in range(g):
-        t = integer[:, :, j].float() * s[:, j]
-        t = t - m[:, j] * sums[:, j : j + 1]
+    for b in range(sb):
+        t = scaled[:, :, b].float() * w.d[:, b]
+        t = t - mins[:, :, b].float() * w.dmin[:, b]
+        t = t * xs[:, b : b + 1]
         acc = acc + t
-    y = acc * xs[:, None]
-    return y + bias.float() if bias is not None else y
+    return acc + bias.float() if bias is not None else acc

@@ -67,9 +67,9 @@ class NativeLinear(torch.nn.Module):
     and the kernel computes (x @ q.T) * scale (+ b).
     activations "int16" or "int8" (int8 weights only; needs VNNI, kernels.has_vnni): gemm_i8a8.c's product
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
-    the call to that many bits (int16: as two int8 digits). weight_dtype int4.DTYPE (with int16 or int8
-    activations): 4-bit group-quantized weights, gemm_i4.c's product (its VNNI loops where kernels.has_vnni, else
-    the same results without), `packed` its byte stream."""
+    the call to that many bits (int16: as two int8 digits). weight_dtype int4.DTYPE (with int4.ACTIVATIONS: int8
+    per block of 256 inputs): 4-bit group-quantized weights, gemm_i4.c's product (its VNNI loops where
+    kernels.has_vnni, else the same results without), `packed` its byte stream."""
 
     def __init__(
         self,
@@ -87,8 +87,8 @@ class NativeLinear(torch.nn.Module):
         self.weight_dtype, self.activations = weight_dtype, activations
         colsum, self.vnni = None, bool(kernels.has_vnni(lib))
         if weight_dtype == int4.DTYPE:
-            if activations not in DIGITS:
-                raise ValueError(f"int4 weights need int16 or int8 activations, got {activations!r}")
+            if activations != int4.ACTIVATIONS:
+                raise ValueError(f"int4 weights need {int4.ACTIVATIONS} activations, got {activations!r}")
             q = weight if isinstance(weight, int4.Int4Weight) else int4.quantize(weight)
             packed, scale, self._fn = int4.pack(q), None, lib.specgram_gemm_i4
         elif activations in DIGITS:
@@ -116,10 +116,10 @@ class NativeLinear(torch.nn.Module):
         (0: none); recomputed whenever Module._apply replaces the buffers."""
         b = self._buffers
         w = [b[k].data_ptr() for k in ("packed", "scale", "colsum") if b[k] is not None]
-        if self.activations in DIGITS:
-            w.append(DIGITS[self.activations])
         if self.weight_dtype == int4.DTYPE:
             w.append(int(self.vnni))
+        elif self.activations in DIGITS:
+            w.append(DIGITS[self.activations])
         bias = 0 if b["bias"] is None else b["bias"].data_ptr()
         self._args = (self.in_features, self.in_features, *w, self.out_features, bias)
 
@@ -160,7 +160,8 @@ class NativeLinear(torch.nn.Module):
         else:
             kind = {torch.int8: abi.LIN_I8, torch.bfloat16: abi.LIN_BF16}.get(self.weight_dtype, abi.LIN_F32)
         buffers = (data_ptr(self._buffers[k]) for k in ("packed", "scale", "colsum", "bias"))
-        return abi.Linear(kind, DIGITS.get(self.activations, 0), self.in_features, self.out_features, *buffers)
+        digits = DIGITS.get(self.activations, 0) if kind == abi.LIN_I8A8 else 0
+        return abi.Linear(kind, digits, self.in_features, self.out_features, *buffers)
 
 
 def make_linear(

@@ -46,9 +46,9 @@ class PackedDecoder:
     ):
         """weights: "auto" = the matmul weights keep the model's dtype (float32 or bfloat16); "int8" = every matmul's
         weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" / "int8-dynamic8" = those int8
-        weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni); "int4" /
-        "int4-dynamic8" = 4-bit weights in groups (int4.py) times int16 / int8 activations; "gguf" = a GGUF file's
-        forms (gguf_checkpoint.py: int4 where its blocks are Q4_K, else int8, with int16 activations on VNNI).
+        weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni); "int4" = 4-bit
+        weights in groups (int4.py) times int8 activations with a scale per 256 inputs; "gguf" = a GGUF file's forms
+        (gguf_checkpoint.py: int4 where its blocks are Q4_K, as "int4"; else int8, with int16 activations on VNNI).
         head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only, in this order (a draft's
         reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's entry (a row of the product,
         its own per-channel scale). tensors: where each module's weights are read (checkpoint.py: one at a time from the
@@ -67,7 +67,7 @@ class PackedDecoder:
             stored = src.int4(modules) if weights in (*int4.FORMS, STORED) else None  # a file's Q4_K blocks
             biases = [pick(src.bias(m)) for m in modules]
             if stored is not None:  # kept exactly: no float weight read
-                form = (int4.DTYPE, "int16") if weights == STORED else (wdt, act)
+                form = (int4.DTYPE, int4.ACTIVATIONS) if weights == STORED else (wdt, act)
                 stored = stored if rows is None else stored.rows(rows)
                 return make_linear([pick(m.weight) for m in modules], biases, lib, *form, stored=stored)
             stored_int8 = (torch.int8, "int16" if kernels.has_vnni(lib) else "float32")  # STORED: any other type

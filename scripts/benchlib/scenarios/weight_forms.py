@@ -1,20 +1,19 @@
-"""How far each weight form is from float32, and what it costs: top-1 agreement and perplexity over a text, bytes
-and decode time.
+"""How far each weight form is from float32, and what it costs: top-1 agreement and perplexity over a text, bytes and
+decode time.
 
     python scripts/bench.py weight_forms --model models/Qwen2.5-Coder-1.5B-Instruct \
         --gguf models/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 
 One process, one model at a time (native CPU forward): --model in float32 (the reference) and in each of --forms
-(int8: int8 weights x int16 activations; int4: 4-bit groups x int16 activations; int4-dynamic8: x int8
-activations), and --gguf as served (its own forms: int4 where Q4_K, int8 elsewhere) and in int4 throughout. Each
-reads the same --tokens tokens of English text (Python's own reference text, pydoc_data.topics) in chunks of 256,
-teacher-forced: per position, whether its top-1 token is the reference's, and the log-probability of the text's
-next token (perplexity = exp of their negative mean). Then --decode single-token steps at one stream: the median
-step beside the memory bound (the matmul weights' bytes over a plain read's bandwidth, same process).
-A checkpoint de-quantized from a GGUF file (scripts/fetch_model.py) is that file's values in float32: against it,
-a form's error is that of re-quantizing those values, and the GGUF as served differs only where its blocks are
-not Q4_K (int8 there) and by its quantized activations.
-"""
+(int8: int8 weights x int16 activations; int4: 4-bit groups x int8 activations, a scale per block of 256 inputs),
+and --gguf as served (its own forms: int4 where Q4_K, int8 elsewhere) and in int4 throughout. Each reads the same
+--tokens tokens of English text (Python's own reference text, pydoc_data.topics) in chunks of 256, teacher-forced:
+per position, whether its top-1 token is the reference's, and the log-probability of the text's next token
+(perplexity = exp of their negative mean). Then --decode single-token steps at one stream: the median step beside
+the memory bound (the matmul weights' bytes over a plain read's bandwidth, same process). A checkpoint de-quantized
+from a GGUF file (scripts/fetch_model.py) is that file's values in float32: against it, a form's error is that of
+re-quantizing those values, and the GGUF as served differs only where its blocks are not Q4_K (int8 there) and by
+its quantized activations."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ QUICK_HELP = "256 tokens, 4 decode steps"
 
 def add_options(ap) -> None:
     ap.add_argument("--gguf", default="", help="a GGUF file of the same model: served as it comes, and in int4")
-    ap.add_argument("--forms", nargs="+", default=["int8-dynamic", "int4", "int4-dynamic8"], help="runner forms")
+    ap.add_argument("--forms", nargs="+", default=["int8-dynamic", "int4"], help="runner forms")
     ap.add_argument("--tokens", type=int, default=1024, help="text tokens scored")
     ap.add_argument("--decode", type=int, default=16, help="single-token decode steps timed")
 

@@ -109,28 +109,28 @@ static inline int quantized(const specgram_linear *L) {
     return L->kind == SPECGRAM_LIN_I8A8 || is_i4(L);
 }
 
-/* The product's input rows [m0, m1) as it reads them: quantized digit rows (u, xs; int4 products' group sums at
- * gs) for int8 x int8 and int4 products. */
-static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, uint8_t *u, float *xs,
-                           float *gs) {
+/* The product's input rows [m0, m1) as it reads them: quantized digit rows (u, xs) for int8 x int8 products;
+ * int8 rows (u) and their aux words (block scales and group sums, at gs) for int4 products. */
+static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, int64_t M, uint8_t *u,
+                           float *xs, int32_t *gs) {
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
-    if (is_i4(L)) specgram_i4_quantize_rows(x, m0, m1, L->K, L->K, L->digits, (int8_t *)u, xs, gs);
+    if (is_i4(L)) specgram_i4_quantize_rows(x, m0, m1, M, L->K, L->K, (int8_t *)u, gs);
 }
 
 /* One residual add of d's stream h, this thread's share of its N rows: h += norm_dw(delta) * residual_scale (dw
  * NULL: delta as it is), then x = norm_w(h), as product `next` reads it (NULL: no product follows here). */
 static inline void add_norm_rows(const specgram_decoder *d, float *h, const float *delta, const float *dw, float deps,
                                  const float *w, float eps, float *x, int64_t N, const specgram_linear *next,
-                                 uint8_t *u, float *xs, float *gs) {
+                                 uint8_t *u, float *xs, int32_t *gs) {
     int64_t m0, m1;
     share(N, d->E, &m0, &m1);
     specgram_add_rmsnorm_rows(h, delta, dw, deps, d->residual_scale, w, eps, x, m0, m1, d->E);
-    if (next != NULL) prepare(next, x, m0, m1, u, xs, gs);
+    if (next != NULL) prepare(next, x, m0, m1, N, u, xs, gs);
 }
 
 /* y [M, N] = x [M, K] W (+ bias), as every thread of the team's share. */
 static void linear(const specgram_linear *L, const float *x, int64_t M, const uint8_t *u, const float *xs,
-                   const float *gs, float *y, deal_range *ranges, int nthreads) {
+                   const int32_t *gs, float *y, deal_range *ranges, int nthreads) {
     switch (L->kind) {
     case SPECGRAM_LIN_F32:
         specgram_team_gemm_f32(x, M, L->K, L->K, L->w, L->N, L->bias, y, L->N, ranges, nthreads);
@@ -143,8 +143,8 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
         break;
     case SPECGRAM_LIN_I4:
     case SPECGRAM_LIN_I4_MADD:
-        specgram_team_i4((const int8_t *)u, xs, gs, M, L->K, L->w, L->digits, L->kind == SPECGRAM_LIN_I4, L->N,
-                         L->bias, y, L->N, ranges, nthreads);
+        specgram_team_i4((const int8_t *)u, gs, M, L->K, L->w, L->kind == SPECGRAM_LIN_I4, L->N, L->bias, y, L->N,
+                         ranges, nthreads);
         break;
     default:
         specgram_team_i8a8(u, xs, M, L->K, L->w, L->scale, L->colsum, L->digits, L->N, L->bias, y, L->N, ranges,
@@ -208,10 +208,10 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     const int64_t widest = E > H * D ? (E > I ? E : I) : (H * D > I ? H * D : I);
     const size_t f = sizeof(float);
     /* workspace: q, att [N, H D]; qkv [N, width]; delta [N, E] (o's and down's output); gu [N, 2 I]; act [N, I];
-     * u [2 N, ldq] then the int4 group sums [N, groups]; xs [N]; ranges [4 layers + 1][nthreads]; the attention
+     * u [2 N, ldq] then the int4 aux words [N, AW]; xs [N]; ranges [4 layers + 1][nthreads]; the attention
      * plan; the head's input rows [R, E]; the residual stream h [N, E]; x [N, E] unless the caller's */
     size_t sizes[] = {N * H * D * f, N * H * D * f, N * width * f, N * E * f, N * 2 * I * f, N * I * f,
-                      (size_t)(2 * N * specgram_i8a8_ldq(widest)) + N * specgram_i4_groups(widest) * f, N * f,
+                      (size_t)(2 * N * specgram_i8a8_ldq(widest)) + N * specgram_i4_aux_words(widest) * f, N * f,
                       sizeof(deal_range) * (size_t)((4 * Lc + 1) * nthreads), specgram_attention_plan_bytes(N, Hkv),
                       R * E * f, N * E * f, x ? 0 : N * E * f};
     enum { Q, ATT, QKV, DELTA, GU, ACT, U, XS, RANGES, PLAN, HEAD_X, H_RES, X_OWN, PARTS };
@@ -223,7 +223,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
     float *delta = (float *)(base + offset[DELTA]), *gu = (float *)(base + offset[GU]);
     float *act = (float *)(base + offset[ACT]), *xs = (float *)(base + offset[XS]);
     uint8_t *u = (uint8_t *)(base + offset[U]);
-    float *gs = (float *)(u + 2 * N * specgram_i8a8_ldq(widest));   /* after u's digit rows: int4 group sums */
+    int32_t *gs = (int32_t *)(u + 2 * N * specgram_i8a8_ldq(widest));   /* after u's digit rows: int4 aux words */
     float *h = (float *)(base + offset[H_RES]);
     if (x == NULL) x = (float *)(base + offset[X_OWN]);
     deal_range *all_ranges = (deal_range *)(base + offset[RANGES]);
@@ -265,7 +265,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
         share(N, E, &m0, &m1);
         embed_rows(d, tokens, m0, m1, h);
         specgram_add_rmsnorm_rows(h, NULL, NULL, 0.0f, 1.0f, d->w_in, d->eps_in, x, m0, m1, E);
-        prepare(lin[0], x, m0, m1, u, xs, gs);
+        prepare(lin[0], x, m0, m1, N, u, xs, gs);
         WAIT(0);
         for (int64_t l = 0, j = 0; l < Lc; ++l, j += 4) {
             const specgram_layer *L = d->layer + l;
@@ -283,7 +283,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             WAIT(j + 1);
             if (quantized(&L->o)) {
                 share(N, H * D, &m0, &m1);
-                prepare(&L->o, att, m0, m1, u, xs, gs);
+                prepare(&L->o, att, m0, m1, N, u, xs, gs);
                 WAIT(j + 1);
             }
             linear(&L->o, att, N, u, xs, gs, delta, rg[j + 1], nthreads);
@@ -297,7 +297,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             LORA(2, x, E, gu, 2 * I, j + 3);
             share(N, I, &m0, &m1);
             specgram_act_mul_rows(gu, act, m0, m1, I, d->act);
-            prepare(&L->down, act, m0, m1, u, xs, gs);
+            prepare(&L->down, act, m0, m1, N, u, xs, gs);
             WAIT(j + 3);
             linear(&L->down, act, N, u, xs, gs, delta, rg[j + 3], nthreads);
             WAIT(j + 4);
@@ -310,7 +310,7 @@ int specgram_decoder_forward(const specgram_decoder *d, const int64_t *tokens, f
             share(R, E, &m0, &m1);
             for (int64_t r = m0; r < m1 && head_rows; ++r)
                 memcpy((float *)head_x + r * E, x + head_rows[r] * E, sizeof(float) * (size_t)E);
-            prepare(head, head_x, m0, m1, u, xs, gs);
+            prepare(head, head_x, m0, m1, R, u, xs, gs);
             WAIT(4 * Lc);
             linear(head, head_x, R, u, xs, gs, logits, rg[4 * Lc], nthreads);
         }

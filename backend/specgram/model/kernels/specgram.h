@@ -37,7 +37,7 @@
 #define SPECGRAM_BAD_TREE 6
 
 typedef struct {
-    int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8, LIN_I4) */
+    int32_t kind, digits;       /* SPECGRAM_LIN_*; digits: the activations' base-256 digits (LIN_I8A8) */
     int64_t K, N;               /* inputs, outputs */
     const void *w;              /* packed weights (gemm.c / gemm_i8a8.c / gemm_i4.c layouts) */
     const float *scale;         /* [N] LIN_I8 and LIN_I8A8, else NULL */
@@ -91,10 +91,10 @@ void specgram_gemm_i8a8(const float *x, int64_t M, int64_t K, int64_t ldx, const
                         int nthreads);
 int specgram_i8a8_built(void);
 
-/* gemm_i4.c: 4-bit group-quantized weights times rows quantized in the call (vnni 1: its VNNI loops, 0: the same
- * results without VNNI); the bytes of one packed block of 32 outputs for K inputs. */
-void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int digits, int vnni,
-                      int64_t N, const float *bias, float *y, int64_t ldy, int nthreads);
+/* gemm_i4.c: 4-bit group-quantized weights times rows quantized to int8 per block of 256 in the call (vnni 1: its
+ * VNNI loops, 0: the same results without VNNI); the bytes of one packed block of 32 outputs for K inputs. */
+void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int vnni, int64_t N,
+                      const float *bias, float *y, int64_t ldy, int nthreads);
 int64_t specgram_i4_block_bytes(int64_t K);
 
 /* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */

@@ -34,13 +34,14 @@ void specgram_team_i8a8(const uint8_t *u, const float *xs, int64_t M, int64_t K,
                         const int32_t *colsum, int digits, int64_t N, const float *bias, float *y, int64_t ldy,
                         deal_range *ranges, int nthreads);
 
-/* gemm_i4.c: groups of K inputs, quantizing rows to signed digits with group sums, and the product's body. */
+/* gemm_i4.c: groups of K inputs, the aux words per quantized row (block scales, group sums), quantizing rows to
+ * int8 per block of 256, and the product's body. */
 int64_t specgram_i4_groups(int64_t K);
-void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t K, int64_t ldx, int digits, int8_t *s,
-                               float *xs, float *gs);
-void specgram_team_i4(const int8_t *s, const float *xs, const float *gs, int64_t M, int64_t K, const uint8_t *w,
-                      int digits, int vnni, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
-                      int nthreads);
+int64_t specgram_i4_aux_words(int64_t K);
+void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t M, int64_t K, int64_t ldx, int8_t *s,
+                               int32_t *aux);
+void specgram_team_i4(const int8_t *s, const int32_t *aux, int64_t M, int64_t K, const uint8_t *w, int vnni, int64_t N,
+                      const float *bias, float *y, int64_t ldy, deal_range *ranges, int nthreads);
 
 /* attention.c: the tasks of one batch (the same for every layer) in caller memory, and the body. */
 typedef struct {
