@@ -46,10 +46,12 @@
  * AVX-512 two vectors (outputs 0-15, 16-31), AVX2 four (0-7 and 16-23 from the first 32 bytes, 8-15 and 24-31 from
  * the second): vector v holds outputs VW v .. VW v + VW - 1 either way, whose scales are contiguous in the head.
  *
- * Tiles of up to I4_MT rows (AVX-512: 8) keep their 2 I4_MT group sums in registers (the super-block sums spill to
- * L1 once per group); the fp32 accumulators live in a small array (touched once per super-block). Tile heights are
- * balanced (9 rows: 5 + 4, not 8 + 1); the first tile of a block prefetches it into L2 ahead of its loads, the
- * others read it from L1 and L2. Blocks are dealt to threads as contiguous ranges (deal.h), as gemm_i8a8.c
+ * Tiles: up to 8 rows (AVX-512) take both vectors of each k4 step from one unpack; 9 to 12 rows (a verify of 8 or
+ * more drafts) one vector at a time per super-block, whose codes stay in L1 for the second, so that the sums of 12
+ * rows fit the registers: one pass over the weights where two tiles of 5 and 4 rows cost a second unpack and
+ * epilogue (Qwen2-1.5B shape, 9 rows: 1.45x a decode against 1.79x). Larger M is cut into tiles of balanced
+ * heights (16 rows: 8 + 8); the fp32 accumulators live in a small array (touched once per super-block); the first
+ * tile of a block prefetches it into L2 ahead of its loads, the others read it from L1 and L2. Blocks are dealt to threads as contiguous ranges (deal.h), as gemm_i8a8.c
  * does. With VNNI (kernels.has_vnni) a group costs one vpdpbusd per vector per k4 step per row; without it,
  * vpmaddubsw, vpmaddwd and an add (vi_dpbusd_madd: exact for 4-bit codes), and vpmaddwd + an add for vpdpwssd: the
  * same integers, so bitwise the same outputs. The loops are gemm_i4_tiles.h, compiled once for each (the VNNI copy
@@ -77,11 +79,13 @@
 #define SC_AT (2 * NB * 4)              /* sc's offset in a head */
 #define MN_AT (SC_AT + SBG * NB)        /* mn pairs' offset in a head */
 #define NV (NB / VW)
-/* Rows per register tile: MT * NV group sums, MT * NV super-block sums, NV weight vectors and a broadcast (AVX-512:
- * 12 + 12 + 2 + 1 of 32 at MT = 6); the AVX2 build's 16 registers hold two rows (its super-block sums spill). */
+/* Rows per register tile (gemm_i4_tiles.h): up to TILE2_MT rows take both (AVX2: all four) vectors of a k4 step at
+ * once, 2 MT group sums in registers; 9 .. I4_MT rows one vector at a time, MT group sums and MT super-block sums in
+ * registers (AVX-512: 24 of 32 at 12 rows; AVX2: 12 of 16 at 6). */
 #ifndef I4_MT
-#define I4_MT (VREGS == 32 ? 8 : 2)
+#define I4_MT (VREGS == 32 ? 12 : 6)
 #endif
+#define TILE2_MT (VREGS == 32 ? 8 : 2)  /* tiles this high or lower take both vectors of a k4 step at once */
 #ifndef PF_BYTES
 #define PF_BYTES 2048                   /* near prefetch distance into L1 */
 #endif
@@ -171,6 +175,11 @@ void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t M
 }
 
 #if VW == 16
+/* One 64-byte step of codes -> the 4 k of the 16 outputs of vector v (0: the low nibbles, 1: the high ones). */
+VINLINE vi unpack_one(const uint8_t *p, int v) {
+    vi c = _mm512_loadu_si512(p);
+    return _mm512_and_si512(v ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0F));
+}
 /* One 64-byte step of codes -> the 4 k of outputs 0-15 and 16-31. */
 VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     const vi low = _mm512_set1_epi8(0x0F);
@@ -179,6 +188,11 @@ VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 }
 #else
+/* vector v: outputs 8 v .. 8 v + 7 (v = 0, 1: the low nibbles of the first / second 32 bytes; 2, 3: the high) */
+VINLINE vi unpack_one(const uint8_t *p, int v) {
+    vi c = _mm256_loadu_si256((const __m256i *)(p + 32 * (v & 1)));
+    return _mm256_and_si256(v & 2 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0F));
+}
 VINLINE void unpack(const uint8_t *p, vi w[NV]) {
     const vi low = _mm256_set1_epi8(0x0F);
     vi a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));

@@ -3,13 +3,14 @@
  * int32 sums (gemm_i4.c's header), so the two give bitwise the same outputs. I4_NAME(f) names this copy's
  * functions. */
 
-/* One register tile: rows m0 .. m0 + MT - 1 of y, outputs n0 .. n0 + 31, from block wb. MT must be a compile-time
- * constant at every call site (inlined: the loops unroll, the sums stay in registers). */
-VINLINE void I4_NAME(tile)(const int MT, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K,
+/* One register tile of up to 8 rows: rows m0 .. m0 + MT - 1 of y, outputs n0 .. n0 + 31, from block wb, both vectors of
+ * each k4 step at once (one unpack for 2 MT products; the super-block sums spill to L1 once per group at MT = 8).
+ * MT must be a compile-time constant at every call site (inlined: the loops unroll, the sums stay in registers). */
+VINLINE void I4_NAME(tile2)(const int MT, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K,
                            int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N,
                            const float *bias, int far) {
     const int64_t G = specgram_i4_groups(K), SB = (G + SBG - 1) / SBG;
-    float acc[I4_MT][NB] __attribute__((aligned(64)));
+    float acc[8][NB] __attribute__((aligned(64)));
     for (int r = 0; r < MT; ++r)
         for (int v = 0; v < NV; ++v) vf_store(acc[r] + v * VW, vf_zero());
     const uint8_t *at = wb;
@@ -17,12 +18,12 @@ VINLINE void I4_NAME(tile)(const int MT, const int8_t *s, int64_t M, const int32
         const uint8_t *head = at;
         const int gb = G - b * SBG < SBG ? (int)(G - b * SBG) : SBG;   /* groups in this super-block */
         at += HEAD_BYTES;
-        vi S[I4_MT][NV];                             /* sum_g sc I_g, row r, vector v */
+        vi S[8][NV];                             /* sum_g sc I_g, row r, vector v */
         for (int r = 0; r < MT; ++r)
             for (int v = 0; v < NV; ++v) S[r][v] = vi_zero();
         for (int gi = 0; gi < gb; ++gi, at += CODES) {
             const int32_t *a4 = (const int32_t *)s + (b * SBG + gi) * STEPS * M + m0;   /* step 0, row m0 */
-            vi ia[I4_MT][NV];                        /* I_g, row r, vector v */
+            vi ia[8][NV];                        /* I_g, row r, vector v */
             for (int r = 0; r < MT; ++r)
                 for (int v = 0; v < NV; ++v) ia[r][v] = vi_zero();
 #pragma GCC unroll 8
@@ -44,7 +45,7 @@ VINLINE void I4_NAME(tile)(const int MT, const int8_t *s, int64_t M, const int32
                 for (int r = 0; r < MT; ++r) S[r][v] = vi_add(S[r][v], vi_mullo(ia[r][v], sc));
             }
         }
-        vi mn_sum[I4_MT][NV];                        /* sum_g mn A_g, row r, vector v */
+        vi mn_sum[8][NV];                        /* sum_g mn A_g, row r, vector v */
         for (int r = 0; r < MT; ++r)
             for (int v = 0; v < NV; ++v) mn_sum[r][v] = vi_zero();
         for (int p = 0; p < (gb + 1) / 2; ++p)
@@ -75,6 +76,74 @@ VINLINE void I4_NAME(tile)(const int MT, const int8_t *s, int64_t M, const int32
     }
 }
 
+/* One register tile of 9 .. I4_MT rows: rows m0 .. m0 + MT - 1 of y, outputs n0 .. n0 + 31, from block wb; per super-block, the VW
+ * outputs of one vector at a time (the super-block's codes stay in L1 for the next), so that a tile's registers hold
+ * MT group sums and MT super-block sums (AVX-512: 24 of 32 at MT = 12). MT must be a compile-time constant at every
+ * call site (inlined: the loops unroll, the sums stay in registers). */
+VINLINE void I4_NAME(tile1)(const int MT, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K,
+                            int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N,
+                            const float *bias, int far) {
+    const int64_t G = specgram_i4_groups(K), SB = (G + SBG - 1) / SBG;
+    float acc[I4_MT][NB] __attribute__((aligned(64)));
+    for (int r = 0; r < MT; ++r)
+        for (int v = 0; v < NV; ++v) vf_store(acc[r] + v * VW, vf_zero());
+    const uint8_t *head = wb;
+    for (int64_t b = 0; b < SB; ++b) {
+        const int gb = G - b * SBG < SBG ? (int)(G - b * SBG) : SBG;   /* groups in this super-block */
+        const uint8_t *codes = head + HEAD_BYTES;
+        const int32_t *a0 = (const int32_t *)s + b * SBG * STEPS * M + m0;   /* group 0's step 0, row m0 */
+        for (int v = 0; v < NV; ++v) {
+            vi S[I4_MT];                             /* sum_g sc I_g, row r */
+            for (int r = 0; r < MT; ++r) S[r] = vi_zero();
+            for (int gi = 0; gi < gb; ++gi) {
+                const uint8_t *at = codes + gi * CODES;
+                const int32_t *a4 = a0 + gi * STEPS * M;
+                vi ia[I4_MT];                        /* I_g, row r */
+                for (int r = 0; r < MT; ++r) ia[r] = vi_zero();
+#pragma GCC unroll 8
+                for (int k4 = 0; k4 < STEPS; ++k4) {
+                    const uint8_t *p = at + k4 * 64;
+                    if (v == 0) {                    /* the later vectors read the same lines from L1 */
+                        _mm_prefetch((const char *)p + PF_BYTES, _MM_HINT_T0);
+                        if (far) _mm_prefetch((const char *)p + PF_FAR_BYTES, _MM_HINT_T1);
+                    }
+                    vi w = unpack_one(p, v);
+#pragma GCC unroll 16
+                    for (int r = 0; r < MT; ++r) ia[r] = I4_DPB(ia[r], w, a4 + k4 * M + r);
+                }
+                vi sc = vi_load_u8(head + SC_AT + gi * NB + v * VW);
+#pragma GCC unroll 16
+                for (int r = 0; r < MT; ++r) S[r] = vi_add(S[r], vi_mullo(ia[r], sc));
+            }
+            vi mn_sum[I4_MT];                        /* sum_g mn A_g, row r */
+            for (int r = 0; r < MT; ++r) mn_sum[r] = vi_zero();
+            for (int p = 0; p < (gb + 1) / 2; ++p) {
+                vi mn = vi_load_u8_pairs(head + MN_AT + p * 2 * NB + v * 2 * VW);
+                for (int r = 0; r < MT; ++r)
+                    mn_sum[r] = I4_DPW(mn_sum[r], mn, vi_set1(aux[(m0 + r) * aw + SB + b * (SBG / 2) + p]));
+            }
+            vf d = vf_load((const float *)head + v * VW), dmin = vf_load((const float *)head + NB + v * VW);
+            for (int r = 0; r < MT; ++r) {
+                vf t = vf_mul(vi_to_f(S[r]), d);
+                t = vf_sub(t, vf_mul(vi_to_f(mn_sum[r]), dmin));
+                t = vf_mul(t, vf_set1(((const float *)aux)[(m0 + r) * aw + b]));
+                vf_store(acc[r] + v * VW, vf_add(vf_load(acc[r] + v * VW), t));
+            }
+        }
+        head = codes + gb * CODES;
+    }
+    for (int r = 0; r < MT; ++r) {
+        float *yrow = y + (m0 + r) * ldy;
+        for (int v = 0; v < NV; ++v) {
+            int64_t n = n0 + v * VW;
+            vmask k = vmask_first(N - n);
+            vf out = vf_load(acc[r] + v * VW);
+            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
+            vf_mask_store(yrow + n, k, out);
+        }
+    }
+}
+
 /* A tile of mt rows (1 .. I4_MT), each height its own compiled copy. */
 static void I4_NAME(tile_any)(int mt, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K,
                               int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N,
@@ -82,12 +151,16 @@ static void I4_NAME(tile_any)(int mt, const int8_t *s, int64_t M, const int32_t 
 #define TILE_CASE(h)                                                                                              \
     case h:                                                                                                       \
         if (h <= I4_MT) {                                                                                         \
-            I4_NAME(tile)(h <= I4_MT ? h : 1, s, M, aux, aw, K, m0, wb, y, ldy, n0, N, bias, far);              \
+            if (h <= TILE2_MT)                                                                                    \
+                I4_NAME(tile2)(h <= TILE2_MT ? h : 1, s, M, aux, aw, K, m0, wb, y, ldy, n0, N, bias, far);        \
+            else                                                                                                  \
+                I4_NAME(tile1)(h <= I4_MT ? h : 1, s, M, aux, aw, K, m0, wb, y, ldy, n0, N, bias, far);           \
             break;                                                                                                \
         }                                                                                                         \
         __attribute__((fallthrough));
     switch (mt) {
     TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+    TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12)
     default: assert(0);
     }
 #undef TILE_CASE
