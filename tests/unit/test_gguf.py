@@ -95,8 +95,8 @@ def test_a_matrix_read_by_blocks_of_rows_quantizes_bitwise_as_the_whole(mixed_fi
 
 
 def _kinds(runner) -> list[str]:
-    """Each product's form: "int4" or the packed dtype."""
-    return ["int4" if lin.weight_dtype == int4.DTYPE else str(lin.packed.dtype) for lin in runner.linear_layers()]
+    """Each product's form: "int4" or the weight dtype."""
+    return ["int4" if lin.weight_dtype == int4.DTYPE else str(lin.weight_dtype) for lin in runner.linear_layers()]
 
 
 def test_the_file_is_served_as_it_comes_with_its_tokenizer(vnni, q4k_file):

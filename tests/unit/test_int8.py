@@ -17,7 +17,7 @@ from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.model import kernels
 from specgram.model.choice import choose_for
-from specgram.model.int8 import DYNAMIC, dequantize_rows, quantize_rows
+from specgram.model.int8 import BLOCKS, DYNAMIC, dequantize_rows, quantize_rows
 from specgram.model.linear import NativeLinear
 from specgram.model.runner import ModelRunner
 from specgram.request import SamplingParams
@@ -111,7 +111,7 @@ def test_int8_target_greedy_output_is_the_same_speculating_or_not_batched_or_alo
         monkeypatch.setenv(kernels.VNNI_ENV, "0")
     draft = save_checkpoint(tmp_path / "draft", seed=11)  # other weights: its drafts are mostly wrong
     with closing(make_engine(weights="int8", draft_checkpoint=str(draft))) as engine:
-        assert engine.target.weights == (DYNAMIC if vnni else "int8") and engine.target.native.lib is lib
+        assert engine.target.weights == (BLOCKS if vnni else "int8") and engine.target.native.lib is lib
         alone = [tokens_of(run(engine, [p], max_tokens=24)[0]) for p in PROMPTS]
         assert [tokens_of(o) for o in run(engine, PROMPTS, max_tokens=24)] == alone
         for k, drafter in ((1, "ngram"), (4, "ngram"), (3, "draft_model")):
@@ -202,7 +202,7 @@ def test_the_weights_setting_is_validated(tiny_ckpt):
         with pytest.raises(ModelLoadError, match=f"weights int8 runs on the native CPU forward only.*{why}"):
             resolve(EngineConfig(checkpoint=str(tiny_ckpt), weights="int8", **bad))
     with pytest.raises(
-        ModelLoadError, match="weights must be one of auto, int8, int4, int8-dynamic, int8-dynamic8, gguf"
+        ModelLoadError, match="weights must be one of auto, int8, int4, int8-dynamic, int8-dynamic8, int8-blocks, gguf"
     ):
         ModelRunner(m := build_model("llama", seed=4), 2, 32, choose_for(m, weights="fp8"))
     with pytest.raises(ModelLoadError, match="native CPU forward only.*linear is torch"):

@@ -32,7 +32,7 @@ def test_auto_resolves_to_the_native_forward_and_the_shared_int8_copy(lib, confi
         "native",
         True,
         "native",
-        int8_form(lib),
+        int8_form(lib, target=False),
     )
     assert d.forward.kv_dtype == "auto" and d.dtype == torch.float32
     assert s.drafter == "draft_model" and s.prefix_cache
@@ -47,7 +47,7 @@ def test_a_target_of_a_billion_matmul_weights_drafts_with_an_int4_copy(lib, conf
     small = layers * (E * D * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) + 3 * E * inter)
     assert families.matmul_params(AutoConfig.from_pretrained(config_only)) == small + vocab * E
     assert resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto")).draft.forward.weights == int8_form(
-        lib
+        lib, target=False
     )
     # the same shapes with a vocabulary that takes the head past the threshold: only the counted weights matter
     cfg["vocab_size"] = -(-(INT4_COPY_PARAMS - small) // E)
@@ -57,7 +57,7 @@ def test_a_target_of_a_billion_matmul_weights_drafts_with_an_int4_copy(lib, conf
     cfg["vocab_size"] -= 1
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert resolve(EngineConfig(checkpoint=config_only, draft_quantization="auto")).draft.forward.weights == int8_form(
-        lib
+        lib, target=False
     )
 
 

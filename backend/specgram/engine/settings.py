@@ -12,7 +12,7 @@ weights are loaded.
   device auto                cuda where available, else cpu
   dtype / draft_dtype auto   bfloat16 on CUDA, float32 on CPU
   linear auto                the native CPU forward where it runs (model/choice.py), else PyTorch's
-  weights int8               int8 weights with int16 activations where the CPU has VNNI, else fp32 activations
+  weights int8               int8 weights with int8 activations per 256 inputs where the CPU has VNNI, else fp32
   weights int4               4-bit weights with int8 activations, a scale per 256 inputs (VNNI where the CPU has it)
   weights auto, a GGUF file  its own forms on the native forward: int4 where its blocks are Q4_K (kept exactly),
                              int8 elsewhere (model/gguf_checkpoint.py)
@@ -213,7 +213,7 @@ def _choice(
     # its own int8 ones: docs/performance.md, "The copy shares the target's KV cache"); a copy of another
     # checkpoint keeps a bfloat16 cache of its own (a draft may be lossy, the target verifies)
     shares = source == "target" and target.kind == "native"
-    weights = served_form(quantization, forward.lib)
+    weights = served_form(quantization, forward.lib, target=False)
     forward = choose(cfg, device, base, config.linear, weights, "auto" if shares else "bfloat16", static)
     return DraftChoice(source, base, "native", forward, shares, vocab)
 

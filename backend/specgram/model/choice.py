@@ -20,7 +20,7 @@ from ..errors import ModelLoadError
 from . import families, int4, kernels
 from .families import describe
 from .gguf_checkpoint import STORED
-from .int8 import ACTIVATIONS, DYNAMIC, RUNNER_WEIGHTS
+from .int8 import ACTIVATIONS, BLOCKS, DYNAMIC, RUNNER_WEIGHTS
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # weights the native products read as they are
 
@@ -45,16 +45,21 @@ def native_gap(cfg, dtype: torch.dtype) -> str | None:
     return None
 
 
-def served_form(setting: str, lib) -> str:
-    """The runner weights that a `weights` or `draft_quantization` setting (int8, int4) means on library `lib`."""
-    return int8_form(lib) if setting == "int8" else setting
+def served_form(setting: str, lib, target: bool = True) -> str:
+    """The runner weights that a `weights` (target) or `draft_quantization` (target=False) setting (int8, int4)
+    means on library `lib`."""
+    return int8_form(lib, target) if setting == "int8" else setting
 
 
-def int8_form(lib) -> str:
-    """The runner weights that int8 means on kernel library `lib`: int8 weights with activations quantized per row
-    to int16 where the CPU has VNNI (as accurate as fp32 activations, and no conversion of each weight in the
-    product: int8.py), else with fp32 activations."""
-    return DYNAMIC if lib is not None and kernels.has_vnni(lib) else "int8"
+def int8_form(lib, target: bool = True) -> str:
+    """The runner weights that int8 means on kernel library `lib`. Where the CPU has VNNI: a target's int8 weights
+    take their activations in int8 per block of 256 inputs (int8-blocks: one integer product per 4 inputs, so that
+    a verify of many rows stays near a decode's cost), a draft copy's in int16 per row (int8-dynamic: as accurate as
+    fp32 activations, for drafts that follow the target closely; a copy's forwards are one row per request). Without
+    VNNI: fp32 activations (int8.py)."""
+    if lib is None or not kernels.has_vnni(lib):
+        return "int8"
+    return BLOCKS if target else DYNAMIC
 
 
 def choose(

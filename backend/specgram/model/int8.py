@@ -20,9 +20,11 @@ in integers (int16: as two base-256 digits, each an int8 product) and scales onc
 y = (float(sum_k xq[m, k] q[n, k]) * scale[n]) * xs[m] (+ bias[n]); the exact float order is in gemm_i8a8.c.
 Integer sums have no order, so both are batch-invariant too. int16 activations keep the copy as close to fp32
 as int8 weights alone; int8 ones lose more, for activations whose largest channel is far above their median
-(docs/architecture.md, the int8 forms, has the agreement figures). Runners' weights values, not the engine's
-settings: the engine's `weights` int8 and its int8 draft copy are int8-dynamic where the CPU has VNNI, else int8
-(engine/settings.py).
+(docs/architecture.md, the int8 forms, has the agreement figures). int8-blocks (on VNNI): the same weights and
+scales, each matmul's input quantized to int8 per row and block of 256 inputs as int4's products quantize theirs
+(int4.quantize_activations), one vpdpbusd per 4 inputs (gemm_i8b.c; reference_blocks() below): a verify of 9 rows
+at about the cost int16's takes for 5. Runners' weights values, not the engine's settings: the engine's `weights`
+int8 is int8-blocks where the CPU has VNNI, else int8; its int8 draft copy int8-dynamic (engine/settings.py).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from ..config import WEIGHTS
 
 QMAX = 127
 DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"  # int8 weights, activations per row to int16 / int8 (runners)
-RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8)
-ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8"}  # what NativeLinear's activations are under each
+BLOCKS = "int8-blocks"  # int8 weights, activations to int8 per row and block of 256 inputs (gemm_i8b.c; runners)
+RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8, BLOCKS)
+ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8", BLOCKS: "int8-blocks"}  # NativeLinear's activations under each
 
 
 CHUNK = 4096  # rows quantized at a time: each row is on its own, so chunks only bound the float temporaries
@@ -64,3 +67,27 @@ def column_sums(q: torch.Tensor) -> torch.Tensor:
     for i in range(0, q.shape[0], CHUNK):  # torch widens what it sums to int32 first: a chunk at a time
         out[i : i + CHUNK] = q[i : i + CHUNK].sum(dim=1, dtype=torch.int32)
     return out
+
+
+def pack_blocks(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] -> gemm_i8b.c's weights: pack_k4's layout, each byte q + 128 as u8 (the unsigned operand)."""
+    from .linear import pack_k4
+
+    return (pack_k4(q).view(torch.uint8) ^ 0x80).contiguous()  # two's complement + 128 = flip the sign bit
+
+
+def reference_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """gemm_i8b.c's product, bitwise, in plain torch: x fp32 [M, K], q int8 [N, K], scale [N] -> y fp32 [M, N]."""
+    from . import int4
+
+    m_rows, k = x.shape
+    xq, xs = int4.quantize_activations(x.float())  # [M, SB * 256], [M, SB]
+    sb = xs.shape[1]
+    qp = torch.zeros(q.shape[0], sb * int4.BLOCK, dtype=torch.int64)
+    qp[:, :k] = q.long()
+    integer = torch.einsum("mbk,nbk->mnb", xq.view(m_rows, sb, -1), qp.view(-1, sb, int4.BLOCK))  # exact
+    acc = torch.zeros(m_rows, q.shape[0])
+    for b in range(sb):
+        acc = acc + integer[:, :, b].float() * xs[:, b : b + 1]
+    y = acc * scale
+    return y + bias.float() if bias is not None else y

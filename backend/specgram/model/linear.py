@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import int4, kernels
+from . import int4, int8, kernels
 from .int8 import column_sums, quantize_rows
 from .kernels import abi
 
@@ -67,9 +67,10 @@ class NativeLinear(torch.nn.Module):
     and the kernel computes (x @ q.T) * scale (+ b).
     activations "int16" or "int8" (int8 weights only; needs VNNI, kernels.has_vnni): gemm_i8a8.c's product
     instead, `packed` in pack_k4's layout with `colsum` [N] int32 beside the scale; x is quantized per row in
-    the call to that many bits (int16: as two int8 digits). weight_dtype int4.DTYPE (with int4.ACTIVATIONS: int8
-    per block of 256 inputs): 4-bit group-quantized weights, gemm_i4.c's product (its VNNI loops where
-    kernels.has_vnni, else the same results without), `packed` its byte stream."""
+    the call to that many bits (int16: as two int8 digits). "int8-blocks" (int8 weights, VNNI): gemm_i8b.c's product,
+    `packed` as pack_k4's bytes + 128, x quantized to int8 per row and block of 256. weight_dtype int4.DTYPE (with
+    int4.ACTIVATIONS: int8 per block of 256 inputs): 4-bit group-quantized weights, gemm_i4.c's product (its VNNI
+    loops where kernels.has_vnni, else the same results without), `packed` its byte stream."""
 
     def __init__(
         self,
@@ -91,13 +92,18 @@ class NativeLinear(torch.nn.Module):
                 raise ValueError(f"int4 weights need {int4.ACTIVATIONS} activations, got {activations!r}")
             q = weight if isinstance(weight, int4.Int4Weight) else int4.quantize(weight)
             packed, scale, self._fn = int4.pack(q), None, lib.specgram_gemm_i4
+        elif activations == int8.ACTIVATIONS[int8.BLOCKS]:
+            if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
+                raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
+            q, scale = quantize_rows(weight)
+            packed, self._fn = int8.pack_blocks(q), lib.specgram_gemm_i8b
         elif activations in DIGITS:
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
                 raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
             q, scale = quantize_rows(weight)
             packed, colsum, self._fn = pack_k4(q), column_sums(q), lib.specgram_gemm_i8a8
         elif activations != "float32":
-            raise ValueError(f"activations must be float32, int16 or int8, got {activations!r}")
+            raise ValueError(f"activations must be float32, int16, int8 or int8-blocks, got {activations!r}")
         elif weight_dtype == torch.int8:
             q, scale = quantize_rows(weight)
             packed, self._fn = pack(q, torch.int8), lib.specgram_gemm_i8
@@ -155,6 +161,8 @@ class NativeLinear(torch.nn.Module):
         module keeps them)."""
         if self.weight_dtype == int4.DTYPE:
             kind = abi.LIN_I4 if self.vnni else abi.LIN_I4_MADD
+        elif self.activations == int8.ACTIVATIONS[int8.BLOCKS]:
+            kind = abi.LIN_I8B
         elif self.activations in DIGITS:
             kind = abi.LIN_I8A8
         else:

@@ -16,7 +16,7 @@ from . import int4, kernels
 from .checkpoint import ModuleTensors, release_freed_memory
 from .families import describe
 from .gguf_checkpoint import STORED
-from .int8 import ACTIVATIONS
+from .int8 import ACTIVATIONS, BLOCKS
 from .kernels import abi
 from .linear import NativeLinear, data_ptr, make_linear
 
@@ -48,7 +48,7 @@ class PackedDecoder:
         weight (the lm_head's too) quantized per output channel (int8.py); "int8-dynamic" / "int8-dynamic8" = those int8
         weights times activations quantized per row to int16 / int8 (needs VNNI: kernels.has_vnni); "int4" = 4-bit
         weights in groups (int4.py) times int8 activations with a scale per 256 inputs; "gguf" = a GGUF file's forms
-        (gguf_checkpoint.py: int4 where its blocks are Q4_K, as "int4"; else int8, with int16 activations on VNNI).
+        (gguf_checkpoint.py: int4 where its blocks are Q4_K, as "int4"; else int8, as "int8-blocks" on VNNI).
         head_ids [V'] long: the lm_head computes the logits of these vocabulary entries only, in this order (a draft's
         reduced vocabulary: speculation/draft_vocab.py); each is bitwise the full head's entry (a row of the product,
         its own per-channel scale). tensors: where each module's weights are read (checkpoint.py: one at a time from the
@@ -70,7 +70,8 @@ class PackedDecoder:
                 form = (int4.DTYPE, int4.ACTIVATIONS) if weights == STORED else (wdt, act)
                 stored = stored if rows is None else stored.rows(rows)
                 return make_linear([pick(m.weight) for m in modules], biases, lib, *form, stored=stored)
-            stored_int8 = (torch.int8, "int16" if kernels.has_vnni(lib) else "float32")  # STORED: any other type
+            # STORED: any other type in int8, its activations as the Q4_K blocks' (int8 per 256 inputs) on VNNI
+            stored_int8 = (torch.int8, ACTIVATIONS[BLOCKS] if kernels.has_vnni(lib) else "float32")
             form = stored_int8 if weights == STORED else (wdt, act)
             # a quantized form of one matrix reads it by blocks of rows (a GGUF head is never float32 whole)
             read = src.weight_rows if len(modules) == 1 and form[0] in (torch.int8, int4.DTYPE) else src.weight

@@ -21,7 +21,9 @@ Per shape (B rows of T new tokens each, every row attending to --cache-len earli
   of peak      the matmuls' flops (2 per weight per row) per second, against the measured fp32 FMA peak of
                the machine (benchlib/peak.py: register-only fmas on every thread, the kernels' ISA); fp32 and
                bf16 weights only (int8 products are integer or conversion-bound, not fp32 fmas)
-Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor) and the torch thread count.
+Also reported: the read bandwidth (best of a few sums over a 1 GiB tensor), the torch thread count, and the kernel
+path each weight product ran (kernel_paths: e.g. int4 x int8 on VNNI's vpdpbusd, or without VNNI), with the CPU's
+matrix and dot-product features beside it (whether it has AMX, which no path uses yet).
 """
 
 from __future__ import annotations
@@ -98,6 +100,39 @@ def kv_bytes(runner, rows: int, positions: int) -> int:
     """Bytes of K and V that `rows` rows attending to `positions` positions each read, every layer."""
     k = runner.cache.k
     return 2 * rows * positions * k.shape[0] * runner.num_kv_heads * runner.head_dim * k.element_size()
+
+
+def kernel_paths(runner) -> list[str]:
+    """The distinct product kernels a runner's weight matmuls run, in words (native forward), else its linear kind."""
+    from specgram.model.kernels import abi
+
+    if runner.native is None:
+        return [f"PyTorch ({runner.linear_kind})"]
+    names = {
+        abi.LIN_F32: "fp32 weights, fp32 FMA",
+        abi.LIN_BF16: "bf16 weights widened to fp32, FMA",
+        abi.LIN_I8: "int8 weights widened to fp32, FMA",
+        abi.LIN_I8A8: "int8 weights x int{bits} activations, VNNI vpdpbusd",
+        abi.LIN_I4: "int4 weights x int8 activations per 256 inputs, VNNI vpdpbusd",
+        abi.LIN_I4_MADD: "int4 weights x int8 activations per 256 inputs, vpmaddubsw + vpmaddwd (no VNNI)",
+    }
+    seen = []
+    for lin in runner.linear_layers():
+        d = lin.descriptor()
+        name = names[d.kind].format(bits=8 * max(1, d.digits))
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def cpu_features() -> str:
+    """The CPU's vector and matrix features that bear on the products (from /proc/cpuinfo)."""
+    from specgram.model import kernels
+
+    flags = kernels.cpu_flags()
+    wanted = ("avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+    have = [f for f in wanted if f in flags]
+    return ", ".join(have) if have else "none of " + ", ".join(wanted)
 
 
 def timed_ms(fn, *a, **kw) -> float:
@@ -201,6 +236,8 @@ def run(args) -> None:
         f"({runner.cache.k.dtype}), read bandwidth {bw:.1f} GB/s -> weights alone {bound_ms:.1f} ms per forward. "
         f"fp32 FMA peak ({isa}, {torch.get_num_threads()} threads) {peak:.0f} GFLOP/s.",
         "",
+        f"Kernel paths: {'; '.join(kernel_paths(runner))}. CPU features: {cpu_features()}.",
+        "",
         *report.table(
             ["B", "T", "forward ms", "matmul ms", "non-matmul", "x bound", "x weights", "v", "of peak"], rows
         ),
@@ -212,6 +249,8 @@ def run(args) -> None:
             bandwidth_gbs=bw,
             bound_ms=bound_ms,
             fma_peak_gflops=peak,
+            kernel_paths=kernel_paths(runner),
+            cpu_features=cpu_features(),
             forward_ms={f"{b}x{t}": v for (b, t), v in fwd.items()},
             matmul_ms={f"{b}x{t}": v for (b, t), v in mm.items()},
         ),

@@ -64,6 +64,7 @@ SOURCES = [
         "gemm.c",
         "gemm_i8a8.c",
         "gemm_i4.c",
+        "gemm_i8b.c",
         "rope.c",
         "attention.c",
         "norm.c",

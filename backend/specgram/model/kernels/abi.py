@@ -78,6 +78,7 @@ LoraPart, Lora = STRUCTS["specgram_lora_part"], STRUCTS["specgram_lora"]
 LORA_MAX_RANK = CONSTANTS["LORA_MAX_RANK"]
 LIN_F32, LIN_BF16, LIN_I8, LIN_I8A8 = (CONSTANTS[f"LIN_{k}"] for k in ("F32", "BF16", "I8", "I8A8"))
 LIN_I4, LIN_I4_MADD = CONSTANTS["LIN_I4"], CONSTANTS["LIN_I4_MADD"]  # gemm_i4.c's product with VNNI, without
+LIN_I8B = CONSTANTS["LIN_I8B"]  # gemm_i8b.c's: int8 weights x int8 activations per block of 256 (VNNI)
 ACT_SILU, ACT_GELU_TANH = CONSTANTS["ACT_SILU"], CONSTANTS["ACT_GELU_TANH"]
 BAD_TOKEN, BAD_SLOT, BAD_POSITION, BAD_ROW, BAD_HEAD_ROW, BAD_TREE = (
     CONSTANTS[f"BAD_{k}"] for k in ("TOKEN", "SLOT", "POSITION", "ROW", "HEAD_ROW", "TREE")

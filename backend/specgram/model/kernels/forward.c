@@ -104,17 +104,20 @@ static inline int is_i4(const specgram_linear *L) {
     return L->kind == SPECGRAM_LIN_I4 || L->kind == SPECGRAM_LIN_I4_MADD;
 }
 
+/* Whether product L reads its rows as gemm_i4.c quantizes them (int8 per block of 256): int4 and gemm_i8b.c's. */
+static inline int blocks8(const specgram_linear *L) { return is_i4(L) || L->kind == SPECGRAM_LIN_I8B; }
+
 /* Whether product L reads its input rows quantized (prepare()). */
 static inline int quantized(const specgram_linear *L) {
-    return L->kind == SPECGRAM_LIN_I8A8 || is_i4(L);
+    return L->kind == SPECGRAM_LIN_I8A8 || blocks8(L);
 }
 
 /* The product's input rows [m0, m1) as it reads them: quantized digit rows (u, xs) for int8 x int8 products;
- * int8 rows (u) and their aux words (block scales and group sums, at gs) for int4 products. */
+ * int8 steps (u) and their aux words (block scales and group sums, at gs) for int4 and gemm_i8b.c's products. */
 static inline void prepare(const specgram_linear *L, const float *x, int64_t m0, int64_t m1, int64_t M, uint8_t *u,
                            float *xs, int32_t *gs) {
     if (L->kind == SPECGRAM_LIN_I8A8) specgram_quantize_rows(x, m0, m1, L->K, L->K, L->digits, u, xs);
-    if (is_i4(L)) specgram_i4_quantize_rows(x, m0, m1, M, L->K, L->K, (int8_t *)u, gs);
+    if (blocks8(L)) specgram_i4_quantize_rows(x, m0, m1, M, L->K, L->K, (int8_t *)u, gs);
 }
 
 /* One residual add of d's stream h, this thread's share of its N rows: h += norm_dw(delta) * residual_scale (dw
@@ -140,6 +143,9 @@ static void linear(const specgram_linear *L, const float *x, int64_t M, const ui
         break;
     case SPECGRAM_LIN_I8:
         specgram_team_gemm_i8(x, M, L->K, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
+        break;
+    case SPECGRAM_LIN_I8B:
+        specgram_team_i8b((const int8_t *)u, gs, M, L->K, L->w, L->scale, L->N, L->bias, y, L->N, ranges, nthreads);
         break;
     case SPECGRAM_LIN_I4:
     case SPECGRAM_LIN_I4_MADD:
@@ -173,7 +179,7 @@ static inline pull pull_of(const specgram_linear *L, const deal_range *ranges, i
     pull p = {NULL, NULL};
     if (L == NULL || ranges == NULL) return p;
     int64_t id = omp_get_thread_num(), nblocks = (L->N + 31) / 32;
-    int64_t block = L->kind == SPECGRAM_LIN_I8A8 ? (L->K + 3) / 4 * 128
+    int64_t block = L->kind == SPECGRAM_LIN_I8A8 || L->kind == SPECGRAM_LIN_I8B ? (L->K + 3) / 4 * 128
                     : is_i4(L) ? specgram_i4_block_bytes(L->K)
                     : L->K * 32 * (L->kind == SPECGRAM_LIN_F32 ? 4 : L->kind == SPECGRAM_LIN_BF16 ? 2 : 1);
     int64_t b0 = nblocks * id / nthreads, b1 = nblocks * (id + 1) / nthreads;

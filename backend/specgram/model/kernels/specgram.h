@@ -20,6 +20,7 @@
 #define SPECGRAM_LIN_I8A8 3
 #define SPECGRAM_LIN_I4 4         /* gemm_i4.c's product on VNNI */
 #define SPECGRAM_LIN_I4_MADD 5    /* the same without VNNI (bitwise the same results) */
+#define SPECGRAM_LIN_I8B 6        /* gemm_i8b.c's product: int8 weights x int8 activations per 256 inputs (VNNI) */
 
 /* specgram_decoder.act: the MLP's activation of its gate */
 #define SPECGRAM_ACT_SILU 0
@@ -96,6 +97,10 @@ int specgram_i8a8_built(void);
 void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int vnni, int64_t N,
                       const float *bias, float *y, int64_t ldy, int nthreads);
 int64_t specgram_i4_block_bytes(int64_t K);
+
+/* gemm_i8b.c: int8 weights (stored + 128) times rows quantized to int8 per block of 256 in the call (VNNI only). */
+void specgram_gemm_i8b(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, const float *wscale,
+                       int64_t N, const float *bias, float *y, int64_t ldy, int nthreads);
 
 /* rope.c, attention.c, norm.c: the layer's other kernels, each its own entry point (forward.c runs their bodies). */
 void specgram_rope_cache_write(const float *qkv, const float *cos, const float *sin, void *kc, void *vc, int kv_bf16,
