@@ -4,7 +4,8 @@
     python scripts/bench.py forward --linear torch       # transformers' modules with PyTorch's ops
     python scripts/bench.py forward --dtype bfloat16 --linear native
     python scripts/bench.py forward --weights int8       # int8 weights, a scale per output channel (native only)
-    python scripts/bench.py forward --weights int4       # 4-bit groups x int16 activations (native, VNNI)
+    python scripts/bench.py forward --weights int4       # 4-bit groups x int8 activations per 256 (native)
+    python scripts/bench.py forward --weights int8-blocks --batches 1 --widths 1 4 9 16   # v of a verify
     python scripts/bench.py forward --quick              # 3 repeats: a smoke run
     python scripts/bench.py forward --shape llama-3.2-1b # random weights of a 1B-class shape (benchlib/shapes.py)
 
@@ -47,9 +48,10 @@ def add_options(ap) -> None:
     ap.add_argument(
         "--weights",
         default="auto",
-        choices=["auto", "int8", "int8-dynamic", "int4", "int4-dynamic8"],
-        help="the matmul weights: as loaded (auto), int8 weight-only or int8 with activations quantized "
-        "per row too (specgram.model.int8), int4 groups (specgram.model.int4); native forward only",
+        choices=["auto", "int8", "int8-dynamic", "int8-blocks", "int4"],
+        help="the matmul weights: as loaded (auto), int8 weight-only, int8 with activations quantized to int16 "
+        "per row (int8-dynamic) or to int8 per block of 256 (int8-blocks: what weights int8 serves on VNNI) "
+        "(specgram.model.int8), int4 groups (specgram.model.int4); native forward only",
     )
     ap.add_argument(
         "--kv-dtype",
@@ -112,7 +114,8 @@ def kernel_paths(runner) -> list[str]:
         abi.LIN_F32: "fp32 weights, fp32 FMA",
         abi.LIN_BF16: "bf16 weights widened to fp32, FMA",
         abi.LIN_I8: "int8 weights widened to fp32, FMA",
-        abi.LIN_I8A8: "int8 weights x int{bits} activations, VNNI vpdpbusd",
+        abi.LIN_I8A8: "int8 weights x int{bits} activations per row, VNNI vpdpbusd",
+        abi.LIN_I8B: "int8 weights x int8 activations per 256 inputs, VNNI vpdpbusd",
         abi.LIN_I4: "int4 weights x int8 activations per 256 inputs, VNNI vpdpbusd",
         abi.LIN_I4_MADD: "int4 weights x int8 activations per 256 inputs, vpmaddubsw + vpmaddwd (no VNNI)",
     }

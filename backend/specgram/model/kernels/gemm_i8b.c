@@ -20,8 +20,9 @@
  * product is bound by them, not by memory (Qwen2.5-7B shape, 9 rows: 1.77x a decode). One int8 digit with a scale
  * per 256 inputs halves that, and keeps an outlier channel's coarse step to its own block.
  *
- * Tiles of up to 12 rows (AVX-512: 24 int32 sums and 2 weight vectors in registers; AVX2: 3 rows) read each k4 step
- * of the block once for every row; taller M is cut into tiles of balanced heights; the first tile of a block
+ * Tiles of up to 8 rows (AVX-512: 16 int32 sums, 8 broadcasts and 2 weight vectors in registers; AVX2: 3 rows)
+ * read each k4 step of the block once for every row; 9 to 12 rows one vector at a time per activation block (its
+ * weights stay in L1 for the second); taller M is cut into tiles of balanced heights; the first tile of a block
  * prefetches it into L2. VNNI only (the caller checks kernels.has_vnni): the AVX-512 build broadcasts each row's 4
  * activations from memory inside vpdpbusd ({1to16}).
  */
@@ -42,7 +43,8 @@
 #define STEP (NB * 4)           /* bytes of one k4 step of a block */
 #define BK 256                  /* inputs per activation scale */
 #define BSTEPS (BK / 4)         /* k4 steps per activation block */
-#define I8B_MT (VREGS == 32 ? 12 : 3)
+#define I8B_MT (VREGS == 32 ? 8 : 3)     /* tile(): both (AVX2: all four) vectors of a k4 step at once */
+#define TILE1_MT (VREGS == 32 ? 12 : 3)  /* tile1(): one vector at a time, up to this many rows */
 #ifndef PF
 #define PF 16                   /* near prefetch distance in k4 steps (2 KB), into L1 */
 #endif
@@ -53,10 +55,9 @@
 #if VNNI_BUILT
 VNNI_BEGIN
 #if VW == 16
-VINLINE vi i8b_dp(vi acc, vi w, const int32_t *p) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
-    return acc;
-}
+/* (a broadcast register per row, not vpdpbusd's memory broadcast: across the k loop GCC keeps the sums in
+ * registers only where no asm reads memory) */
+VINLINE vi i8b_dp(vi acc, vi w, const int32_t *p) { return vi_dpbusd(acc, w, vi_set1(*p)); }
 VINLINE vi i8b_load(const uint8_t *p) { return _mm512_loadu_si512(p); }
 #else
 VINLINE vi i8b_dp(vi acc, vi w, const int32_t *p) { return vi_dpbusd(acc, w, vi_set1(*p)); }
@@ -84,7 +85,7 @@ VINLINE void tile(const int MT, const int8_t *s, int64_t M, const int32_t *aux, 
         for (int v = 0; v < NV; ++v) vf_store(acc[r] + v * VW, vf_zero());
     for (int64_t b = 0; b < SB; ++b) {
         const int64_t j0 = b * BSTEPS, j1 = j0 + BSTEPS < K4 ? j0 + BSTEPS : K4;
-        vi ia[I8B_MT][NV];
+        vi ia[8][NV];                                /* row r, vector v: MT <= 8 */
         for (int r = 0; r < MT; ++r)
             for (int v = 0; v < NV; ++v) ia[r][v] = vi_zero();
         for (int64_t j = j0; j < j1; ++j) {
@@ -99,7 +100,7 @@ VINLINE void tile(const int MT, const int8_t *s, int64_t M, const int32_t *aux, 
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
                 vi w = i8b_load(at + v * VW * 4);
-#pragma GCC unroll 16
+#pragma GCC unroll 8
                 for (int r = 0; r < MT; ++r) ia[r][v] = i8b_dp(ia[r][v], w, a4 + r);
             }
         }
@@ -107,8 +108,56 @@ VINLINE void tile(const int MT, const int8_t *s, int64_t M, const int32_t *aux, 
             const int32_t *ra = aux + (m0 + r) * aw;
             const vi corr = vi_set1(-128 * block_sum(ra, SB, b));   /* I - 128 A_b = sum_k q xq */
             const vf xs = vf_set1(((const float *)ra)[b]);
-            for (int v = 0; v < NV; ++v) {
-                vf t = vf_mul(vi_to_f(vi_add(ia[r][v], corr)), xs);
+            for (int v = 0; v < NV; ++v)
+                vf_store(acc[r] + v * VW, vf_add(vf_load(acc[r] + v * VW), vf_mul(vi_to_f(vi_add(ia[r][v], corr)), xs)));
+        }
+    }
+    for (int r = 0; r < MT; ++r) {
+        float *yrow = y + (m0 + r) * ldy;
+        for (int v = 0; v < NV; ++v) {
+            int64_t n = n0 + v * VW;
+            vmask k = vmask_first(N - n);
+            vf out = vf_mul(vf_load(acc[r] + v * VW), vf_maskz_load(k, wscale + n));
+            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
+            vf_mask_store(yrow + n, k, out);
+        }
+    }
+}
+
+/* One register tile of 9 .. 12 rows (AVX-512): per activation block, the 16 outputs of one vector at a time (the
+ * block's 8 KB of weights stay in L1 for the second), so that 12 rows' sums and their broadcasts fit the registers
+ * (24 of 32): one pass over the weights where two tiles of 5 and 4 rows would read them twice. */
+VINLINE void tile1(const int MT, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K,
+                   int64_t m0, const uint8_t *wb, float *y, int64_t ldy, int64_t n0, int64_t N, const float *wscale,
+                   const float *bias, int far) {
+    const int64_t K4 = (K + 3) / 4, SB = (K4 + BSTEPS - 1) / BSTEPS;
+    float acc[TILE1_MT][NB] __attribute__((aligned(64)));
+    for (int r = 0; r < MT; ++r)
+        for (int v = 0; v < NV; ++v) vf_store(acc[r] + v * VW, vf_zero());
+    for (int64_t b = 0; b < SB; ++b) {
+        const int64_t j0 = b * BSTEPS, j1 = j0 + BSTEPS < K4 ? j0 + BSTEPS : K4;
+        for (int v = 0; v < NV; ++v) {
+            vi ia[TILE1_MT];
+            for (int r = 0; r < MT; ++r) ia[r] = vi_zero();
+            for (int64_t j = j0; j < j1; ++j) {
+                const uint8_t *at = wb + j * STEP;
+                if (v == 0) {
+                    _mm_prefetch((const char *)at + PF * STEP, _MM_HINT_T0);
+                    _mm_prefetch((const char *)at + PF * STEP + 64, _MM_HINT_T0);
+                    if (far) {
+                        _mm_prefetch((const char *)at + PF_FAR * STEP, _MM_HINT_T1);
+                        _mm_prefetch((const char *)at + PF_FAR * STEP + 64, _MM_HINT_T1);
+                    }
+                }
+                const int32_t *a4 = (const int32_t *)s + j * M + m0;
+                vi w = i8b_load(at + v * VW * 4);
+#pragma GCC unroll 16
+                for (int r = 0; r < MT; ++r) ia[r] = i8b_dp(ia[r], w, a4 + r);
+            }
+            for (int r = 0; r < MT; ++r) {
+                const int32_t *ra = aux + (m0 + r) * aw;
+                const vi corr = vi_set1(-128 * block_sum(ra, SB, b));   /* I - 128 A_b = sum_k q xq */
+                vf t = vf_mul(vi_to_f(vi_add(ia[r], corr)), vf_set1(((const float *)ra)[b]));
                 vf_store(acc[r] + v * VW, vf_add(vf_load(acc[r] + v * VW), t));
             }
         }
@@ -134,6 +183,10 @@ static void tile_any(int mt, const int8_t *s, int64_t M, const int32_t *aux, int
             tile(h <= I8B_MT ? h : 1, s, M, aux, aw, K, m0, wb, y, ldy, n0, N, wscale, bias, far);               \
             break;                                                                                                \
         }                                                                                                         \
+        if (h <= TILE1_MT) {                                                                                      \
+            tile1(h <= TILE1_MT ? h : 1, s, M, aux, aw, K, m0, wb, y, ldy, n0, N, wscale, bias, far);            \
+            break;                                                                                                \
+        }                                                                                                         \
         __attribute__((fallthrough));
     switch (mt) {
     TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
@@ -149,7 +202,7 @@ void specgram_team_i8b(const int8_t *s, const int32_t *aux, int64_t M, int64_t K
                        const float *wscale, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
                        int nthreads) {
     const int64_t aw = specgram_i4_aux_words(K), block_bytes = (K + 3) / 4 * STEP;
-    const int64_t ntiles = (M + I8B_MT - 1) / I8B_MT;
+    const int64_t ntiles = (M + TILE1_MT - 1) / TILE1_MT;
 #define I8B_BLOCK(b, more)                                                                                        \
     do {                                                                                                          \
         (void)(more);                                                                                             \
