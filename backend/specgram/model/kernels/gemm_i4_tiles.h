@@ -106,6 +106,8 @@ VINLINE void I4_NAME(tile1)(const int MT, const int8_t *s, int64_t M, const int3
                     if (v == 0) {                    /* the later vectors read the same lines from L1 */
                         _mm_prefetch((const char *)p + PF_BYTES, _MM_HINT_T0);
                         if (far) _mm_prefetch((const char *)p + PF_FAR_BYTES, _MM_HINT_T1);
+                    } else if (far) {                /* meanwhile keep memory busy: the next super-block into L2 */
+                        _mm_prefetch((const char *)p + HEAD_BYTES + SBG * CODES, _MM_HINT_T1);
                     }
                     vi w = unpack_one(p, v);
 #pragma GCC unroll 16

@@ -148,6 +148,9 @@ VINLINE void tile1(const int MT, const int8_t *s, int64_t M, const int32_t *aux,
                         _mm_prefetch((const char *)at + PF_FAR * STEP, _MM_HINT_T1);
                         _mm_prefetch((const char *)at + PF_FAR * STEP + 64, _MM_HINT_T1);
                     }
+                } else if (far) {                    /* the later passes read L1: keep memory busy with the next block */
+                    _mm_prefetch((const char *)at + BSTEPS * STEP, _MM_HINT_T1);
+                    _mm_prefetch((const char *)at + BSTEPS * STEP + 64, _MM_HINT_T1);
                 }
                 const int32_t *a4 = (const int32_t *)s + j * M + m0;
                 vi w = i8b_load(at + v * VW * 4);
