@@ -5,7 +5,8 @@ decode time.
         --gguf models/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 
 One process, one model at a time (native CPU forward): --model in float32 (the reference) and in each of --forms
-(int8: int8 weights x int16 activations; int4: 4-bit groups x int8 activations, a scale per block of 256 inputs),
+(int8-blocks: int8 weights x int8 activations, a scale per block of 256 inputs, what `weights int8` serves on VNNI;
+int8-dynamic: x int16 activations per row, the int8 draft copy's; int4: 4-bit groups x int8 activations per 256),
 and --gguf as served (its own forms: int4 where Q4_K, int8 elsewhere) and in int4 throughout. Each reads the same
 --tokens tokens of English text (Python's own reference text, pydoc_data.topics) in chunks of 256, teacher-forced:
 per position, whether its top-1 token is the reference's, and the log-probability of the text's next token
@@ -29,7 +30,7 @@ QUICK_HELP = "256 tokens, 4 decode steps"
 
 def add_options(ap) -> None:
     ap.add_argument("--gguf", default="", help="a GGUF file of the same model: served as it comes, and in int4")
-    ap.add_argument("--forms", nargs="+", default=["int8-dynamic", "int4"], help="runner forms")
+    ap.add_argument("--forms", nargs="+", default=["int8-blocks", "int8-dynamic", "int4"], help="runner forms")
     ap.add_argument("--tokens", type=int, default=1024, help="text tokens scored")
     ap.add_argument("--decode", type=int, default=16, help="single-token decode steps timed")
 
