@@ -69,13 +69,6 @@ def column_sums(q: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def pack_blocks(q: torch.Tensor) -> torch.Tensor:
-    """q int8 [N, K] -> gemm_i8b.c's weights: pack_k4's layout, each byte q + 128 as u8 (the unsigned operand)."""
-    from .linear import pack_k4
-
-    return (pack_k4(q).view(torch.uint8) ^ 0x80).contiguous()  # two's complement + 128 = flip the sign bit
-
-
 def reference_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """gemm_i8b.c's product, bitwise, in plain torch: x fp32 [M, K], q int8 [N, K], scale [N] -> y fp32 [M, N]."""
     from . import int4

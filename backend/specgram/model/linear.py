@@ -61,6 +61,11 @@ def pack_k4(q: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def pack_blocks(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] -> gemm_i8b.c's weights: pack_k4's layout, each byte q + 128 as u8 (the unsigned operand)."""
+    return (pack_k4(q).view(torch.uint8) ^ 0x80).contiguous()  # two's complement + 128 = flip the sign bit
+
+
 class NativeLinear(torch.nn.Module):
     """y = x @ W.T (+ b) through gemm.c; x float32 [..., K] -> float32 [..., N]. CPU only. weight_dtype float32
     or bfloat16 packs W as that dtype; int8 quantizes it (int8.quantize_rows: `packed` int8 and `scale` [N]),
@@ -96,7 +101,7 @@ class NativeLinear(torch.nn.Module):
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
                 raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")
             q, scale = quantize_rows(weight)
-            packed, self._fn = int8.pack_blocks(q), lib.specgram_gemm_i8b
+            packed, self._fn = pack_blocks(q), lib.specgram_gemm_i8b
         elif activations in DIGITS:
             if weight_dtype != torch.int8 or not kernels.has_vnni(lib):
                 raise ValueError(f"{activations} activations need int8 weights and a CPU with VNNI (kernels.has_vnni)")

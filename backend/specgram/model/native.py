@@ -19,7 +19,8 @@ quantized to int8 with a scale per output channel (int8.py: q/k/v/o, gate/up/dow
 embedding, norms and rotary stay as loaded). Int8 is lossy against the checkpoint but exact with itself:
 the same kernels, the same fixed orders, so the invariance above holds for an int8 model too.
 weights="int8-dynamic" / "int8-dynamic8": the same int8 weights, and every matmul's input quantized per row in
-the call to int16 / int8 (on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); the residual
+the call to int16 / int8 (on VNNI, kernels/gemm_i8a8.c: exact integer sums, so just as invariant); "int8-blocks":
+to int8 per row and block of 256 inputs (kernels/gemm_i8b.c), as "int4" quantizes its inputs; the residual
 stream, norms, attention and the KV cache stay float32.
 
 Shapes: N new tokens (the rows' real tokens, padding dropped), hidden size E, H query heads and Hkv KV

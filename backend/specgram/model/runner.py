@@ -13,7 +13,8 @@ path), and on CPU the native one (native.py: our kernels, fused projections, att
 place), chosen by the `linear` setting (auto = native where its kernels build). The native forward may also
 run the model with int8 weights (`weights` "int8": int8.py), for a target served so or an int8 draft copy, or
 with int8 weights and activations quantized per row to int16 / int8 ("int8-dynamic" / "int8-dynamic8", on VNNI:
-int8-dynamic is the int8 draft copy where the CPU has it).
+int8-dynamic is the int8 draft copy where the CPU has it) or to int8 per 256 inputs ("int8-blocks": a target in
+int8 where the CPU has VNNI).
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@
 #include "scratch.h"
 #include "specgram.h"
 #include "team.h"
+#include "tile_store.h"
 #include "vnni.h"
 
 #define NB 32
@@ -271,22 +272,32 @@ void specgram_team_i4(const int8_t *s, const int32_t *aux, int64_t M, int64_t K,
     team_madd(s, aux, M, K, w, N, bias, y, ldy, ranges, nthreads);
 }
 
+/* An entry point's rows (this one's and gemm_i8b.c's): x [M, K] (row stride ldx) quantized into the calling thread's
+ * SCRATCH_PLAN buffer (the int8 steps [M, ldq] bytes, then *aux [M, AW] words, then *ranges [nthreads], dealt
+ * for nblocks blocks) -> the int8 steps. */
+const int8_t *specgram_i4_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t nblocks, int nthreads,
+                               int32_t **aux, deal_range **ranges) {
+    const int64_t aw = specgram_i4_aux_words(K);
+    size_t row_bytes = (size_t)(M * specgram_i8a8_ldq(K)), words = (size_t)(M * aw);
+    size_t bytes = row_bytes + sizeof(int32_t) * words + 64 + sizeof(deal_range) * (size_t)(nthreads + 1);
+    int8_t *s = specgram_scratch(SCRATCH_PLAN, bytes);
+    *aux = (int32_t *)(s + row_bytes);
+    *ranges = (deal_range *)(((uintptr_t)(*aux + words) + 63) & ~(uintptr_t)63);
+    specgram_i4_quantize_rows(x, 0, M, M, K, ldx, s, *aux);
+    deal_init(*ranges, nblocks, nthreads);
+    return s;
+}
+
 /* Entry point: x [M, K] (row stride ldx), w packed as the header says, vnni 1 where the CPU has VNNI
- * (kernels.has_vnni), else 0; bias [N] or NULL, y [M, ldy]. Scratch (SCRATCH_PLAN): the int8 rows [M, ldq] bytes,
- * the aux words [M, AW], the ranges. */
+ * (kernels.has_vnni), else 0; bias [N] or NULL, y [M, ldy]. Scratch: specgram_i4_rows'. */
 void specgram_gemm_i4(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int vnni, int64_t N,
                       const float *bias, float *y, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
     assert(ldx >= K && ldy >= N && N <= (int64_t)UINT32_MAX * NB);
     if (M == 0 || N == 0) return;
-    const int64_t aw = specgram_i4_aux_words(K), nblocks = (N + NB - 1) / NB;
-    size_t row_bytes = (size_t)(M * specgram_i8a8_ldq(K)), words = (size_t)(M * aw);
-    size_t bytes = row_bytes + sizeof(int32_t) * words + 64 + sizeof(deal_range) * (size_t)(nthreads + 1);
-    int8_t *s = specgram_scratch(SCRATCH_PLAN, bytes);
-    int32_t *aux = (int32_t *)(s + row_bytes);
-    deal_range *ranges = (deal_range *)(((uintptr_t)(aux + words) + 63) & ~(uintptr_t)63);
-    specgram_i4_quantize_rows(x, 0, M, M, K, ldx, s, aux);
-    deal_init(ranges, nblocks, nthreads);
+    int32_t *aux;
+    deal_range *ranges;
+    const int8_t *s = specgram_i4_rows(x, M, K, ldx, (N + NB - 1) / NB, nthreads, &aux, &ranges);
 #pragma omp parallel num_threads(nthreads)
     specgram_team_i4(s, aux, M, K, w, vnni, N, bias, y, ldy, ranges, nthreads);
 }

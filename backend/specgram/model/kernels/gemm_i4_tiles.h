@@ -64,16 +64,7 @@ VINLINE void I4_NAME(tile2)(const int MT, const int8_t *s, int64_t M, const int3
             }
         }
     }
-    for (int r = 0; r < MT; ++r) {
-        float *yrow = y + (m0 + r) * ldy;
-        for (int v = 0; v < NV; ++v) {
-            int64_t n = n0 + v * VW;
-            vmask k = vmask_first(N - n);
-            vf out = vf_load(acc[r] + v * VW);
-            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
-            vf_mask_store(yrow + n, k, out);
-        }
-    }
+    store_tile(MT, (const float(*)[NB])acc, y, ldy, m0, n0, N, NULL, bias);
 }
 
 /* One register tile of 9 .. I4_MT rows: rows m0 .. m0 + MT - 1 of y, outputs n0 .. n0 + 31, from block wb; per super-block, the VW
@@ -134,16 +125,7 @@ VINLINE void I4_NAME(tile1)(const int MT, const int8_t *s, int64_t M, const int3
         }
         head = codes + gb * CODES;
     }
-    for (int r = 0; r < MT; ++r) {
-        float *yrow = y + (m0 + r) * ldy;
-        for (int v = 0; v < NV; ++v) {
-            int64_t n = n0 + v * VW;
-            vmask k = vmask_first(N - n);
-            vf out = vf_load(acc[r] + v * VW);
-            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
-            vf_mask_store(yrow + n, k, out);
-        }
-    }
+    store_tile(MT, (const float(*)[NB])acc, y, ldy, m0, n0, N, NULL, bias);
 }
 
 /* A tile of mt rows (1 .. I4_MT), each height its own compiled copy. */

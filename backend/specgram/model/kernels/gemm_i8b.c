@@ -36,6 +36,7 @@
 #include "scratch.h"
 #include "specgram.h"
 #include "team.h"
+#include "tile_store.h"
 #include "vnni.h"
 
 #define NB 32
@@ -112,16 +113,7 @@ VINLINE void tile(const int MT, const int8_t *s, int64_t M, const int32_t *aux, 
                 vf_store(acc[r] + v * VW, vf_add(vf_load(acc[r] + v * VW), vf_mul(vi_to_f(vi_add(ia[r][v], corr)), xs)));
         }
     }
-    for (int r = 0; r < MT; ++r) {
-        float *yrow = y + (m0 + r) * ldy;
-        for (int v = 0; v < NV; ++v) {
-            int64_t n = n0 + v * VW;
-            vmask k = vmask_first(N - n);
-            vf out = vf_mul(vf_load(acc[r] + v * VW), vf_maskz_load(k, wscale + n));
-            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
-            vf_mask_store(yrow + n, k, out);
-        }
-    }
+    store_tile(MT, (const float(*)[NB])acc, y, ldy, m0, n0, N, wscale, bias);
 }
 
 /* One register tile of 9 .. 12 rows (AVX-512): per activation block, the 16 outputs of one vector at a time (the
@@ -165,16 +157,7 @@ VINLINE void tile1(const int MT, const int8_t *s, int64_t M, const int32_t *aux,
             }
         }
     }
-    for (int r = 0; r < MT; ++r) {
-        float *yrow = y + (m0 + r) * ldy;
-        for (int v = 0; v < NV; ++v) {
-            int64_t n = n0 + v * VW;
-            vmask k = vmask_first(N - n);
-            vf out = vf_mul(vf_load(acc[r] + v * VW), vf_maskz_load(k, wscale + n));
-            if (bias) out = vf_add(out, vf_maskz_load(k, bias + n));
-            vf_mask_store(yrow + n, k, out);
-        }
-    }
+    store_tile(MT, (const float(*)[NB])acc, y, ldy, m0, n0, N, wscale, bias);
 }
 
 static void tile_any(int mt, const int8_t *s, int64_t M, const int32_t *aux, int64_t aw, int64_t K, int64_t m0,
@@ -220,20 +203,15 @@ void specgram_team_i8b(const int8_t *s, const int32_t *aux, int64_t M, int64_t K
 }
 
 /* Entry point: x [M, K] (row stride ldx), w packed as the header says (u8), wscale [N], bias [N] or NULL,
- * y [M, ldy]. Scratch (SCRATCH_PLAN): the int8 steps [M, ldq] bytes, the aux words [M, AW], the ranges. */
+ * y [M, ldy]. Scratch: specgram_i4_rows'. */
 void specgram_gemm_i8b(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, const float *wscale,
                        int64_t N, const float *bias, float *y, int64_t ldy, int nthreads) {
     assert(M >= 0 && K >= 0 && N >= 0 && nthreads >= 1);
     assert(ldx >= K && ldy >= N && N <= (int64_t)UINT32_MAX * NB);
     if (M == 0 || N == 0) return;
-    const int64_t aw = specgram_i4_aux_words(K), nblocks = (N + NB - 1) / NB;
-    size_t row_bytes = (size_t)(M * specgram_i8a8_ldq(K)), words = (size_t)(M * aw);
-    size_t bytes = row_bytes + sizeof(int32_t) * words + 64 + sizeof(deal_range) * (size_t)(nthreads + 1);
-    int8_t *s = specgram_scratch(SCRATCH_PLAN, bytes);
-    int32_t *aux = (int32_t *)(s + row_bytes);
-    deal_range *ranges = (deal_range *)(((uintptr_t)(aux + words) + 63) & ~(uintptr_t)63);
-    specgram_i4_quantize_rows(x, 0, M, M, K, ldx, s, aux);
-    deal_init(ranges, nblocks, nthreads);
+    int32_t *aux;
+    deal_range *ranges;
+    const int8_t *s = specgram_i4_rows(x, M, K, ldx, (N + NB - 1) / NB, nthreads, &aux, &ranges);
 #pragma omp parallel num_threads(nthreads)
     specgram_team_i8b(s, aux, M, K, w, wscale, N, bias, y, ldy, ranges, nthreads);
 }

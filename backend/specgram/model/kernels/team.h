@@ -40,6 +40,8 @@ int64_t specgram_i4_groups(int64_t K);
 int64_t specgram_i4_aux_words(int64_t K);
 void specgram_i4_quantize_rows(const float *x, int64_t m0, int64_t m1, int64_t M, int64_t K, int64_t ldx, int8_t *s,
                                int32_t *aux);
+const int8_t *specgram_i4_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int64_t nblocks, int nthreads,
+                               int32_t **aux, deal_range **ranges);
 void specgram_team_i8b(const int8_t *s, const int32_t *aux, int64_t M, int64_t K, const uint8_t *w,
                        const float *wscale, int64_t N, const float *bias, float *y, int64_t ldy, deal_range *ranges,
                        int nthreads);
