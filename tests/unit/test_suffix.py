@@ -7,6 +7,7 @@ import pytest
 from specgram.drafting import registry
 from specgram.request import AUTO_DRAFT, SamplingParams
 from specgram.speculation.suffix_store import BYTES_PER_TOKEN, KEY, SHIFT, SuffixStore
+from specgram.wire import FinishReason
 
 from .helpers import run, seeded_samples, tokens_of
 
@@ -180,6 +181,27 @@ def test_auto_requests_weigh_the_suffix_store_beside_lookup(engine):
     assert by_source(auto, "suffix")[1] > 0  # the same prompts' outputs are in the store: its drafts won
     fixed = run(engine, PROMPTS, max_tokens=24, num_draft_tokens=4, drafter="ngram")
     assert by_source(fixed, "suffix") == (0, 0)  # a fixed k drafts with the named drafter alone
+
+
+def test_only_answers_that_finished_and_outlast_the_key_join_the_store(engine):
+    drafter = engine.drafters["suffix"]
+    store = drafter.store
+    endings = [(FinishReason.CANCELLED, 10), (FinishReason.ERROR, 10), (FinishReason.TIMEOUT, 10)]
+    endings += [(FinishReason.STOP, KEY), (FinishReason.LENGTH, 0), (FinishReason.STOP, KEY + 1)]
+    endings += [(FinishReason.LENGTH, 10)]
+    stored = []
+    for reason, n in endings:
+        req = engine.make_request(SamplingParams(), text=PROMPTS[0])
+        req.output_ids, req.finish_reason = list(range(5, 5 + n)), reason
+        before = len(store.entries)
+        drafter.release(req)
+        stored.append(len(store.entries) - before)
+    assert stored == [0, 0, 0, 0, 0, 1, 1]
+    before = len(store.entries)
+    run(engine, [PROMPTS[1]], max_tokens=1)  # an answer of one token: nothing to draft from
+    assert len(store.entries) == before
+    run(engine, [PROMPTS[1]], max_tokens=8)
+    assert len(store.entries) == before + 1
 
 
 def test_drafter_suffix_needs_a_store(make_engine):

@@ -2,8 +2,10 @@
 
 The store (suffix_store.py) holds the outputs of finished requests, each under its request's scope: its LoRA
 adapter and its cache_salt (Request.scope). A request reads only its own scope: requests with different salts
-never draft from each other's outputs. Every finished request's output enters the store, whatever drafter it
-used (release()). Drafts are deterministic (one-hot) and verified like any other: output is unchanged.
+never draft from each other's outputs. Every request that finished by stop or length with an output longer than
+the store's key enters it, whatever drafter it used (release()); an errored, cancelled, timed-out or empty one
+teaches nothing (its tokens are not an answer to draft from). Drafts are deterministic (one-hot) and verified
+like any other: output is unchanged.
 
 Cost per proposal: one dict lookup of the last KEY tokens, a bounded walk over at most MAX_OCCURRENCES
 occurrences (suffix_store.py), and for a guided request one legal_prefix check of the drafts.
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 from ..drafting.proposal import Proposal
 from ..request import Request
+from ..wire import FinishReason
 from .drafter import Drafter, PickFn
-from .suffix_store import MAX_MATCH, SuffixStore
+from .suffix_store import KEY, MAX_MATCH, SuffixStore
 
 SOURCE = "suffix"
 LEAD = 4  # prompt tokens stored before each output
+ANSWERS = (FinishReason.STOP, FinishReason.LENGTH)  # the endings whose outputs are stored
 
 
 class SuffixDrafter(Drafter):
@@ -37,9 +41,11 @@ class SuffixDrafter(Drafter):
         return out
 
     def release(self, req: Request) -> None:
-        """req finished or was aborted: its output joins the store under its scope, after the prompt's last LEAD
-        tokens (a chat template's assistant header: what the next answer's first drafts follow)."""
-        self.store.add(req.scope, req.prompt_ids[-LEAD:] + req.output_ids)
+        """req finished or was aborted: an answer (ANSWERS, more than KEY tokens) joins the store under its scope,
+        after the prompt's last LEAD tokens (a chat template's assistant header: what the next answer's first
+        drafts follow)."""
+        if req.finish_reason in ANSWERS and len(req.output_ids) > KEY:
+            self.store.add(req.scope, req.prompt_ids[-LEAD:] + req.output_ids)
 
 
 def _tail(req: Request, n: int) -> list[int]:
