@@ -208,6 +208,9 @@ class TokenLogprob:
     decoded: str  # the token's text alone
 
 
+PRIVATE = ("engine",)  # the scope's salt of engine-private requests (a tuple: never a client's string cache_salt)
+
+
 @dataclass(eq=False)  # identity: two requests are never "equal"
 class Request:
     """Engine-side state of one sequence. While its prompt is being prefilled (in chunks, across steps):
@@ -236,16 +239,18 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)  # when it was made (validated and tokenized)
     admitted: float | None = None  # when it got its KV slot
     cumulative_logprob: float = 0.0  # the committed tokens' logprobs summed (when params.wants_logprobs)
+    private: bool = False  # the engine's own request (the load-time warm-up): a scope no client can name
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
     @property
-    def scope(self) -> tuple[int, str | None]:
+    def scope(self) -> tuple[int, object]:
         """What may share this request's cached state (the prefix cache's KV, the suffix store's outputs): requests
-        of the same LoRA adapter and the same cache_salt."""
-        return self.adapter, self.params.cache_salt
+        of the same LoRA adapter and the same cache_salt; an engine-private request shares with none of a client's
+        (PRIVATE is no string, so no cache_salt equals it)."""
+        return self.adapter, PRIVATE if self.private else self.params.cache_salt
 
     @property
     def num_tokens(self) -> int:

@@ -10,10 +10,10 @@ import pytest
 
 from specgram.drafting.acceptance import Population
 from specgram.engine import warmup
-from specgram.request import AUTO_DRAFT
+from specgram.request import AUTO_DRAFT, PRIVATE, SamplingParams
 from specgram.speculation import forward_depths
 
-from .helpers import PROMPTS, run, tokens_of
+from .helpers import PROMPTS, run, run_to_end, tokens_of
 from .test_copy_beside import _by_source, _pair, _reads
 
 
@@ -79,3 +79,20 @@ def test_capping_keeps_each_rate(trials):
     population.cap(trials)
     assert {k: s / t for k, (s, t) in population.counts.items()} == pytest.approx(before)
     assert all(t == trials for _, t in population.counts.values())
+
+
+def test_no_request_reaches_the_warm_ups_cache_entries(tmp_path, suffix_store):
+    """The warm-up's requests are engine-private: their suffix-store outputs and prefix-cache KV sit under a scope
+    that no cache_salt names, whatever the salt (a warm-up's own name among those tried)."""
+    with closing(_pair(tmp_path, 11)) as engine:
+        private = (-1, PRIVATE)
+        stored = {e.scope for e in engine.drafters["suffix"].store.entries.values()}
+        assert stored == {private}  # the warm-up's answers, and nothing else yet
+        if engine.settings.prefix_cache:
+            assert private in engine.scheduler.prefix.owner.values()
+        ids = engine.tokenizer.encode(warmup.PROMPT, add_special_tokens=False)[:64]
+        for salt in (None, "specgram-load-timing", "engine", str(PRIVATE)):
+            req = engine.make_request(SamplingParams(max_tokens=4, cache_salt=salt), prompt_ids=ids)
+            assert req.scope != private
+            out = run_to_end(engine, [req])[req.request_id]
+            assert out[-1].num_cached_tokens == 0, salt  # the warm-up's prompt KV is not theirs to reuse

@@ -9,8 +9,8 @@ StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidenc
 estimate. On any text the target's own copy follows the target far more often than a smaller model does (plain
 prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the 0.5B's first drafts half), which orders the
 two before the workload's own observations arrive; a model whose prompt reads then never pay gets no more (it
-never drafts). The warm-up requests use a cache_salt of their own: no client's request reaches their prefix-cache
-or suffix-store entries.
+never drafts). The warm-up requests are engine-private (Request.private: a scope that no cache_salt names), so
+no client's request reaches their prefix-cache or suffix-store entries.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ PROMPT = (
 )
 TOKENS = 16  # output tokens per warm-up request: at depth DEPTH, four or more timed draft calls per model
 DEPTH = 3  # drafts per step (a fixed k; max_draft_len where less): the verify step is timed at DEPTH + 1 rows
-SALT = "specgram-load-timing"
 # the warm-up's acceptance seeds the engine-wide rates with at most this many trials per estimate (a request's
 # prior counts as acceptance.PRIOR_WEIGHT = 4 on top)
 SEED_TRIALS = 8
@@ -64,11 +63,11 @@ def time_models(engine) -> bool:
     for _ in ("dropped", "kept"):
         _untimed(engine.planner)
         for name in names:
-            params = SamplingParams(
-                max_tokens=TOKENS, num_draft_tokens=depth, drafter=name, ignore_eos=True, cache_salt=SALT
-            )
+            params = SamplingParams(max_tokens=TOKENS, num_draft_tokens=depth, drafter=name, ignore_eos=True)
             try:
-                errors = _run(engine, engine.make_request(params, prompt_ids=ids))
+                req = engine.make_request(params, prompt_ids=ids)
+                req.private = True  # its prefix-cache and suffix-store entries: no client's request reaches them
+                errors = _run(engine, req)
             except InvalidRequest as e:  # a config whose limits refuse the warm-up request
                 errors = [str(e)]
             if errors:
