@@ -32,12 +32,14 @@ from __future__ import annotations
 import torch
 
 from ..config import WEIGHTS
+from . import int4
 
 QMAX = 127
 DYNAMIC, DYNAMIC8 = "int8-dynamic", "int8-dynamic8"  # int8 weights, activations per row to int16 / int8 (runners)
 BLOCKS = "int8-blocks"  # int8 weights, activations to int8 per row and block of 256 inputs (gemm_i8b.c; runners)
 RUNNER_WEIGHTS = (*WEIGHTS, DYNAMIC, DYNAMIC8, BLOCKS)
-ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8", BLOCKS: "int8-blocks"}  # NativeLinear's activations under each
+# NativeLinear's activations under each: int8-blocks' rows are int4's (gemm_i8b.c reads gemm_i4.c's quantized rows)
+ACTIVATIONS = {DYNAMIC: "int16", DYNAMIC8: "int8", BLOCKS: int4.ACTIVATIONS}
 
 
 CHUNK = 4096  # rows quantized at a time: each row is on its own, so chunks only bound the float temporaries
@@ -71,8 +73,6 @@ def column_sums(q: torch.Tensor) -> torch.Tensor:
 
 def reference_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """gemm_i8b.c's product, bitwise, in plain torch: x fp32 [M, K], q int8 [N, K], scale [N] -> y fp32 [M, N]."""
-    from . import int4
-
     m_rows, k = x.shape
     xq, xs = int4.quantize_activations(x.float())  # [M, SB * 256], [M, SB]
     sb = xs.shape[1]

@@ -221,12 +221,10 @@ VINLINE vi vi_dpwssd_madd(vi acc, vi a, vi b) { return vi_add(acc, vi_madd16(a, 
 
 /* acc + the 4 u8 of each lane of w times the 4 s8 at p (broadcast) */
 VINLINE vi vi_dpbusd_madd_at(vi acc, vi w, const int32_t *p) { return vi_dpbusd_madd(acc, w, vi_set1(*p)); }
-#define I4_DP vi_dpbusd_madd
 #define I4_DPB vi_dpbusd_madd_at
 #define I4_DPW vi_dpwssd_madd
 #define I4_NAME(f) f##_madd
 #include "gemm_i4_tiles.h"
-#undef I4_DP
 #undef I4_DPB
 #undef I4_DPW
 #undef I4_NAME
@@ -248,12 +246,10 @@ VINLINE vi vi_dpbusd_at(vi acc, vi w, const int32_t *p) {
 #else
 VINLINE vi vi_dpbusd_at(vi acc, vi w, const int32_t *p) { return vi_dpbusd(acc, w, vi_set1(*p)); }
 #endif
-#define I4_DP vi_dpbusd
 #define I4_DPB vi_dpbusd_at
 #define I4_DPW vi_dpwssd
 #define I4_NAME(f) f##_vnni
 #include "gemm_i4_tiles.h"
-#undef I4_DP
 #undef I4_DPB
 #undef I4_DPW
 #undef I4_NAME

@@ -1,4 +1,4 @@
-/* gemm_i4.c's product loops, included by it twice: once where the CPU has VNNI (I4_DP = vi_dpbusd, I4_DPW =
+/* gemm_i4.c's product loops, included by it twice: once where the CPU has VNNI (I4_DPB = vi_dpbusd_at, I4_DPW =
  * vpdpwssd: one instruction each), once where it does not (vpmaddubsw, vpmaddwd and adds). Both form the same exact
  * int32 sums (gemm_i4.c's header), so the two give bitwise the same outputs. I4_NAME(f) names this copy's
  * functions. */

@@ -55,15 +55,25 @@
 
 #if VNNI_BUILT
 VNNI_BEGIN
-#if VW == 16
-/* (a broadcast register per row, not vpdpbusd's memory broadcast: across the k loop GCC keeps the sums in
- * registers only where no asm reads memory) */
+/* acc + the 4 u8 of each lane of w times the 4 s8 at p, broadcast into a register (not by vpdpbusd's own memory
+ * operand, as gemm_i4.c does: across a k loop of run-time length GCC keeps the sums in registers only where no asm
+ * reads memory) */
 VINLINE vi i8b_dp(vi acc, vi w, const int32_t *p) { return vi_dpbusd(acc, w, vi_set1(*p)); }
+#if VW == 16
 VINLINE vi i8b_load(const uint8_t *p) { return _mm512_loadu_si512(p); }
 #else
-VINLINE vi i8b_dp(vi acc, vi w, const int32_t *p) { return vi_dpbusd(acc, w, vi_set1(*p)); }
 VINLINE vi i8b_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 #endif
+
+/* The prefetches of k4 step `at` (2 lines): PF steps ahead into L1 and, where `far`, PF_FAR steps ahead into L2. */
+VINLINE void prefetch_step(const uint8_t *at, int far) {
+    _mm_prefetch((const char *)at + PF * STEP, _MM_HINT_T0);
+    _mm_prefetch((const char *)at + PF * STEP + 64, _MM_HINT_T0);
+    if (far) {
+        _mm_prefetch((const char *)at + PF_FAR * STEP, _MM_HINT_T1);
+        _mm_prefetch((const char *)at + PF_FAR * STEP + 64, _MM_HINT_T1);
+    }
+}
 
 /* The block sums A_b of a row from its aux words: the int16 halves of its 4 pair words of block b. */
 static inline int32_t block_sum(const int32_t *aux, int64_t SB, int64_t b) {
@@ -91,12 +101,7 @@ VINLINE void tile(const int MT, const int8_t *s, int64_t M, const int32_t *aux, 
             for (int v = 0; v < NV; ++v) ia[r][v] = vi_zero();
         for (int64_t j = j0; j < j1; ++j) {
             const uint8_t *at = wb + j * STEP;
-            _mm_prefetch((const char *)at + PF * STEP, _MM_HINT_T0);
-            _mm_prefetch((const char *)at + PF * STEP + 64, _MM_HINT_T0);
-            if (far) {
-                _mm_prefetch((const char *)at + PF_FAR * STEP, _MM_HINT_T1);
-                _mm_prefetch((const char *)at + PF_FAR * STEP + 64, _MM_HINT_T1);
-            }
+            prefetch_step(at, far);
             const int32_t *a4 = (const int32_t *)s + j * M + m0;
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
@@ -134,12 +139,7 @@ VINLINE void tile1(const int MT, const int8_t *s, int64_t M, const int32_t *aux,
             for (int64_t j = j0; j < j1; ++j) {
                 const uint8_t *at = wb + j * STEP;
                 if (v == 0) {
-                    _mm_prefetch((const char *)at + PF * STEP, _MM_HINT_T0);
-                    _mm_prefetch((const char *)at + PF * STEP + 64, _MM_HINT_T0);
-                    if (far) {
-                        _mm_prefetch((const char *)at + PF_FAR * STEP, _MM_HINT_T1);
-                        _mm_prefetch((const char *)at + PF_FAR * STEP + 64, _MM_HINT_T1);
-                    }
+                    prefetch_step(at, far);
                 } else if (far) {                    /* the later passes read L1: keep memory busy with the next block */
                     _mm_prefetch((const char *)at + BSTEPS * STEP, _MM_HINT_T1);
                     _mm_prefetch((const char *)at + BSTEPS * STEP + 64, _MM_HINT_T1);
