@@ -13,9 +13,10 @@ import torch
 
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
+from specgram.errors import ModelLoadError
 from specgram.model import int4, int8, kernels
 from specgram.model.choice import choose_for
-from specgram.model.gguf_checkpoint import GGUFTensors, gguf_file
+from specgram.model.gguf_checkpoint import checkpoint, gguf_file
 from specgram.model.kernels import abi
 from specgram.model.runner import ModelRunner
 
@@ -49,8 +50,11 @@ def test_a_checkpoint_names_a_gguf_file_or_a_folder_holding_only_one(tmp_path, q
     assert gguf_file(q4k_file) == q4k_file and gguf_file(q4k_file.parent) == q4k_file
     (tmp_path / "a.gguf").write_bytes(b"")
     assert gguf_file(tmp_path) == tmp_path / "a.gguf"
+    (tmp_path / "mmproj-a-f16.gguf").write_bytes(b"")
+    assert gguf_file(tmp_path) == tmp_path / "a.gguf"  # a vision projector beside the model is not the model
     (tmp_path / "b.gguf").write_bytes(b"")
-    assert gguf_file(tmp_path) is None  # two: ambiguous
+    with pytest.raises(ModelLoadError, match=r"several GGUF models \(a.gguf, b.gguf\)"):
+        gguf_file(tmp_path)  # two: ambiguous, and the error says which to name
     (tmp_path / "b.gguf").unlink()
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert gguf_file(tmp_path) is None  # a safetensors checkpoint's folder
@@ -59,7 +63,7 @@ def test_a_checkpoint_names_a_gguf_file_or_a_folder_holding_only_one(tmp_path, q
 
 def test_every_tensor_reads_as_transformers_dequantizes_it_and_q4_k_is_kept_exactly(mixed_file):
     model = transformers_model(mixed_file)
-    files = GGUFTensors(mixed_file, LAYERS)
+    files = checkpoint(mixed_file).tensors(LAYERS)
     params = dict(model.named_parameters())
     files.expect({name: p.shape for name, p in params.items()})
     assert set(files.meta) == set(params)
@@ -77,7 +81,7 @@ def test_every_tensor_reads_as_transformers_dequantizes_it_and_q4_k_is_kept_exac
 
 
 def test_a_matrix_read_by_blocks_of_rows_quantizes_bitwise_as_the_whole(mixed_file, monkeypatch):
-    files = GGUFTensors(mixed_file, LAYERS)
+    files = checkpoint(mixed_file).tensors(LAYERS)
     files.expect({name: p.shape for name, p in transformers_model(mixed_file).named_parameters()})
     monkeypatch.setattr(int8, "CHUNK", 7)  # several blocks, the last one short
     monkeypatch.setattr(int4, "CHUNK", 7)

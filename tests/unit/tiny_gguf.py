@@ -142,3 +142,133 @@ def with_int4_activations(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, torch.nn.Linear):
             module.register_forward_pre_hook(rounded)
     return model
+
+
+# What llama.cpp's converter (convert_hf_to_gguf.py) writes per family, emulated for tiny models: the architecture
+# name, whether q and k rows are permuted (its LlamaModel and subclasses), and the norm offset (Gemma 3: 1 + w).
+CONVERTED = {  # model_type -> (general.architecture, q/k permuted, norm offset)
+    "llama": ("llama", True, 0.0),
+    "mistral": ("llama", True, 0.0),
+    "qwen2": ("qwen2", False, 0.0),
+    "qwen3": ("qwen3", False, 0.0),
+    "gemma3_text": ("gemma3", False, 1.0),
+    "phi3": ("phi3", False, 0.0),
+    "granite": ("granite", True, 0.0),
+    "smollm3": ("smollm3", True, 0.0),
+}
+
+
+def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """The converter's LlamaModel.permute: each head's rows from rotate-half to interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """The converter's rope_freqs tensor for Llama 3's rope scaling: a divisor per frequency."""
+    import math
+
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def save_family_gguf(model, path: Path, types: dict[str, str] | None = None) -> Path:
+    """A GGUF of a tiny transformers model of any served family, as llama.cpp's converter writes one (metadata,
+    names, permuted q/k rows, offset norms, Llama 3's rope_freqs, Phi-3's longrope factors), with the byte-level
+    tokenizer of tiny.py. types: block type per GGUF tensor kind ("attn_q", "ffn_up", ...); F32 by default."""
+    import gguf
+    from gguf.quants import quantize
+
+    cfg = model.config
+    arch, permuted, offset = CONVERTED[cfg.model_type]
+    types = types or {}
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    rope = dict(cfg.rope_parameters)
+    rope = rope.get("full_attention", rope)  # gemma3: the global layers' base
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    extra: dict[str, np.ndarray] = {}
+    if rope.get("rope_type") == "llama3":
+        extra["rope_freqs.weight"] = llama3_rope_factors(rope, head_dim)
+    if cfg.model_type == "phi3":
+        rotated = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+        w.add_rope_dimension_count(rotated)
+        if rope.get("rope_type") == "longrope":
+            original = cfg.original_max_position_embeddings
+            w.add_rope_scaling_orig_ctx_len(original)
+            import math
+
+            scale = cfg.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(
+                rope.get("attention_factor") or math.sqrt(1 + math.log(scale) / math.log(original))
+            )
+            extra["rope_factors_long.weight"] = np.array(rope["long_factor"], dtype=np.float32)
+            extra["rope_factors_short.weight"] = np.array(rope["short_factor"], dtype=np.float32)
+    if cfg.model_type == "gemma3_text":
+        w.add_sliding_window(cfg.sliding_window)
+    if cfg.model_type == "granite":
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
+    tok = build_tokenizer()
+    vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(vocab)
+    w.add_token_types([3 if t in SPECIALS else 1 for t in vocab])
+    w.add_token_scores([0.0] * len(vocab))  # no merges (single bytes)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], cfg.num_hidden_layers)
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # a tied head: the converter writes no output tensor
+        module, _, what = name.rpartition(".")
+        mapped = names.get_name(module)
+        assert mapped is not None, name
+        t = p.detach().float()
+        leaf = module.rpartition(".")[2]
+        if permuted and leaf in ("q_proj", "k_proj"):
+            t = permute(t, heads if leaf == "q_proj" else kv)
+        if offset and "norm" in leaf:
+            t = t + offset
+        kind = mapped.rpartition(".")[2] if mapped.startswith("blk.") else mapped
+        qtype = types.get(kind, "F32") if t.dim() == 2 else "F32"
+        values = t.numpy().astype(np.float32)
+        if qtype == "F32":
+            w.add_tensor(f"{mapped}.{what}", values)
+        else:
+            q = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(f"{mapped}.{what}", quantize(values, q), raw_dtype=q)
+    for name, values in extra.items():
+        w.add_tensor(name, values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -18,7 +18,7 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import footprint, lora
 from ..model.checkpoint import ModuleTensors, TensorFiles, kept_dtype, release_freed_memory, skeleton
-from ..model.gguf_checkpoint import DIRECT, GGUFTensors, config_of, gguf_file, pretrained
+from ..model.gguf_checkpoint import checkpoint, config_of, gguf_file
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner
 from ..model.whole import load_model
@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    if gguf_file(path) is not None:
+        source = checkpoint(path)  # outside the try: its ModelLoadError says what is wrong with the file
     try:
-        where, gguf = pretrained(path)
-        return AutoTokenizer.from_pretrained(where, **gguf)
+        return AutoTokenizer.from_pretrained(path) if gguf_file(path) is None else source.tokenizer()
     except Exception as e:
         raise ModelLoadError(f"could not load the tokenizer from {path!r}: {e}") from e
 
@@ -78,15 +79,17 @@ def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTens
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
     (other names, shapes or dtypes, a quantized format), transformers' whole model."""
     file = gguf_file(path)
-    if native and (TensorFiles.present(path) or (file is not None and config_of(path).model_type in DIRECT)):
+    if native and (TensorFiles.present(path) or file is not None):
         model = skeleton(path, dtype)
-        files = TensorFiles(path) if file is None else GGUFTensors(file, model.config.num_hidden_layers)
+        files = TensorFiles(path) if file is None else checkpoint(path).tensors(model.config.num_hidden_layers)
         if file is not None:
             files.expect({name: p.shape for name, p in model.named_parameters()})
         tensors = ModuleTensors(model, files)
         why = tensors.unfit(model)
         if why is None:
             return model, tensors
+        if file is not None:  # no other reader: transformers' would de-quantize the whole model, or fail alike
+            raise ModelLoadError(f"{file}: {why} (the file does not hold a {model.config.model_type} model whole)")
         log.info("%s: %s: loading the whole model through transformers", path, why)
     return load_model(path, device, dtype), None
 

@@ -103,7 +103,7 @@ def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     the checkpoint's generation config and a working rotary module on the CPU; ModelLoadError with the reason."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from .gguf_checkpoint import config_of, gguf_file
+    from .gguf_checkpoint import checkpoint, config_of, gguf_file
 
     try:
         cfg = config_of(path)
@@ -118,6 +118,8 @@ def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
         pass
     rotary = model.model.rotary_emb
     model.model.rotary_emb = type(rotary)(config=model.config)  # outside the meta context: on the CPU
+    if gguf_file(path) is not None:
+        checkpoint(path).rotary(model)  # Llama 3's rope scaling, which a GGUF holds as a tensor
     return model.eval()
 
 
@@ -188,8 +190,12 @@ class ModuleTensors:
             return None
         from .int4 import cat
 
-        parts = [self.files.int4(f"{self.names[id(m)]}.weight") for m in modules]
+        parts = [self.files.int4(f"{self.names[id(self._stored(m))]}.weight") for m in modules]
         return None if any(p is None for p in parts) else cat(parts)
+
+    def _stored(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module whose tensor the files hold for `module`'s weight: a tied head's is the embedding's."""
+        return self.embed if self.tied and module is self.head else module
 
     def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
         return None if getattr(module, "bias", None) is None else self._read(module, "bias", own=True)

@@ -1,21 +1,18 @@
-"""A GGUF file as a checkpoint, read as it comes: its config and tokenizer from its metadata (transformers' GGUF
-reader), its tensors one at a time from the memory-mapped file (the gguf package), under the names of the
-transformers model (gguf's own name map).
+"""A GGUF file as a checkpoint, read as it comes and opened once: its header (gguf_format.py), the transformers
+config of the model it was converted from and its tokenizer, both from its metadata (gguf_families.py), and its
+tensors one at a time from the file under the transformers model's names, with the converter's changes undone
+(q and k rows put back in order, norm offsets taken off).
 
 What each block type becomes (packed.py chooses per product, under the `weights` setting):
 - Q4_K: int4.py's form holds its blocks exactly (4-bit codes, 6-bit sub-scales and mins, fp16 super-scales: the
   same two-level scales in groups of 32 and super-blocks of 8), so under `weights` auto and int4 a product whose
-  parts are all Q4_K keeps the file's weights bit for bit: int4(name) unpacks them, no second rounding.
-- Every other type (Q4_0, Q4_1, Q5_0, Q5_K, Q6_K, Q8_0, F16, BF16, F32): de-quantized to float32 by the gguf
-  package (exact: the file's values), then packed in the product's form: int8 with a scale per output row under
-  `weights` auto (a second rounding, of 255 levels per row against the file's 31-255 per block: the closest form
-  the kernels have), int4 under `weights int4` (a second rounding to 4 bits).
+  parts are all Q4_K keeps the file's weights bit for bit: int4(name) unpacks them, no second rounding (q and k
+  rows reordered whole: a row's blocks move with it).
+- Every other type the gguf package de-quantizes (Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q2_K, Q3_K, the IQ
+  types, F16, BF16, F32): to float32 (exact: the file's values), then packed in the product's form: int8 with a
+  scale per output row under `weights` auto (a second rounding, of 255 levels per row against the file's 31-255
+  per block: the closest form the kernels have), int4 under `weights int4` (a second rounding to 4 bits).
 Norms, biases and the embedding are read as float32 (the embedding's rows exactly the file's values).
-
-Architectures read directly: qwen2, whose GGUF tensors are the transformers tensors renamed (tested against
-transformers' reading of the file); llama's converter permutes q and k rows, so other architectures are loaded
-whole by transformers' own GGUF loader (de-quantized to the load dtype), as a folder of .bin files is, and under
-`weights auto` packed in int8 throughout (ModuleTensors.int4 finds no blocks to keep).
 """
 
 from __future__ import annotations
@@ -28,48 +25,116 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
+from . import gguf_families
+from .gguf_format import GGUFError, GGUFHeader, read_header
 from .int4 import GROUP, SUPER, Int4Weight
 
 SUFFIX = ".gguf"
 STORED = "gguf"  # runner weights: per product, int4 where the file's blocks are all Q4_K, else int8 (packed.py)
 ROWS = 4096  # rows de-quantized at a time
-DIRECT = ("qwen2",)  # general.architecture values whose tensors are read one at a time
+PROJECTOR = "mmproj"  # a vision projector's file name holds this (llama.cpp's multimodal GGUFs)
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens",)  # read as lists (the vocabulary size, the tokenizer's checks)
 
 
 def gguf_file(path: str | Path) -> Path | None:
-    """The GGUF file a checkpoint path names: the path itself (a .gguf file), or a folder's only .gguf where the
-    folder has no other weights (safetensors or .bin); None otherwise."""
+    """The GGUF file a checkpoint path names: the path itself (a .gguf file), or a folder's model .gguf where the
+    folder has no other weights (safetensors or .bin) and one .gguf besides any vision projector (mmproj); None
+    otherwise. ModelLoadError for a folder of several model files (it names them: the checkpoint must name one)."""
     p = Path(path)
     if p.is_file():
         return p if p.suffix == SUFFIX else None
     if not p.is_dir() or any(p.glob("*.safetensors")) or any(p.glob("*.bin")):
         return None
-    found = sorted(p.glob(f"*{SUFFIX}"))
-    return found[0] if len(found) == 1 else None
+    found = sorted(f for f in p.glob(f"*{SUFFIX}") if PROJECTOR not in f.name.lower())
+    if len(found) > 1:
+        names = ", ".join(f.name for f in found)
+        raise ModelLoadError(f"{p} holds several GGUF models ({names}): set the checkpoint to the file to serve")
+    return found[0] if found else None
 
 
-def pretrained(path: str | Path) -> tuple[str, dict]:
-    """A checkpoint path as transformers' from_pretrained takes it: (folder, {"gguf_file": name}) for a GGUF,
-    (path, {}) otherwise."""
+class GGUFCheckpoint:
+    """One GGUF file, its header read once (checkpoint(path) keeps one per file and version): the config, the
+    tokenizer, the tensors."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        self.header: GGUFHeader = read_header(file, TOKENIZER_ARRAYS)
+        self.family = gguf_families.family(self.header)
+        cfg = gguf_families.config_dict(self.header)
+        self._rope_factors(cfg)
+        from transformers import AutoConfig
+
+        try:
+            self._config = AutoConfig.for_model(**cfg)
+        except Exception as e:  # transformers validates the values; its message names the one it refused
+            raise GGUFError(f"{file}: its metadata makes no valid {cfg['model_type']} config: {e}") from e
+
+    def config(self):
+        return copy.deepcopy(self._config)  # callers set attributes on theirs
+
+    def _vector(self, name: str) -> list[float]:
+        t = self.header.tensors[name]
+        if t.type_name != "F32" or len(t.shape) != 1:
+            raise GGUFError(f"{self.file}: tensor {name!r} is {t.type_name} {list(t.shape)}; F32 [n] expected")
+        return np.fromfile(self.file, dtype=np.float32, count=t.shape[0], offset=t.offset).tolist()
+
+    def _rope_factors(self, cfg: dict) -> None:
+        """Phi-3's longrope factors, which the converter moved from the config into tensors, back into it."""
+        t = self.header.tensors
+        if "rope_factors_long.weight" in t and "rope_factors_short.weight" in t:
+            cfg["rope_parameters"]["long_factor"] = self._vector("rope_factors_long.weight")
+            cfg["rope_parameters"]["short_factor"] = self._vector("rope_factors_short.weight")
+
+    def rotary(self, model: torch.nn.Module) -> None:
+        """Llama 3's rope scaling as the file holds it: a divisor per frequency (rope_freqs), applied to the model's
+        plain rotary frequencies (the converter computed the divisors from the config's llama3 parameters)."""
+        if "rope_freqs.weight" not in self.header.tensors:
+            return
+        divisors = torch.tensor(self._vector("rope_freqs.weight"), dtype=torch.float32)
+        rotary = model.model.rotary_emb
+        if divisors.shape != rotary.inv_freq.shape:
+            raise GGUFError(
+                f"{self.file}: rope_freqs has {len(divisors)} values for {len(rotary.inv_freq)} frequencies"
+            )
+        rotary.inv_freq = rotary.inv_freq / divisors
+        rotary.original_inv_freq = rotary.inv_freq
+
+    def tokenizer(self):
+        """The file's tokenizer, built by transformers from the metadata (its class by model_type, as AutoTokenizer
+        would choose it, without AutoTokenizer's reading the whole file's metadata for a config first)."""
+        from transformers import TokenizersBackend
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+        name = TOKENIZER_MAPPING_NAMES.get(self.family.model_type)
+        cls = (tokenizer_class_from_name(name) if name else None) or TokenizersBackend
+        return cls.from_pretrained(str(self.file.parent), gguf_file=self.file.name)
+
+    def tensors(self, layers: int) -> GGUFTensors:
+        return GGUFTensors(self, layers)
+
+
+@functools.lru_cache(maxsize=4)
+def _opened(file: str, mtime: float, size: int) -> GGUFCheckpoint:
+    del mtime, size  # the key: a file replaced in place is read again
+    return GGUFCheckpoint(Path(file))
+
+
+def checkpoint(path: str | Path) -> GGUFCheckpoint:
+    """The GGUF checkpoint at path (a .gguf file, or a folder holding one), its header read once per version."""
     f = gguf_file(path)
-    return (str(path), {}) if f is None else (str(f.parent), {"gguf_file": f.name})
-
-
-@functools.lru_cache(maxsize=8)
-def _config(file: str, mtime: float):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(Path(file).parent), gguf_file=Path(file).name)
+    if f is None:
+        raise ModelLoadError(f"{path} is not a GGUF file")
+    st = f.stat()
+    return _opened(str(f.resolve()), st.st_mtime, st.st_size)
 
 
 def config_of(path: str | Path):
-    """The transformers config of a checkpoint (a GGUF's parsed once per file: its metadata takes seconds)."""
+    """The transformers config of a checkpoint: a GGUF's from its metadata, a folder's from its config.json."""
     from transformers import AutoConfig
 
-    f = gguf_file(path)
-    if f is None:
+    if gguf_file(path) is None:
         return AutoConfig.from_pretrained(path)
-    return copy.deepcopy(_config(str(f), f.stat().st_mtime))
+    return checkpoint(path).config()
 
 
 class LazyRows:
@@ -89,37 +154,23 @@ class LazyRows:
         return self._read(torch.arange(i, j) if self._index is None else self._index[i:j])
 
 
-def _quant_type(name: str):
-    import gguf
-
-    return gguf.GGMLQuantizationType[name]
-
-
 class GGUFTensors:
     """A GGUF file's tensors under transformers' names, read on demand (what ModuleTensors reads of a TensorFiles:
-    names, shapes, get; every tensor reads as float32), and int4() for those whose blocks int4.py holds exactly."""
+    names, shapes, get; every tensor reads as float32), and int4() for those whose blocks int4.py holds exactly.
+    Each read undoes the converter's change to that tensor (gguf_families.py)."""
 
     copies = True  # get() returns a tensor of its own (de-quantized), never a view of the file
 
-    def __init__(self, file: Path, layers: int):
+    def __init__(self, source: GGUFCheckpoint, layers: int):
         import gguf
 
-        self.path = file
-        try:
-            reader = gguf.GGUFReader(str(file))
-        except Exception as e:
-            raise ModelLoadError(f"could not read the GGUF file {str(file)!r}: {e}") from e
-        field = reader.fields["general.architecture"]
-        self.arch = bytes(field.parts[field.data[0]]).decode()
-        # the tensors (views of the file's mapping) only: the reader's parsed metadata (a 151k-token vocabulary's
-        # strings as numpy arrays: 0.4 GB for Qwen2.5) goes with it
-        self.by_gguf = {t.name: t for t in reader.tensors}
-        del reader
-        if self.arch not in DIRECT:
-            raise ModelLoadError(f"GGUF architecture {self.arch!r} is not read directly")
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.arch]
+        self.path, self.source = source.file, source
+        self.by_gguf = source.header.tensors
+        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[source.header.arch]
         self.names = gguf.get_tensor_name_map(arch, layers)
         self.meta: dict[str, tuple[tuple[int, ...], str]] = {}
+        cfg = source._config
+        self._heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
 
     def gguf_name(self, name: str) -> str | None:
         """transformers' tensor name -> the file's (None: no such tensor)."""
@@ -128,52 +179,73 @@ class GGUFTensors:
         return None if mapped is None or f"{mapped}.{what}" not in self.by_gguf else f"{mapped}.{what}"
 
     def expect(self, names: dict[str, tuple[int, ...]]) -> None:
-        """Record the model's tensor names and shapes that the file holds (meta, as TensorFiles has it; the
-        file's shapes are reversed: GGUF lists the fastest dimension first)."""
+        """Record the model's tensor names and shapes that the file holds (meta, as TensorFiles has it)."""
         for name in names:
             g = self.gguf_name(name)
             if g is not None:
-                t = self.by_gguf[g]
-                self.meta[name] = (tuple(int(d) for d in reversed(t.shape.tolist())), "F32")
+                self.meta[name] = (self.by_gguf[g].shape, "F32")
 
     def __contains__(self, name: str) -> bool:
         return name in self.meta
 
     def block_type(self, name: str) -> str:
-        return self.by_gguf[self.gguf_name(name)].tensor_type.name
+        return self.by_gguf[self.gguf_name(name)].type_name
 
-    def get(self, name: str, own: bool = False) -> torch.Tensor:
-        """The tensor as float32, the file's values (de-quantized by the gguf package); always a copy of its own."""
+    def _order(self, name: str) -> torch.Tensor | None:
+        """The file's row of each of the tensor's rows where the converter reordered them (q and k of the
+        families whose converter is llama's), else None."""
+        module = name.rpartition(".")[0].rpartition(".")[2]
+        if not self.source.family.unpermute or module not in self._heads:
+            return None
+        return gguf_families.unpermute_rows(self.meta[name][0][0], self._heads[module])
+
+    def _offset(self, name: str) -> float:
+        return self.source.family.norm_offset if "norm" in name.rpartition(".")[0].rpartition(".")[2] else 0.0
+
+    def _data(self, name: str) -> np.ndarray:
+        """The tensor's bytes (a row of blocks, or of values, per output row: [rows, bytes]) from a mapping of its
+        own: its pages leave this process with the array (one mapping of the whole file would keep every page read
+        resident until the load ends: a 1 GB file's worth on top of the packed weights)."""
+        t = self.by_gguf[self.gguf_name(name)]
+        rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(rows, t.nbytes // rows))
+
+    def _decode(self, name: str, data: np.ndarray) -> torch.Tensor:
+        """Rows of the tensor's bytes -> float32 rows (the file's values, the norm offset taken off)."""
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
+        t = self.by_gguf[self.gguf_name(name)]
+        values = dequantize(data, GGMLQuantizationType(t.type_id))
+        out = torch.from_numpy(values.astype(np.float32))  # a copy: an F32 tensor's would be a view of the file
+        offset = self._offset(name)
+        return out - offset if offset else out
+
+    def get(self, name: str, own: bool = False) -> torch.Tensor:
+        """The tensor as float32, the file's values (de-quantized by the gguf package), in the transformers
+        model's row order; always a copy of its own."""
         del own
         if name not in self.meta:
             raise ModelLoadError(f"{self.path}: the GGUF file has no tensor for {name!r}")
-        t = self.by_gguf[self.gguf_name(name)]
         shape = self.meta[name][0]
+        data, order = self._data(name), self._order(name)
+        if len(shape) == 1:  # a norm or a bias (a q or k bias reordered as its rows are)
+            v = self._decode(name, data).reshape(-1)
+            return v.clone() if order is None else v[order]
         out = torch.empty(shape, dtype=torch.float32)
-        rows = out.view(-1, shape[-1]) if len(shape) > 1 else out.view(1, -1)
-        data = self._data(t).reshape(rows.shape[0], -1)  # a row of blocks (or of values) per output row
+        rows = out.view(-1, shape[-1])
         for i in range(0, rows.shape[0], ROWS):  # in pieces: the package's temporaries stay small
-            rows[i : i + ROWS] = torch.from_numpy(dequantize(data[i : i + ROWS], t.tensor_type).astype(np.float32))
+            pick = slice(i, i + ROWS) if order is None else order[i : i + ROWS].numpy()
+            rows[i : i + ROWS] = self._decode(name, data[pick]).reshape(-1, rows.shape[1])
         return out
-
-    def _data(self, t) -> np.ndarray:
-        """Tensor t's bytes as the reader types them, from a mapping of its own: its pages leave this process with
-        the array (the reader's mapping of the whole file would keep every page read resident until the load
-        ends: a 1 GB file's worth on top of the packed weights)."""
-        return np.memmap(self.path, dtype=t.data.dtype, mode="r", offset=int(t.data_offset), shape=t.data.shape)
 
     def rows(self, name: str) -> LazyRows:
         """The weight as LazyRows: de-quantized a block of rows at a time as the quantizer asks (the head's 152k
         rows are never all float32 at once)."""
-        from gguf.quants import dequantize
-
-        t, shape = self.by_gguf[self.gguf_name(name)], self.meta[name][0]
-        data = self._data(t).reshape(shape[0], -1)
+        shape, data, order = self.meta[name][0], self._data(name), self._order(name)
 
         def read(index: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(dequantize(data[index.numpy()], t.tensor_type).astype(np.float32))
+            return self._decode(name, data[(index if order is None else order[index]).numpy()])
 
         return LazyRows(shape, read)
 
@@ -181,11 +253,13 @@ class GGUFTensors:
         """The weight's Q4_K blocks in int4.py's form, exactly (None: stored as another type)."""
         from gguf.quants import Q4_K
 
-        t = self.by_gguf[self.gguf_name(name)]
-        if t.tensor_type.name != "Q4_K":
+        if name not in self.meta or self.block_type(name) != "Q4_K":
             return None
         n, k = self.meta[name][0]
-        blocks = self._data(t).reshape(n * k // 256, 144)  # 256 weights per block: d, dmin, scales, codes
+        data, order = self._data(name), self._order(name)
+        blocks = (data if order is None else data[order.numpy()]).reshape(
+            n * k // 256, 144
+        )  # rows moved whole; 256 weights a block
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [blocks, 8] each: the 6-bit sub-scales and mins

@@ -10,17 +10,14 @@ import torch
 
 from ..errors import ModelLoadError
 from .families import DOCS, FAMILIES
-from .gguf_checkpoint import config_of, gguf_file, pretrained
+from .gguf_checkpoint import checkpoint, config_of, gguf_file
 
 
 def checkpoint_config(path: Path) -> dict:
     """The config.json of a checkpoint folder (or a GGUF file's config) of a supported family; ModelLoadError with
     the reason."""
     if gguf_file(path) is not None:
-        try:
-            cfg, where = config_of(path).to_dict(), path
-        except Exception as e:  # transformers raises many types; the message is what the user needs
-            raise ModelLoadError(f"could not read the GGUF file {str(path)!r}: {e}") from e
+        cfg, where = config_of(path).to_dict(), path  # a GGUF's problems are ModelLoadErrors in words already
     else:
         if not path.is_dir():
             raise ModelLoadError(
@@ -47,9 +44,29 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> to
     checkpoint_config(Path(path))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
+    if gguf_file(path) is not None:
+        return _from_gguf(path, dtype).to(device)
     try:
-        where, gguf = pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **gguf)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     except Exception as e:  # transformers raises many types; the message is what the user needs
         raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
     return model.to(device)
+
+
+def _from_gguf(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The whole model of a GGUF file (the PyTorch forward's): built from the file's config and filled tensor by
+    tensor with its de-quantized values (gguf_checkpoint.py), as the native forward reads them."""
+    from transformers import AutoModelForCausalLM
+
+    source = checkpoint(path)
+    model = AutoModelForCausalLM.from_config(source.config(), dtype=dtype, attn_implementation="sdpa")
+    source.rotary(model)
+    files = source.tensors(model.config.num_hidden_layers)
+    params = dict(model.named_parameters())  # a tied head is the embedding's parameter, listed once
+    files.expect({name: tuple(p.shape) for name, p in params.items()})
+    with torch.no_grad():
+        for name, p in params.items():
+            if name not in files or files.meta[name][0] != tuple(p.shape):
+                raise ModelLoadError(f"{source.file}: no tensor for {name!r} {list(p.shape)} in the file")
+            p.copy_(files.get(name))
+    return model.eval()
