@@ -2,7 +2,7 @@
 model (its requests refused once it is gone, its Python stub process and that process's children ended, the
 same greedy output once it is loaded again); two models of this kind with different settings in one server,
 served at once, each with its own settings and its own metric series; unloading one leaves the other serving;
-and the server stops cleanly at the end."""
+a model whose checkpoint is broken fails its load saying why; and the server stops cleanly at the end."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from test_model_reload import CLOSE, wait_for
 from triton_server import TritonServer, metric_total, model_repository_with
 
 A, B = "llm", "llm_b"
+BROKEN = "llm_broken"  # its checkpoint a truncated GGUF file
 A_MAX_TOKENS, B_MAX_TOKENS = 12, 5
 # llm_b: fewer KV slots, a shorter default output and no speculation, so that each setting shows in its outputs
 # and gauges; greedy output is the same with speculation on or off, so llm_b's output is the start of llm's.
@@ -122,6 +123,17 @@ def served(server, model: str, prompt: str = PROMPTS[0], on_response=None, **mor
     return ids_of(responses)
 
 
+def truncated_gguf(folder: Path) -> Path:
+    """A tiny GGUF file cut at three quarters of its length, as an interrupted download leaves one."""
+    from tests.unit.tiny_gguf import save_gguf
+
+    folder.mkdir()
+    path = save_gguf(folder / "cut.gguf", seed=5)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 3 // 4])
+    return path
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server for the module in explicit model-control mode: `llm` loaded at start, `llm_b` in the repository
@@ -129,6 +141,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("model-management")
     repo = model_repository_with(A_SETTINGS, root / "repository")
     add_model_copy(repo, B, B_SETTINGS, root / "staging")
+    add_model_copy(repo, BROKEN, {"checkpoint": str(truncated_gguf(root / "broken"))}, root / "staging-broken")
     server = TritonServer(
         model_repository=repo,
         model=A,
@@ -234,6 +247,16 @@ def test_two_models_serve_at_once_with_their_own_settings_and_series(server):
     assert wait_for(lambda: not instances(metrics(server), B))
     assert served(server, A, PROMPTS[2]) == by_prompt[PROMPTS[2]]
     assert metric_total(metrics(server), "specgram_kv_slots", model=A) == 8
+
+
+def test_a_broken_checkpoint_fails_its_load_in_words_and_the_others_serve_on(server):
+    r = post(server, f"models/{BROKEN}/load")
+    assert r.status_code != 200, r.text
+    # the engine's refusal reaches the load's answer: the file, the tensor, how far past the end, why
+    assert "cut.gguf" in r.text and "bytes past the end of the file" in r.text and "truncated" in r.text, r.text
+    assert not any(t in r.text for t in ("cannot reshape", "KeyError", "Traceback")), r.text
+    assert not ready(server, BROKEN)
+    assert len(served(server, A)) == A_MAX_TOKENS
 
 
 def test_the_server_stops_cleanly(server):
