@@ -174,3 +174,16 @@ def test_a_gguf_draft_model_is_served_in_its_own_forms(vnni, q4k_file, mixed_fil
         alone = [tokens_of(run(e, [p], max_tokens=12)[0]) for p in PROMPTS]
         spec = run(e, PROMPTS, max_tokens=12, num_draft_tokens=3, drafter="draft_model")
     assert [tokens_of(o) for o in spec] == alone and sum(o[-1].spec.drafted for o in spec) > 0
+
+
+def test_a_tied_head_is_served_as_the_embedding_in_every_form(vnni, tmp_path):
+    """A file without output.weight (llama.cpp's tied model): the head is the embedding, in int4 too; the same ids
+    as a file whose output.weight holds the embedding's bytes."""
+    tied = save_gguf(tmp_path / "tied.gguf", seed=6, head="tied")
+    copy = save_gguf(tmp_path / "copy.gguf", seed=6, head="copy")
+    assert "output.weight" not in checkpoint(tied).header.tensors and checkpoint(tied).config().tie_word_embeddings
+    for weights in ("auto", "int4", "int8"):
+        with closing(engine(tied, weights=weights)) as a, closing(engine(copy, weights=weights)) as b:
+            ids = [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12)]
+            assert ids == [tokens_of(o) for o in run(b, PROMPTS, max_tokens=12)], weights
+            assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12, num_draft_tokens=3)] == ids, weights

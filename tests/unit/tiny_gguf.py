@@ -44,8 +44,10 @@ def random_q4_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return encode_q4_k(codes, sc, mn, d, dmin)
 
 
-def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None) -> Path:
-    """A qwen2 GGUF file at path (a .gguf name): 2 layers, hidden 256, 4 heads of 64, 2 KV heads, MLP 512, untied.
+def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None, head: str = "own") -> Path:
+    """A qwen2 GGUF file at path (a .gguf name): 2 layers, hidden 256, 4 heads of 64, 2 KV heads, MLP 512.
+    head: "own" (output.weight, random), "tied" (no output.weight: the head is the embedding, as llama.cpp writes a
+    tied model) or "copy" (output.weight holds the embedding's stored bytes).
     types: block type per GGUF tensor kind ("attn_q", "attn_v", "ffn_down", "token_embd", "output", ...; a key
     "attn_v.1" names layer 1's alone); projections default to Q4_K, the embedding and the head to Q8_0, norms and
     biases are F32."""
@@ -76,6 +78,8 @@ def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None) ->
     w.add_pad_token_id(0)
     w.add_chat_template(CHAT_TEMPLATE)
 
+    stored = {}
+
     def tensor(name: str, kind: str, shape: tuple[int, ...], default: str) -> None:
         layer = name.split(".")[1] if name.startswith("blk.") else ""
         qtype = types.get(f"{kind}.{layer}", types.get(kind, default))
@@ -89,7 +93,8 @@ def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None) ->
         else:
             t = gguf.GGMLQuantizationType[qtype]
             values = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-            w.add_tensor(name, quantize(values, t), raw_dtype=t)
+            stored[name] = quantize(values, t)
+            w.add_tensor(name, stored[name], raw_dtype=t)
 
     vocab_n = len(vocab)
     tensor("token_embd.weight", "token_embd", (vocab_n, HIDDEN), "Q8_0")
@@ -109,7 +114,10 @@ def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None) ->
         tensor(f"{b}.ffn_up.weight", "ffn_up", (inter, HIDDEN), "Q4_K")
         tensor(f"{b}.ffn_down.weight", "ffn_down", (HIDDEN, inter), "Q4_K")
     tensor("output_norm.weight", "output_norm", (HIDDEN,), "F32")
-    tensor("output.weight", "output", (vocab_n, HIDDEN), "Q8_0")
+    if head == "own":
+        tensor("output.weight", "output", (vocab_n, HIDDEN), "Q8_0")
+    elif head == "copy":
+        w.add_tensor("output.weight", stored["token_embd.weight"], raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
