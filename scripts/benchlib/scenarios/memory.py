@@ -10,7 +10,9 @@ Each row is one process that imports the engine, then loads it (max_slots 8, max
 defaults: the target's int8 copy drafts where the native forward runs and no draft checkpoint is given) and
 reports its peak resident memory during the load (VmHWM), what stays resident after it (VmRSS, and how much of
 that is file pages: RssFile), both less the process's own before the load, and the load's wall time, beside the
-checkpoints' bytes on disk. The page cache is warm after the first row (the files were read once already).
+checkpoints' bytes on disk and what the load accounts for (the sum of the parts its memory check adds up: the matmul
+weights as served, the embeddings, the KV caches). The page cache is warm after the first row (the files were read
+once already).
 --decode N: then N tokens at one stream without drafts; the median step against the memory bound (the served
 matmul weights' bytes over a plain read's bandwidth, measured in the same process).
 """
@@ -40,8 +42,13 @@ a = json.loads(sys.argv[1])
 before, t0 = status(), time.perf_counter()
 engine = Engine.from_config(EngineConfig.from_dict(a["params"]))
 wall, after = time.perf_counter() - t0, status()
+try:  # the parts the load's memory check adds up: matmul weights as served, embeddings, KV caches
+    from specgram.engine.loading import footprint_of
+    accounted = sum(p.nbytes for p in footprint_of(engine.config, engine.settings)[0])
+except (ImportError, AttributeError, TypeError):  # an older engine (--base) without it
+    accounted = None
 out = dict(peak=after["VmHWM"] - before["VmRSS"], kept=after["VmRSS"] - before["VmRSS"],
-           file=after["RssFile"] - before["RssFile"], load_s=wall)
+           file=after["RssFile"] - before["RssFile"], load_s=wall, accounted=accounted)
 if a["decode"]:  # one stream, no drafts: the median decode step against the weights' bytes over a plain read
     import torch
     from specgram.engine.generate import generate
@@ -100,8 +107,10 @@ def run(args) -> None:
                 if "error" in r:
                     rows.append([side, name, weights, f"{disk / gib:.2f}", f"not loaded: {r['error'][:300]}"])
                     continue
+                acc = r.get("accounted")  # an older engine's side may not report it
                 rows.append([side, name, weights, f"{disk / gib:.2f}", f"{r['peak'] / gib:.2f}",
                              f"{r['kept'] / gib:.2f}", f"{r['file'] / gib:.2f}", f"{r['peak'] / max(r['kept'], 1):.2f}",
+                             f"{acc / gib:.2f} ({r['kept'] / acc:.2f}×)" if acc else "–",
                              f"{r['peak'] / disk:.2f}" if disk else "–", f"{r['load_s']:.1f}", _decode(r)])  # fmt: skip
     lines = report.header(
         "Memory at load",
@@ -110,7 +119,8 @@ def run(args) -> None:
     )
     lines += report.table(
         ["engine", "setting", "weights", "checkpoints GiB", "peak GiB", "resident GiB", "of it file pages GiB",
-         "peak ÷ resident", "peak ÷ checkpoints", "load s", "decode ms/step (× bound)"],
+         "peak ÷ resident", "accounted GiB (resident ÷ it)", "peak ÷ checkpoints", "load s",
+         "decode ms/step (× bound)"],
         rows,
     )  # fmt: skip
     report.write(args, lines, dict(loads=raw))
