@@ -121,7 +121,7 @@ def register(spec: DrafterSpec) -> None:
     for other in DRAFTERS.values():
         taken = set(spec.sources) & set(other.sources)
         if other.name != spec.name and taken:
-            raise ValueError(f"drafter {spec.name!r}: source tag(s) {sorted(taken)} are drafter {other.name!r}'s")
+            raise ValueError(f"drafter {spec.name!r}: source tag(s) {sorted(taken)} already tag drafter {other.name!r}")
     DRAFTERS[spec.name] = spec
 
 
