@@ -128,6 +128,8 @@ def test_plugin_drafters_serve_with_their_declared_priors(restored_registry, mak
         assert tokens_of(out) == want, name
         assert out[-1].spec.by_source[name][0] > 0, (name, out[-1].spec.by_source)
     assert engine.drafters[forward.NAME].forwards > 0
+    # its depths timed apart from the draft model's (the planner's own costs: none here)
+    assert engine.planner.costs.of(forward.NAME).draft_calls > 0 and engine.planner.costs.draft_calls == 0
 
     # auto k where the step costs say a likely draft pays: drafts banned by the request's logit_bias, so that
     # only the declared prior can get one verified (a free observation never finds one right)

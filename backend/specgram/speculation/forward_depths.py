@@ -24,9 +24,11 @@ EXPLORE_AFTER = 16
 
 
 def costs_of(name: str, step_costs: costs.StepCosts) -> costs.StepCosts:
-    """The step costs with the forward drafter `name`'s depth and read costs: the planner's own for a drafter
-    of its own, a second one's (declared beside another) over the same verify fit."""
-    return step_costs.of(name) if registry.DRAFTERS[name].beside else step_costs
+    """The step costs with the forward drafter `name`'s depth and read costs: the planner's own for the first
+    forward drafter declared (the draft model), every other's own (one beside it, a plug-in's) over the same
+    verify fit: each model's forwards cost what its own weights cost."""
+    first = next(n for n, spec in registry.DRAFTERS.items() if spec.forward)
+    return step_costs if name == first else step_costs.of(name)
 
 
 def value(
