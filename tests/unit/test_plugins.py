@@ -14,10 +14,12 @@ import pytest
 from specgram.config import EngineConfig
 from specgram.drafting import plugins, registry
 from specgram.drafting.acceptance import Population, RequestAcceptance
+from specgram.drafting.proposal import Proposal
 from specgram.errors import ModelLoadError
 from specgram.request import SamplingParams
 from specgram.serving import contract
 from specgram.serving.metrics import Metrics
+from specgram.speculation.drafter import Drafter
 from specgram.wire import draft_sources
 from tests.plugins import TOKEN, forward, free
 
@@ -169,3 +171,20 @@ def test_a_forward_plugin_gets_the_lookups_drafts_as_hints(restored_registry, ma
     run_to_end(engine, [req])
     hints = engine.drafters[forward.NAME].hints
     assert any(hints) and all(h in looked for h in hints if h), (hints, looked)
+
+
+def test_an_untagged_proposal_gets_the_drafters_declared_tag(restored_registry, make_engine, monkeypatch):
+    """A plug-in whose proposals tag nothing (Proposal.sources None): the planner tags its drafts with the first
+    source tag it declares, so that its declared prior and its metric label apply to them."""
+
+    class Untagged(Drafter):
+        def propose(self, reqs, ks, pick, prefixes, hints):
+            return [Proposal(list(p) + [TOKEN] * max(k - len(p), 0)) for k, p in zip(ks, prefixes, strict=True)]
+
+    spec = registry.DrafterSpec(
+        "untagged", "a test's drafter", {"its_tag": 0.5}, consults=False, make="untagged_plugin:build"
+    )
+    _module(monkeypatch, "untagged_plugin", DRAFTERS=[spec], build=lambda config: Untagged())
+    engine = make_engine(drafter_plugins="untagged_plugin", max_draft_len=4)
+    by_source = run(engine, [PROMPT], max_tokens=8, num_draft_tokens=3, drafter="untagged")[0][-1].spec.by_source
+    assert by_source.get("its_tag", (0, 0))[0] > 0 and "untagged" not in by_source, by_source

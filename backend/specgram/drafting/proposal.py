@@ -72,10 +72,10 @@ class Proposal:
         parents = self.parents
         return depths(parents) if parents is not None else list(range(1 + len(self.tokens)))
 
-    def tagged(self, n_forced: int, drafter: str) -> Proposal:
-        """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then the
-        drafter's name."""
+    def tagged(self, n_forced: int, source: str) -> Proposal:
+        """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then `source`
+        (the drafter's: registry.source_of)."""
         if self.sources is None:
             n = len(self.tokens)
-            self.sources = [FORCED] * min(n_forced, n) + [drafter] * max(n - n_forced, 0)
+            self.sources = [FORCED] * min(n_forced, n) + [source] * max(n - n_forced, 0)
         return self

@@ -164,8 +164,9 @@ def priors() -> dict[str, float]:
 
 
 def source_of(name: str) -> str:
-    """The source tag of a forward drafter's drafts (its first declared)."""
-    return next(iter(DRAFTERS[name].sources))
+    """The source tag the planner gives a drafter's drafts where its proposal tags none (Proposal.sources None):
+    its first declared, else its name (a drafter that declares no tags: grammar, which drafts only forced ones)."""
+    return next(iter(DRAFTERS[name].sources), name)
 
 
 def forward_sources() -> frozenset[str]:

@@ -56,8 +56,7 @@ class Drafter:
         - hints[i]: drafts a free drafter found for reqs[i] this step, after prefixes[i] (a forward drafter may
           check them in its first forward: draft_model.py); empty for a free drafter's call, and where none found.
         Proposal.sources tags each token (FORCED for the prefix, then tags the drafter declares); None: the
-        planner tags the prefix FORCED and the rest with the drafter's own name (a free drafter) or its first
-        declared tag (a forward drafter)."""
+        planner tags the prefix FORCED and the rest with the drafter's first declared tag (registry.source_of)."""
         raise NotImplementedError
 
     def behind(self, req: Request) -> int:

@@ -212,7 +212,7 @@ class DraftPlanner:
             for i, p in zip(idx, props, strict=True):
                 if len(p.tokens) <= len(prefixes[i]):
                     continue
-                p = p.tagged(len(prefixes[i]), name)
+                p = p.tagged(len(prefixes[i]), registry.source_of(name))
                 expect = sum(reqs[i].acceptance.chances(p.sources)) if len(asked[i]) > 1 else 0.0
                 if best[i] is None or expect > score[i]:
                     best[i], score[i] = p, expect
