@@ -1,8 +1,9 @@
-"""Drafter plug-ins served by a real tritonserver: a config.pbtxt names tests/plugins' two modules (a free drafter
-and a forward one, outside the engine package) in `drafter_plugins`. Requests that name them are served with
-their drafts, tagged with their sources in `spec_detail` and counted under those sources in the metrics; their
-declared priors (0: never expected to be accepted) are the ones in effect: under num_draft_tokens auto, once the
-step costs are measured, neither gets a draft verified (an undeclared source's prior, 0.5, would)."""
+"""Drafter plug-ins served by a real tritonserver: a config.pbtxt names tests/plugins' modules (a free drafter and a
+forward one, outside the engine package, and the same two declared likely) in `drafter_plugins`. Requests that
+name them are served with their drafts, tagged with their sources in `spec_detail` and counted under those
+sources in the metrics; their declared priors are the ones in effect: under num_draft_tokens auto, once the step
+costs are measured, the drafters declared never accepted (prior 0) get no draft verified and the same drafters
+declared likely (0.9) do, though the request rejects every one of their drafts."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import requests
 from collect import errors_of, ids_of, last_value, stream_infer
 from triton_server import REPO, TritonServer, metric_total, model_repository_with
 
-from tests.plugins import TOKEN, forward, free
+from tests.plugins import TOKEN, forward, free, likely
 from tests.unit.tiny import save_checkpoint
 
-NAMES = (free.NAME, forward.NAME)
+NAMES = (free.NAME, forward.NAME)  # prior 0
+LIKELY = (likely.FREE, likely.FORWARD)  # the same drafters, prior 0.9
 PROMPT = "abcabc abcabc abc"
 BAN = json.dumps({str(TOKEN): -100})  # every plug-in draft is then rejected
 MAX_TOKENS = 12  # under 16: no probe of a drafter that drafted nothing (acceptance.PROBE_AFTER)
@@ -29,7 +31,7 @@ def plugin_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugins-e2e")
     settings = {
         "checkpoint": str(save_checkpoint(root / "tiny")),
-        "drafter_plugins": "tests.plugins.free, tests.plugins.forward",
+        "drafter_plugins": "tests.plugins.free, tests.plugins.forward, tests.plugins.likely",
         "max_draft_len": "4",
     }
     server = TritonServer(
@@ -79,7 +81,9 @@ def test_plugin_drafters_serve_under_their_own_sources(plugin_server):
 
 def test_plugin_priors_are_in_effect_under_auto(plugin_server):
     plain, _ = _run(plugin_server, 0)  # decode steps: the step costs are measured from here on
-    for name in NAMES:
+    drafted = {}
+    for name in NAMES + LIKELY:
         ids, sources = _run(plugin_server, -1, name)
         assert ids == plain, name
-        assert sources.get(name, {}).get("drafted", 0) == 0, (name, sources)
+        drafted[name] = sources.get(name, {}).get("drafted", 0)
+    assert all(drafted[n] == 0 for n in NAMES) and all(drafted[n] > 0 for n in LIKELY), drafted

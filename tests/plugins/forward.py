@@ -18,7 +18,8 @@ PRIOR = 0.0
 class TokenModelDrafter(Drafter):
     reads_prompts = True
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = NAME) -> None:
+        self.source = source  # the tag of its drafts
         self.read: set[int] = set()  # the requests whose prompt it read
         self.forwards = 0  # depth levels run, over every call
         self.hints: list[list[int]] = []  # the hints of every request it drafted for, in order
@@ -37,7 +38,7 @@ class TokenModelDrafter(Drafter):
         out = []
         for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
             n = max(k - len(prefix), 0) if self.started(r) else 0
-            out.append(Proposal(list(prefix) + [TOKEN] * n, sources=[FORCED] * len(prefix) + [NAME] * n))
+            out.append(Proposal(list(prefix) + [TOKEN] * n, sources=[FORCED] * len(prefix) + [self.source] * n))
         return out
 
     def release(self, req) -> None:

@@ -14,11 +14,14 @@ PRIOR = 0.0
 
 
 class FixedTokenDrafter(Drafter):
+    def __init__(self, source: str = NAME) -> None:
+        self.source = source  # the tag of its drafts
+
     def propose(self, reqs, ks, pick, prefixes, hints):
         out = []
         for k, prefix in zip(ks, prefixes, strict=True):
             n = max(k - len(prefix), 0)
-            out.append(Proposal(list(prefix) + [TOKEN] * n, sources=[FORCED] * len(prefix) + [NAME] * n))
+            out.append(Proposal(list(prefix) + [TOKEN] * n, sources=[FORCED] * len(prefix) + [self.source] * n))
         return out
 
 

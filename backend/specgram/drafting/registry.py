@@ -197,8 +197,8 @@ def describe() -> str:
     listed = ", ".join(f"`{n}` ({s.summary})" for n, s in DRAFTERS.items())
     companions = " and ".join(f"`{n}`" for n, s in DRAFTERS.items() if s.companion)
     return (
-        f"{listed}; under `num_draft_tokens` auto a request also looks up with {companions} and verifies the drafts "
-        "expected to win"
+        f"{listed}, and the drafters of the config's `drafter_plugins` modules; under `num_draft_tokens` auto a "
+        f"request also looks up with {companions} and verifies the drafts expected to win"
     )
 
 
