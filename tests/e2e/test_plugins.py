@@ -17,7 +17,6 @@ from collect import errors_of, ids_of, last_value, stream_infer
 from triton_server import REPO, TritonServer, metric_total, model_repository_with
 
 from tests.plugins import TOKEN, forward, free, likely
-from tests.unit.tiny import save_checkpoint
 
 NAMES = (free.NAME, forward.NAME)  # prior 0
 LIKELY = (likely.FREE, likely.FORWARD)  # the same drafters, prior 0.9
@@ -29,10 +28,13 @@ MAX_TOKENS = 12  # under 16: no probe of a drafter that drafted nothing (accepta
 @pytest.fixture(scope="module")
 def plugin_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugins-e2e")
+    # the served model, not a tiny one: its steps stream its weights, so that one more verify row costs a few
+    # percent of a step and a likely draft pays (a tiny model's rows cost nearly what whole steps do: no prior
+    # would make auto k draft); no copy of it (draft_quantization none): the plug-ins are the only models
     settings = {
-        "checkpoint": str(save_checkpoint(root / "tiny")),
         "drafter_plugins": "tests.plugins.free, tests.plugins.forward, tests.plugins.likely",
         "max_draft_len": "4",
+        "draft_quantization": "none",
     }
     server = TritonServer(
         model_repository=model_repository_with(settings, root / "repo"), model="llm", log_path=root / "tritonserver.log"
