@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafting import registry
+from .drafting import plugins, registry
 from .errors import ModelLoadError
 
 # the words of the settings the model package reads (it imports them from here)
@@ -55,6 +55,8 @@ class EngineConfig:
     # over several steps, while the running requests keep decoding
     prefix_cache: str = "auto"  # reuse the KV of a prompt prefix already in the cache (prefix_cache.py):
     # "on", "off", auto = on where reuse is bitwise exact (the native CPU forward)
+    drafter_plugins: str = ""  # modules declaring more drafters (drafting/plugins.py: each defines DRAFTERS, a list
+    # of registry.DrafterSpec), comma-separated; imported and registered when the config is read
     drafter: str = "auto"  # default drafter (drafting/registry.py); auto = draft_model where one loads, else ngram
     draft_checkpoint: str = ""  # HF checkpoint of a draft model sharing the target's tokenizer ("" = none)
     draft_dtype: str = "auto"  # dtype of the draft model
@@ -161,6 +163,7 @@ class EngineConfig:
                 raise ModelLoadError(
                     f"engine setting {name} must be one of auto, {', '.join(DTYPES)}; got {getattr(self, name)!r}"
                 )
+        plugins.load(plugins.parse(self.drafter_plugins))  # before `drafter`, which may name a plug-in's
         if self.drafter not in ("auto", *registry.DRAFTERS):
             raise ModelLoadError(
                 f"engine setting drafter must be auto or one of {', '.join(registry.DRAFTERS)}; got {self.drafter!r}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .drafting import registry
+from .drafting import names, registry
 
 
 class WireEnum(str, Enum):
@@ -14,12 +14,15 @@ class WireEnum(str, Enum):
     __format__ = str.__format__
 
 
-# where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, or a
-# drafter's own tags (drafting/registry.py: n-gram lookup's prompt / output / guide, the suffix store, the draft
-# model)
-DRAFT_SOURCES = registry.sources()
+def draft_sources() -> tuple[str, ...]:
+    """Where a draft token came from (spec_detail's sources, the metrics' labels): the grammar forced it, or a
+    drafter's own tags (drafting/registry.py: n-gram lookup's prompt / output / guide, the suffix store, the draft
+    models, and any drafter registered since), as declared now."""
+    return registry.sources()
+
+
 # a tree's branch drafts (speculation/trees.py): a drafter's runner-up token, another lookup continuation
-BRANCH_SOURCES = ("alt", "branch")
+BRANCH_SOURCES = (names.ALT, names.BRANCH)
 
 
 class FinishReason(WireEnum):

@@ -219,9 +219,7 @@ def reference_model(engine) -> torch.nn.Module:
 
 def declare(name: str) -> None:
     """Declare a test's own drafter (drafting/registry.py): free, drafting alone (no lookups beside it)."""
-    registry.register(
-        registry.DrafterSpec(name, "a test's drafter", {name: 0.5}, frozenset({"prompt"}), consults=False)
-    )
+    registry.register(registry.DrafterSpec(name, "a test's drafter", {name: 0.5}, consults=False))
 
 
 def no_drafter(config) -> None:

@@ -3,7 +3,7 @@ output stays exact whatever k the engine chooses (greedy: token-identical; sampl
 
 import pytest
 
-from specgram.drafting import acceptance
+from specgram.drafting import acceptance, registry
 from specgram.drafting.acceptance import Acceptance, RequestAcceptance
 from specgram.request import AUTO_DRAFT, SamplingParams
 from specgram.speculation import adaptive
@@ -297,7 +297,7 @@ def test_a_new_request_starts_from_the_engine_wide_rate_of_each_source():
     new, fixed = RequestAcceptance(population), RequestAcceptance()
     assert new.get("prompt").rate > 0.9 and new.get("prompt", follows=True).rate > 0.9
     assert new.get("output").rate < 0.1
-    assert fixed.get("prompt").rate == acceptance.PRIORS["prompt"]
+    assert fixed.get("prompt").rate == registry.DRAFTERS["ngram"].sources["prompt"]  # its declared prior
     for _ in range(5):  # the request's own evidence moves it off the population's
         new.observe(["prompt"], verified=1, accepted=0, next_matches=None)
     assert new.get("prompt").rate < 0.6 < old.get("prompt").rate
@@ -519,10 +519,9 @@ def test_the_draft_cost_is_learned_from_steps_without_a_catch_up(engines, monkey
 
 
 def test_every_draft_source_has_a_prior():
-    from specgram.drafting.acceptance import PRIORS
-    from specgram.wire import DRAFT_SOURCES
+    from specgram.wire import draft_sources
 
-    assert tuple(PRIORS) == DRAFT_SOURCES
+    assert tuple(registry.priors()) == draft_sources()
 
 
 def test_the_draft_model_checks_a_lookups_drafts_in_its_first_forward(engines, monkeypatch):

@@ -153,7 +153,7 @@ class EosDrafter(Drafter):
     def __init__(self, eos: int):
         self.eos = eos
 
-    def propose(self, reqs, ks, pick, prefixes):
+    def propose(self, reqs, ks, pick, prefixes, hints):
         return [Proposal([self.eos] * k) for k in ks]
 
 

@@ -33,7 +33,7 @@ class OracleDrafter(Drafter):
     def __init__(self, references: dict[tuple, list[int]], vocab: int, wrong: bool = False):
         self.references, self.vocab, self.wrong = references, vocab, wrong
 
-    def propose(self, reqs, ks, pick, prefixes):
+    def propose(self, reqs, ks, pick, prefixes, hints):
         out = []
         for r, k in zip(reqs, ks, strict=True):
             ref = self.references[tuple(r.prompt_ids)][len(r.output_ids) : len(r.output_ids) + k]

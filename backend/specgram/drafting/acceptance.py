@@ -11,8 +11,9 @@ from . import registry
 # Acceptance estimates: discounted success / trial counts (a trial is a draft position the target judged,
 # a success one it accepted), shrunk toward a prior. DECAY (per step) makes an estimate follow a request's
 # recent behaviour (a JSON answer alternates predictable keys and unpredictable values). The prior is the
-# engine-wide rate of the same estimate (Population), itself starting from PRIORS; PRIOR_WEIGHT: how many
-# trials it counts as. Chosen with a replay of recorded JME outputs through this rule (auto ÷ best fixed k at
+# engine-wide rate of the same estimate (Population), itself starting from the source's declared prior
+# (registry.prior, read when the estimate is made: a drafter registered after import has its own); PRIOR_WEIGHT:
+# how many trials it counts as. Chosen with a replay of recorded JME outputs through this rule (auto ÷ best fixed k at
 # 1..8 requests in flight): weight 4 with the engine-wide prior raised the worst cell from 0.92 to 0.98;
 # weights 3..6 were within 2% of each other.
 DECAY = 0.8
@@ -25,7 +26,6 @@ PROBE_AFTER = 16
 # observation then still comes, a few steps apart): at many streams of free text the lookups cost a share of
 # the step while their drafts are nearly all cut
 LOOKUP_EVERY = 4
-PRIORS = registry.priors()  # each draft source's prior acceptance, as the drafters declare them
 FOLLOW_PRIOR = 0.7  # a draft right after an accepted one
 
 
@@ -78,8 +78,8 @@ class Acceptance:
 @dataclass
 class RequestAcceptance:
     """A request's estimates, by draft source, how many steps in a row it drafted nothing and how many each
-    model it may draft with was passed over; population: the engine's pooled estimates (the priors), None = fixed
-    PRIORS."""
+    model it may draft with was passed over; population: the engine's pooled estimates (the priors), None = the
+    declared priors (registry.prior)."""
 
     population: Population | None = None
     sources: dict[str, Acceptance] = field(default_factory=dict)
@@ -103,7 +103,7 @@ class RequestAcceptance:
         key = f"{source}+" if follows else source
         if key not in self.sources:
             self.sources[key] = Acceptance(
-                PRIORS.get(source, 0.5) if not follows else FOLLOW_PRIOR, key=key, population=self.population
+                registry.prior(source) if not follows else FOLLOW_PRIOR, key=key, population=self.population
             )
         return self.sources[key]
 

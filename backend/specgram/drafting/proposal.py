@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .names import FORCED
+
 
 def depths(parents: list[int]) -> list[int]:
     """Each token's depth (its position past the row's first token)."""
@@ -36,7 +38,7 @@ class Proposal:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), V] draft distribution (sampled requests); None = one-hot
     sources: list[str] | None = None  # per token, where it came from (statistics, adaptive k); None = the
-    # engine tags the forced prefix "forced" and the rest by the drafter
+    # engine tags the forced prefix FORCED and the rest by the drafter
     # tree material (speculation/trees.py): per draft index, a second-best token and the drafter's probability of
     # it; other whole continuations (from the proposal's start); the branches chosen to verify
     alts: dict[int, tuple[int, float]] = field(default_factory=dict)
@@ -70,10 +72,10 @@ class Proposal:
         parents = self.parents
         return depths(parents) if parents is not None else list(range(1 + len(self.tokens)))
 
-    def tagged(self, n_forced: int, drafter: str) -> Proposal:
-        """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then the
-        drafter's name."""
+    def tagged(self, n_forced: int, source: str) -> Proposal:
+        """This proposal with its per-token sources: the drafter's own tags, else the forced prefix then `source`
+        (the drafter's: registry.source_of)."""
         if self.sources is None:
             n = len(self.tokens)
-            self.sources = ["forced"] * min(n_forced, n) + [drafter] * max(n - n_forced, 0)
+            self.sources = [FORCED] * min(n_forced, n) + [source] * max(n - n_forced, 0)
         return self

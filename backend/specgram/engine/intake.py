@@ -89,7 +89,7 @@ class Intake:
                 req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
         if kind is not None:
             consulted = registry.consulted(params.drafter, params.auto_draft, self.drafters)
-            if params.speculates and params.guide and any("guide" in registry.DRAFTERS[n].reads for n in consulted):
+            if params.speculates and params.guide and any(registry.DRAFTERS[n].reads_guide for n in consulted):
                 with self._tokenizing:
                     req.guide_ids = self.tokenizer.encode(params.guide, add_special_tokens=False)
             if self._reasons(ids, chat_prompt):

@@ -151,12 +151,11 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     if adapters is not None:
         target.attach_lora(adapters)
     drafters: dict[str, Drafter] = {}
-    # the draft model, and the target's copy beside a draft_checkpoint (drafter "copy")
-    for name, choice in (("draft_model", d), ("copy", settings.copy)):
-        if choice is not None:
-            runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters)
-            drafters[name] = DraftModelDrafter(runner, target.vocab_size)
-            release_freed_memory()
+    # the draft model, and the target's copy beside a draft_checkpoint
+    for name, choice in settings.models.items():
+        runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters)
+        drafters[name] = DraftModelDrafter(runner, target.vocab_size)
+        release_freed_memory()
     return target, tokenizer, drafters
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ..config import DTYPES, EngineConfig
-from ..drafting import registry
+from ..drafting import names, registry
 from ..errors import ModelLoadError
 from ..model import families
 from ..model.choice import ForwardChoice, choose, served_form
@@ -66,6 +66,17 @@ class Settings:
     drafter: str  # a request's drafter when it names none (drafting/registry.py)
     prefix_cache: bool
     copy: DraftChoice | None = None  # the target's copy beside a draft_checkpoint (drafter `copy`); None: none
+
+    @property
+    def models(self) -> dict[str, DraftChoice]:
+        """The model drafters to load, by drafter name (model_drafters)."""
+        return model_drafters(self.draft, self.copy)
+
+
+def model_drafters(draft: DraftChoice | None, copy: DraftChoice | None) -> dict[str, DraftChoice]:
+    """The drafters whose models loading makes (registry: declared without `make`), by name: the draft model and
+    the target's copy beside it, where they are chosen."""
+    return {n: c for n, c in ((names.DRAFT_MODEL, draft), (names.COPY, copy)) if c is not None}
 
 
 THINK_END = "</think>"
@@ -125,10 +136,11 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
     if draft is not None and draft.source == "checkpoint" and config.draft_quantization == "auto":
         quantization = _copy_quantization(device, target, target_cfg)
         copy = _choice(config, device, dtype, target_cfg, target, None, static, quantization, "target")
-    models = {"draft_model": draft, "copy": copy}  # the model drafters by name, as loading.py files them
+    models = model_drafters(draft, copy)
     drafter = config.drafter
-    # the drafters this engine will have: every declared one but a forward drafter without its model
-    have = {n for n, spec in registry.DRAFTERS.items() if not spec.forward or models.get(n) is not None}
+    # the drafters this engine will have: every one built by its `make` (it may still turn itself off) and the
+    # model drafters whose model loads
+    have = {n for n, spec in registry.DRAFTERS.items() if spec.make is not None or n in models}
     if drafter == "auto":
         drafter = registry.default(have)
     elif drafter not in have:

@@ -40,7 +40,8 @@ class Field:
     name: str
     dtype: str  # Triton config data type without "TYPE_" (STRING, BOOL, INT32, UINT64, FP32)
     dims: tuple[int, ...]  # (1,) = one element; (-1,) = any number
-    doc: str  # what it means, for the docs/api.md table
+    doc: str | Callable[[], str]  # what it means, for the docs/api.md table; a function where it lists what is
+    # declared elsewhere (the drafters, their source tags): read when the text is, so a later declaration shows
     default: str = ""  # what an absent value means, for the docs/api.md table ("" = nothing to say)
     optional: bool = True
     convert: Callable[[str, Any], Any] | None = None  # the check applied to a client's value (inputs only)
@@ -52,6 +53,11 @@ class Field:
     def client_dtype(self) -> str:
         """The data type tritonclient's InferInput takes (STRING is BYTES on the wire)."""
         return "BYTES" if self.dtype == "STRING" else self.dtype
+
+    @property
+    def text(self) -> str:
+        """What it means, as of now."""
+        return self.doc() if callable(self.doc) else self.doc
 
     @property
     def scalar(self) -> bool:
@@ -86,7 +92,7 @@ INPUTS: tuple[Field, ...] = (
           "`sampling_parameters`) = the engine chooses k per step from the request's acceptance and the step cost",
           "config `default_num_draft_tokens` (`default_num_draft_tokens_guided` with a guide)",
           convert=to_draft_len, param="num_draft_tokens"),
-    Field("drafter", "STRING", (1,), registry.describe(),
+    Field("drafter", "STRING", (1,), registry.describe,
           "config `drafter` (served: `draft_model` where the copy loads, else `ngram`)", convert=to_str,
           param="drafter"),
     Field("tree_drafts", "BOOL", (1,),
@@ -182,7 +188,7 @@ OUTPUTS: tuple[Field, ...] = (
           "tokens committed per speculative step (1 + accepted drafts; TensorRT-LLM's \"acceptance length\")",
           optional=False),
     Field("spec_detail", "STRING", (1,),
-          'final response: JSON `{"sources": {source: {"drafted", "accepted"}}, "k_hist": [...]}`, drafts by '
+          lambda: 'final response: JSON `{"sources": {source: {"drafted", "accepted"}}, "k_hist": [...]}`, drafts by '
           f"source ({', '.join(f'`{s}`' for s in registry.sources())}: `forced` by the grammar, the others "
           "the drafters' tags) and k_hist[k] = steps that verified k drafts; empty before", optional=False),
 )
@@ -205,7 +211,7 @@ def markdown_table(fields: tuple[Field, ...], with_default: bool = True) -> str:
     rows = [head, rule]
     for f in fields:
         dims = "[" + ", ".join(str(d) for d in f.dims) + "]"
-        row = f"| {code(f.name)} | {f.dtype} | {dims} | {f.doc} |"
+        row = f"| {code(f.name)} | {f.dtype} | {dims} | {f.text} |"
         if with_default:
             row += " required |" if not f.optional else f" {f.default or '–'} |"
         else:

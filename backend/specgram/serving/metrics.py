@@ -9,13 +9,25 @@ import gc
 import time
 
 from ..request import RequestOutput
-from ..wire import BRANCH_SOURCES, DRAFT_SOURCES, ErrorKind, FinishReason
+from ..wire import BRANCH_SOURCES, ErrorKind, FinishReason, draft_sources
 from .gateway import GatewayMetrics
 from .loop import Load
 
 _TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 _LATENCY_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0]
 _TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0]
+
+
+class BySource(dict):
+    """source -> its counter, made on first use: a drafter's tag declared after the metrics were built counts too."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make  # source -> a new counter series
+
+    def __missing__(self, source: str):
+        self[source] = series = self.make(source)
+        return series
 
 
 class Metrics:
@@ -58,9 +70,12 @@ class Metrics:
         )
         self.errors = {kind: errors.Metric(labels={**labels, "kind": kind.value}) for kind in ErrorKind}
 
-        def by_source(name, doc):  # source -> counter
+        def by_source(name, doc):  # source -> counter: every source declared now, a later one's on first use
             fam = family(name, doc, F.COUNTER)
-            return {s: fam.Metric(labels={**labels, "source": s}) for s in DRAFT_SOURCES + BRANCH_SOURCES}
+            series = BySource(lambda s: fam.Metric(labels={**labels, "source": s}))
+            for s in draft_sources() + BRANCH_SOURCES:
+                series[s] = series.make(s)
+            return series
 
         self.drafted_by = by_source(
             "specgram_draft_tokens_by_source_total", "Draft tokens proposed to the target, by source"

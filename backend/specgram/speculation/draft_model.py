@@ -106,7 +106,7 @@ class DraftModelDrafter(Drafter):
         ks: list[int],
         pick: PickFn,
         prefixes: list[list[int]],
-        hints: list[list[int]] | None = None,
+        hints: list[list[int]],
     ) -> list[Proposal]:
         """hints[i]: a lookup's drafts for reqs[i] (after its prefix), which the first forward checks (_checkable)."""
         out = [Proposal(list(p)) for p in prefixes]

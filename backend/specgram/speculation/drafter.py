@@ -1,4 +1,4 @@
-"""The drafter interface."""
+"""The drafter interface: what the planner calls on every drafter, built-in or a plug-in (drafting/plugins.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Callable
 import torch
 
 from ..drafting import registry
+from ..drafting.names import FORCED
 from ..drafting.proposal import Proposal
+from ..errors import ModelLoadError
 from ..request import Request
 
 # pick(logits [B, V], requests, offsets) -> (ids [B] on CPU, probs [B, V] or None): the engine's own token
@@ -19,15 +21,42 @@ PickFn = Callable[[torch.Tensor, list[Request], list[int]], tuple[torch.Tensor, 
 
 
 class Drafter:
-    reads_prompts = False  # a forward drafter that reads each prompt into a cache of its own (admit: a prefill)
+    """A drafter as the planner (speculation/planner.py) calls it, one engine thread, in this order per request:
+    admit once its prompt is in the target's cache, then per step propose (with every request of the step that
+    drafts with it) and committed, and release at its end. Its declaration (drafting/registry.py: DrafterSpec)
+    says how the planner treats it; every method but propose has a default that suits a drafter keeping no state
+    per request. A failure inside a call is redone for each request alone and ends only the request it belongs to
+    (faults.py)."""
+
+    # a forward drafter that reads each prompt into a cache of its own (admit: a prefill); the planner then admits
+    # an auto request's prompt only where its drafts can pay for the read (forward_depths.readers)
+    reads_prompts = False
 
     def admit(self, reqs: list[Request], now: bool = True) -> None:
         """New requests got their slots and their prompt is in the target cache. now=False: the planner expects
         no draft for them soon (a drafter may defer work until one comes)."""
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
-        """Up to ks[i] tokens continuing reqs[i]'s committed tokens (fewer is fine). Each proposal starts with
-        prefixes[i]: tokens already drafted for free (grammar-forced), which the drafter continues."""
+    def propose(
+        self,
+        reqs: list[Request],
+        ks: list[int],
+        pick: PickFn,
+        prefixes: list[list[int]],
+        hints: list[list[int]],
+    ) -> list[Proposal]:
+        """One Proposal per request, in order, for this step. All lists are parallel to reqs (B requests):
+        - reqs[i]: the request (its committed tokens: prompt_ids + output_ids; its guide's matcher, when guided,
+          holds prefixes[i] tentatively accepted: a drafter that masks its drafts extends it and the planner rolls
+          it back);
+        - ks[i]: the most tokens its proposal may hold, prefixes[i] included (fewer is fine);
+        - pick: the engine's token choice over logits [B', V] for any B' of these requests (PickFn), for a drafter
+          that samples from a model's logits;
+        - prefixes[i]: the tokens already drafted for free (grammar-forced, source FORCED): the proposal starts with
+          them and continues them;
+        - hints[i]: drafts a free drafter found for reqs[i] this step, after prefixes[i] (a forward drafter may
+          check them in its first forward: draft_model.py); empty for a free drafter's call, and where none found.
+        Proposal.sources tags each token (FORCED for the prefix, then tags the drafter declares); None: the
+        planner tags the prefix FORCED and the rest with the drafter's first declared tag (registry.source_of)."""
         raise NotImplementedError
 
     def behind(self, req: Request) -> int:
@@ -39,17 +68,19 @@ class Drafter:
         return True
 
     def committed(self, req: Request, accepted: int) -> None:
-        """The target accepted `accepted` of the tokens proposed to req in this step."""
+        """The target accepted `accepted` of the tokens proposed to req in this step (its committed tokens then
+        include them and the target's own next token)."""
 
     def release(self, req: Request) -> None:
-        """req finished or was aborted."""
+        """req finished or was aborted (req.finish_reason says how). Called for the drafter's own requests, and for
+        every request where its declaration `hears_all`."""
 
 
 class GrammarOnlyDrafter(Drafter):
     """Drafts only what the grammar forces (the prefix): no model, no lookup."""
 
-    def propose(self, reqs, ks, pick, prefixes):
-        return [Proposal(list(p), sources=["forced"] * len(p)) for p in prefixes]
+    def propose(self, reqs, ks, pick, prefixes, hints):
+        return [Proposal(list(p), sources=[FORCED] * len(p)) for p in prefixes]
 
 
 def build_grammar_only(config) -> GrammarOnlyDrafter:
@@ -65,8 +96,22 @@ def build_drafters(config, loaded: dict[str, Drafter]) -> dict[str, Drafter]:
         if spec.make is None:
             drafter = loaded.get(name)
         else:
-            module, function = spec.make.split(":")
-            drafter = getattr(import_module(module), function)(config)
+            drafter = _made(name, spec.make, config)
         if drafter is not None:
             out[name] = drafter
     return out
+
+
+def _made(name: str, make: str, config) -> Drafter | None:
+    """The drafter its declaration's `make` ("module:function") builds for config (None: off in this config);
+    ModelLoadError naming the drafter where that fails (a plug-in's own code included)."""
+    module, function = make.split(":")
+    try:
+        drafter = getattr(import_module(module), function)(config)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"drafter {name!r}: its make {make!r} failed: {type(e).__name__}: {e}") from e
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ModelLoadError(f"drafter {name!r}: its make {make!r} built a {type(drafter).__name__}, not a Drafter")
+    return drafter

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..drafting import registry
-from ..drafting.acceptance import PRIORS, Population
+from ..drafting.acceptance import Population
 from ..request import Request
 from . import adaptive, costs
 from .drafter import Drafter
@@ -23,15 +23,12 @@ TIMED_CALLS = 2
 EXPLORE_AFTER = 16
 
 
-def source_of(name: str) -> str:
-    """The source tag of a forward drafter's drafts (its first declared)."""
-    return next(iter(registry.DRAFTERS[name].sources))
-
-
 def costs_of(name: str, step_costs: costs.StepCosts) -> costs.StepCosts:
-    """The step costs with the forward drafter `name`'s depth and read costs: the planner's own for a drafter
-    of its own, a second one's (declared beside another) over the same verify fit."""
-    return step_costs.of(name) if registry.DRAFTERS[name].beside else step_costs
+    """The step costs with the forward drafter `name`'s depth and read costs: the planner's own for the first
+    forward drafter declared (the draft model), every other's own (one beside it, a plug-in's) over the same
+    verify fit: each model's forwards cost what its own weights cost."""
+    first = next(n for n, spec in registry.DRAFTERS.items() if spec.forward)
+    return step_costs if name == first else step_costs.of(name)
 
 
 def value(
@@ -46,7 +43,7 @@ def value(
     if not step_costs.known or own.draft_calls < TIMED_CALLS:
         return float("inf")
     cost, depth_s = step_costs.curve(), own.depth_curve()(1)
-    chances = req.acceptance.chances([FORCED] * prefix + [source_of(name)] * (k - prefix))
+    chances = req.acceptance.chances([FORCED] * prefix + [registry.source_of(name)] * (k - prefix))
     catch = max(model.behind(req) - 2, 0) * own.read_token_s if catching_up else 0.0
     best, tokens = 0.0, 1.0 + sum(chances[:prefix])
     for d in range(1, k - prefix + 1):
@@ -106,8 +103,8 @@ def readers(
     shares the target's cache) saves more than the read costs (saves_over(): value() at up to k drafts, at the
     engine-wide rates); fixed-k requests are always read."""
     model, own = drafters[name], costs_of(name, step_costs)
-    source = source_of(name)
-    p = population.rate(source, PRIORS[source])
+    source = registry.source_of(name)
+    p = population.rate(source, registry.prior(source))
     streams, new = len(running), {r.request_id for r in admitted}
     joined = sum(1 for r in running if r.request_id not in new and r.params.drafter == name and model.started(r))
     can = costs.depth_can_pay(streams, own, p)
@@ -163,7 +160,7 @@ def plan(
     if not any(auto):
         return
     step_costs = costs_of(name, step_costs)
-    source = source_of(name)
+    source = registry.source_of(name)
     # a prompt the model never read: no drafts
     seen = [a and model.started(r) for r, a in zip(reqs, auto, strict=True)]
     chances = [

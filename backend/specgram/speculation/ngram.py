@@ -9,8 +9,8 @@ Guided requests rank the candidates by the grammar: at the longest n that has a 
 token is legal, the candidate with the longest legal prefix wins (cut to that prefix). A schema quoted in the
 prompt follows a key with `": {"type"`, the answer with `": "value"`: the latest occurrence is often illegal
 where an earlier or shorter match is right. Unguided requests take the latest occurrence at the longest n.
-Each proposal says where its tokens came from: "prompt", "output" (the request's own output so far) or
-"guide".
+Each proposal says where its tokens came from: PROMPT, OUTPUT (the request's own output so far) or GUIDE
+(drafting/names.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ..drafting.names import FORCED, GUIDE, OUTPUT, PROMPT
 from ..drafting.proposal import Proposal
 from ..request import Request
 from .drafter import Drafter, PickFn
@@ -96,7 +97,9 @@ class NgramDrafter(Drafter):
         self.n_min, self.n_max = n_min, n_max
         self.alternatives = 0  # > 0: up to this many other continuations kept (Proposal.others: trees)
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+    def propose(
+        self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]], hints: list[list[int]]
+    ) -> list[Proposal]:
         out = []
         for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
             rest = k - len(prefix)
@@ -107,11 +110,11 @@ class NgramDrafter(Drafter):
                 legal = r.guide.legal_prefix if r.guide is not None else None
                 ids = np.asarray(r.all_ids + prefix, dtype=np.int64)
                 found, start, in_guide = lookup(ids, rest, self.n_min, self.n_max, extra, legal)
-                source = "guide" if in_guide else "prompt" if start < len(r.prompt_ids) else "output"
+                source = GUIDE if in_guide else PROMPT if start < len(r.prompt_ids) else OUTPUT
                 if self.alternatives and found:
                     more = alternatives(ids, rest, self.n_min, self.n_max, extra, found, self.alternatives)
                     others = [prefix + t for t in more]
-            prop = Proposal(prefix + found, sources=["forced"] * len(prefix) + [source] * len(found), others=others)
+            prop = Proposal(prefix + found, sources=[FORCED] * len(prefix) + [source] * len(found), others=others)
             out.append(prop)
         return out
 

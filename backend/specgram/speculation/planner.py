@@ -95,7 +95,7 @@ class DraftPlanner:
         """req finished or was aborted: its drafters, and every drafter that learns from other requests, hear it."""
         uses = self._uses(req)
         for name, drafter in self.drafters.items():
-            if name in uses or "other requests" in registry.DRAFTERS[name].reads:
+            if name in uses or registry.DRAFTERS[name].hears_all:
                 drafter.release(req)
 
     def draft_len(self, req: Request) -> int:
@@ -151,7 +151,7 @@ class DraftPlanner:
                     made = [depths[i] - len(prefixes[i]) for i in idx]
                     forward_depths.costs_of(name, self.costs).record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
-                    proposals[i], modeled[i] = prop.tagged(len(prefixes[i]), forward_depths.source_of(name)), True
+                    proposals[i], modeled[i] = prop.tagged(len(prefixes[i]), registry.source_of(name)), True
         for i, lookup in enumerate(found):
             if lookup is None:
                 continue
@@ -174,17 +174,16 @@ class DraftPlanner:
     ) -> list[Proposal]:
         """drafter.propose over the requests together; where that fails, for each alone (its grammar back at its
         forced prefix first), so that the failure ends the request that causes it and the others draft on.
-        hints: a forward drafter's (lookup drafts it checks)."""
-        at = {id(r): (k, pre, h) for r, k, pre, h in zip(reqs, ks, prefixes, hints or [[]] * len(reqs), strict=True)}
+        hints: a forward drafter's (lookup drafts it checks); None: none for any request (a free drafter's call)."""
+        hints = hints if hints is not None else [[] for _ in reqs]
+        at = {id(r): (k, pre, h) for r, k, pre, h in zip(reqs, ks, prefixes, hints, strict=True)}
 
         def propose(sub: list[Request]) -> list[Proposal]:
             for r in sub:
                 if r.guide is not None:
                     r.guide.rollback_to(len(at[id(r)][1]))
-            ks, prefixes = [at[id(r)][0] for r in sub], [at[id(r)][1] for r in sub]
-            if hints is None:
-                return drafter.propose(sub, ks, pick, prefixes)
-            return drafter.propose(sub, ks, pick, prefixes, hints=[at[id(r)][2] for r in sub])
+            ks, prefixes, hints = ([at[id(r)][j] for r in sub] for j in range(3))
+            return drafter.propose(sub, ks, pick, prefixes, hints)
 
         return self.faults.each_or_alone(reqs, propose, Proposal([]))
 
@@ -213,7 +212,7 @@ class DraftPlanner:
             for i, p in zip(idx, props, strict=True):
                 if len(p.tokens) <= len(prefixes[i]):
                     continue
-                p = p.tagged(len(prefixes[i]), name)
+                p = p.tagged(len(prefixes[i]), registry.source_of(name))
                 expect = sum(reqs[i].acceptance.chances(p.sources)) if len(asked[i]) > 1 else 0.0
                 if best[i] is None or expect > score[i]:
                     best[i], score[i] = p, expect

@@ -13,13 +13,13 @@ occurrences (suffix_store.py), and for a guided request one legal_prefix check o
 
 from __future__ import annotations
 
+from ..drafting.names import FORCED, SUFFIX_STORE
 from ..drafting.proposal import Proposal
 from ..request import Request
 from ..wire import FinishReason
 from .drafter import Drafter, PickFn
 from .suffix_store import KEY, MAX_MATCH, SuffixStore
 
-SOURCE = "suffix"
 LEAD = 4  # prompt tokens stored before each output
 ANSWERS = (FinishReason.STOP, FinishReason.LENGTH)  # the endings whose outputs are stored
 
@@ -28,7 +28,9 @@ class SuffixDrafter(Drafter):
     def __init__(self, store: SuffixStore):
         self.store = store
 
-    def propose(self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]]) -> list[Proposal]:
+    def propose(
+        self, reqs: list[Request], ks: list[int], pick: PickFn, prefixes: list[list[int]], hints: list[list[int]]
+    ) -> list[Proposal]:
         out = []
         for r, k, prefix in zip(reqs, ks, prefixes, strict=True):
             found: list[int] = []
@@ -37,7 +39,7 @@ class SuffixDrafter(Drafter):
                 found, _ = self.store.lookup(r.scope, context, k - len(prefix))
                 if found and r.guide is not None:  # the matcher holds the prefix tentatively (forced tokens)
                     found = found[: r.guide.legal_prefix(found)]
-            out.append(Proposal(list(prefix) + found, sources=["forced"] * len(prefix) + [SOURCE] * len(found)))
+            out.append(Proposal(list(prefix) + found, sources=[FORCED] * len(prefix) + [SUFFIX_STORE] * len(found)))
         return out
 
     def release(self, req: Request) -> None:
