@@ -64,6 +64,7 @@ SCENARIOS = (
     "lora",
     "memory",
     "weight_forms",
+    "gguf_types",
     "gpu",
 )
 
