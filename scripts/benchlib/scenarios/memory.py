@@ -13,6 +13,8 @@ that is file pages: RssFile), both less the process's own before the load, and t
 checkpoints' bytes on disk and what the load accounts for (the sum of the parts its memory check adds up: the matmul
 weights as served, the embeddings, the KV caches). The page cache is warm after the first row (the files were read
 once already).
+--server: each setting also served by a tritonserver until the model is ready: its Python stub process's peak and
+resident memory (the whole process, not less a baseline) and the time to ready.
 --decode N: then N tokens at one stream without drafts; the median step against the memory bound (the served
 matmul weights' bytes over a plain read's bandwidth, measured in the same process).
 """
@@ -72,6 +74,37 @@ def add_options(ap) -> None:
     ap.add_argument("--base", default="", help="also load with this commit's engine (git revision)")
     ap.add_argument("--weights", nargs="+", default=["auto"], help="the target's weights forms (auto, int8)")
     ap.add_argument("--decode", type=int, default=0, help="also time this many decode steps at one stream")
+    ap.add_argument("--server", action="store_true", help="also load each setting through tritonserver")
+
+
+def _served(params: dict, raw) -> dict:
+    """One tritonserver serving the model with these settings until it is ready: its Python stub's peak and
+    resident memory then (the whole process: the interpreter, the engine and its load-time warm-up)."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from triton_server import TritonServer, model_repository_with, stub_pids
+
+    def status(pid: int) -> dict:
+        f = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        return {k: int(f[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS")}
+
+    paths = {k: str(Path(v).resolve()) for k, v in params.items() if k in ("checkpoint", "draft_checkpoint")}
+    params = {**params, **paths}  # a relative one would be read against the model's folder
+    with tempfile.TemporaryDirectory(dir=Path(raw).resolve()) as tmp:
+        repo = model_repository_with(params, Path(tmp) / "repo")
+        t0 = time.perf_counter()
+        try:
+            with TritonServer(model_repository=repo, startup_timeout=1800, log_path=Path(tmp) / "server.log") as s:
+                ready = time.perf_counter() - t0
+                (stub,) = stub_pids(s.process.pid)
+                st = status(stub)
+        except RuntimeError as e:
+            log = Path(tmp) / "server.log"
+            tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+            return {"error": str(e).strip().splitlines()[0], "log": tail}
+    return dict(peak=st["VmHWM"], kept=st["VmRSS"], ready_s=ready)
 
 
 def _load(backend: str, params: dict, decode: int) -> dict:
@@ -85,6 +118,15 @@ def _decode(r: dict) -> str:
     if "step_s" not in r:
         return "–"
     return f"{r['step_s'] * 1e3:.0f} ({r['step_s'] / r['bound_s']:.2f}×)"
+
+
+def _server_row(r: dict, side: str, name: str, weights: str, disk: int) -> list[str]:
+    gib = 2**30
+    if "error" in r:
+        return [side, f"{name}, tritonserver", weights, f"{disk / gib:.2f}", f"not loaded: {r['error'][:300]}"]
+    return [side, f"{name}, tritonserver's stub (whole process)", weights, f"{disk / gib:.2f}",
+            f"{r['peak'] / gib:.2f}", f"{r['kept'] / gib:.2f}", "–", f"{r['peak'] / r['kept']:.2f}", "–", "–",
+            f"{r['ready_s']:.1f} (to ready)", "–"]  # fmt: skip
 
 
 def run(args) -> None:
@@ -101,6 +143,8 @@ def run(args) -> None:
             for side, backend in sides.items():
                 params = {**base, **extra, "weights": weights}
                 r = _load(backend, params, args.decode)
+                if args.server and side == "this":
+                    r["server"] = _served(params, report.raw_dir(args))
                 disk = checkpoint_bytes(str(args.model)) + checkpoint_bytes(extra.get("draft_checkpoint", ""))
                 raw.append(dict(side=side, setting=name, weights=weights, disk=disk, **r))
                 report.log(f"{side} {name} weights {weights}: " + json.dumps(r))
@@ -112,6 +156,8 @@ def run(args) -> None:
                              f"{r['kept'] / gib:.2f}", f"{r['file'] / gib:.2f}", f"{r['peak'] / max(r['kept'], 1):.2f}",
                              f"{acc / gib:.2f} ({r['kept'] / acc:.2f}×)" if acc else "–",
                              f"{r['peak'] / disk:.2f}" if disk else "–", f"{r['load_s']:.1f}", _decode(r)])  # fmt: skip
+                if "server" in r:
+                    rows.append(_server_row(r["server"], side, name, weights, disk))
     lines = report.header(
         "Memory at load",
         args,
