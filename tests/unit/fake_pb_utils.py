@@ -140,6 +140,12 @@ class MetricFamily:
         return m
 
 
+def on_port(name: str) -> list:
+    """The series of `name` still exported: Triton's Python backend deletes a family's series when the family goes
+    (and not before: the family holds every series it made)."""
+    return [m for m in MetricFamily.registry.get(name, []) if m._family_ref() is not None]
+
+
 unloaded: list[str] = []  # the models unload_model() was asked to unload, in order
 
 
