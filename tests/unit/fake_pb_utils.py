@@ -149,8 +149,16 @@ def on_port(name: str) -> list:
 unloaded: list[str] = []  # the models unload_model() was asked to unload, in order
 
 
+# Triton's answer to an unload outside explicit model control (modes none and poll), set to act as those modes
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+model_control = {"explicit": True}
+
+
 def unload_model(model_name: str) -> None:
-    """Triton's unload (explicit model-control mode): recorded here; the tests finalize the model themselves."""
+    """Triton's unload (explicit model-control mode): recorded here; the tests finalize the model themselves.
+    With model_control["explicit"] False, refused as Triton refuses it in the other modes."""
+    if not model_control["explicit"]:
+        raise TritonModelException(NOT_EXPLICIT)
     unloaded.append(model_name)
 
 

@@ -108,8 +108,9 @@ def lora_traffic(n_requests: int, slots: int, seed: int = 0):
 
 def test_a_thousand_mixed_adapter_requests_leave_one_lora_info_series():
     """The LoRA info holds the current label set only: through 1,000 requests of five adapters and the base model
-    (dozens of label sets, hundreds of changes between them), the family keeps one series on the port, naming exactly the adapters that run and
-    wait, newer with each change; the per-adapter counters count every request."""
+    (dozens of label sets, hundreds of changes between them), the family keeps one series on the port, naming
+    exactly the adapters that run and wait, newer with each change; the per-adapter counters count every
+    request."""
     model = "lora-bounded"
     metrics = Metrics(pb.MetricFamily, {"model": model}, 4, 8, "native", ADAPTERS)
     label_sets, current, changes, last_value = set(), None, 0, 0.0

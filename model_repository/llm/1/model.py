@@ -220,20 +220,16 @@ class TritonPythonModel:
             self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), timeout_s)
         return None
 
-    def down(self) -> str | None:
-        """Why this instance can no longer serve (None: it can): its engine stopped on an internal error, or its
-        grammar compile workers cannot be restarted (guided requests would all be refused)."""
-        return self.loop.failure or self.engine.grammar.broken
-
     def is_ready(self) -> bool:
         """Triton's model readiness (Python backends that ask the model; 2.51's does not)."""
-        return self.down() is None
+        return self.loop.down() is None
 
     def _withdraw(self, why: str) -> None:
-        """This instance can no longer serve: ask Triton to unload it, so that its readiness (and the server's)
-        says so at once and a load brings a new instance. Until the unload, the engine's own refusals apply
-        (UNAVAILABLE). Unloading needs explicit model control; in the other modes the model stays READY (the
-        Python backend of Triton 2.51 never asks is_ready()), and specgram_engine_up says why."""
+        """This instance can no longer serve (loop.down(), which also refuses every new request with UNAVAILABLE
+        and sets specgram_engine_up to 0): ask Triton to unload it, so that its readiness (and the server's) says
+        so at once and a load brings a new instance. Unloading needs explicit model control; in the other modes
+        the model stays READY (the Python backend of Triton 2.51 never asks is_ready()): its refusals and the
+        gauge are what a load balancer sees."""
         self.withdrawn = True
 
         def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
@@ -274,12 +270,13 @@ class TritonPythonModel:
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
                     self._check_cancelled(rid, st)
-            if not self.withdrawn and (why := self.down()) is not None:
-                self._withdraw(why)
+            down = self.loop.down()  # one answer per round: the withdrawal and the engine_up gauge agree
+            if not self.withdrawn and down is not None:
+                self._withdraw(down)
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
-                    self.metrics.publish(self.loop.load, self.loop.alive)
+                    self.metrics.publish(self.loop.load, up=down is None)
                 except Exception as e:  # noqa: BLE001 - metrics must not stop the responses
                     pb_utils.Logger.log_error(f"llm: setting the load gauges failed: {e!r}")
 
