@@ -540,9 +540,10 @@ def test_grammar_workers_that_cannot_restart_make_the_model_unready(own_model):
 def test_outside_explicit_model_control_a_down_model_stays_loaded_refusing_with_engine_up_0(
     own_model, monkeypatch, failure
 ):
-    """Model-control modes none and poll: Triton refuses the unload, so the model stays READY to Triton; every
-    new request is refused at once (UNAVAILABLE, naming what failed) and engine_up is 0, the signals a load
-    balancer has there."""
+    """Model-control modes none and poll: a model cannot unload itself there, so it does not ask (a refused
+    unload can crash Triton 2.51's Python backend) and stays READY to Triton; every new request is refused at once
+    (UNAVAILABLE, naming what failed) and engine_up is 0, the signals a load balancer has there; the log says to
+    restart the server, once."""
     name = f"test_outside_explicit_model_control_a_down_model_stays_loaded_refusing_with_engine_up_0[{failure}]"
     monkeypatch.setitem(pb.model_control, "explicit", False)
     m = own_model()
@@ -562,14 +563,32 @@ def test_outside_explicit_model_control_a_down_model_stays_loaded_refusing_with_
     else:
         m.engine.grammar.pool._broken = "grammar compile workers keep failing to start (see the server log)"
         needle = "grammar compile workers keep failing to start"
-    refused_unloads = lambda: [e for e in pb.Logger.errors if f"'{name}'" in e and pb.NOT_EXPLICIT in e]  # noqa: E731
-    wait_for(lambda: refused_unloads(), "the refused unload is logged")
-    assert needle in refused_unloads()[0] and "restart the server" in refused_unloads()[0]
-    assert name not in pb.unloaded and not m.is_ready()
+    logged = lambda: [e for e in pb.Logger.errors if f"'{name}'" in e]  # noqa: E731
+    wait_for(logged, "the withdrawal is logged")
+    assert needle in logged()[0] and "still reports ready" in logged()[0] and "restart the server" in logged()[0]
+    assert name not in pb.unloaded and name not in pb.refused_unloads and not m.is_ready()
     wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
     for _ in range(3):  # every new request, for as long as the instance lives
         error = refused_at_once(m)
         assert error.code() == pb.TritonError.UNAVAILABLE and needle in error.message(), error.message()
     time.sleep(0.2)  # the sender thread goes on polling: the gauge stays down and nothing is tried again
     assert gauge("specgram_engine_up") == 0
-    assert len(refused_unloads()) == 1
+    assert len(logged()) == 1 and name not in pb.refused_unloads
+
+
+@pytest.mark.parametrize(
+    "argv, explicit",
+    [
+        (["tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=llm"], True),
+        (["tritonserver", "--model-control-mode", "explicit"], True),
+        (["tritonserver", "--model-control-mode=EXPLICIT"], True),
+        (["tritonserver", "--model-control-mode=explicit", "--model-control-mode=poll"], False),  # the last counts
+        (["tritonserver", "--model-control-mode=poll"], False),
+        (["tritonserver", "--model-control-mode=none"], False),
+        (["tritonserver", "--model-repository=/models"], False),  # the default: none
+        (["tritonserver", "--model-control-mode"], False),
+        ([], False),  # a command line that cannot be read
+    ],
+)
+def test_explicit_model_control_is_read_from_the_servers_command_line(model_py, argv, explicit):
+    assert model_py.explicit_model_control(argv) is explicit

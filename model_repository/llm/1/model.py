@@ -56,6 +56,27 @@ _OUTBOX_WAIT_S = 0.05
 _GAUGE_PERIOD_S = 0.05
 
 
+def explicit_model_control(argv: list[str]) -> bool:
+    """Whether tritonserver's command line `argv` sets explicit model control (its last --model-control-mode,
+    given as one argument or two, names explicit: Triton reads the mode in any case)."""
+    mode = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.split("=", 1)[1]
+        elif arg == "--model-control-mode" and i + 1 < len(argv):
+            mode = argv[i + 1]
+    return mode is not None and mode.lower() == "explicit"
+
+
+def _server_argv() -> list[str]:
+    """The command line of the tritonserver that started this stub (its parent); [] where it cannot be read (a
+    server embedded in another program's process reads as one without explicit model control)."""
+    try:
+        return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def _error_code(kind: ErrorKind | None):
     """ErrorKind -> Triton error code (looked up per call: the stub that auto-completes the config imports this
     module without pb_utils.TritonError)."""
@@ -164,7 +185,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
         self.model_name = args["model_name"]
-        self.withdrawn = False  # whether this instance has asked Triton to unload it (its engine stopped)
+        self.withdrawn = False  # whether this instance has withdrawn itself (its engine is down: loop.down())
+        # Only explicit model control lets a model unload itself. Outside it the unload is not even asked for:
+        # Triton refuses it with an error whose text the Python backend's server side frees while the stub still
+        # reads it, which can crash the stub and abort the server (Triton 2.51).
+        self.explicit_control = explicit_model_control(_server_argv())
         # "instance": this instance's own series. Triton hands every instance that asks for the same family and
         # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
         # instance loads before the old one unloads) shared series would be freed under the new instance.
@@ -226,17 +251,23 @@ class TritonPythonModel:
 
     def _withdraw(self, why: str) -> None:
         """This instance can no longer serve (loop.down(), which also refuses every new request with UNAVAILABLE
-        and sets specgram_engine_up to 0): ask Triton to unload it, so that its readiness (and the server's) says
-        so at once and a load brings a new instance. Unloading needs explicit model control; in the other modes
-        the model stays READY (the Python backend of Triton 2.51 never asks is_ready()): its refusals and the
-        gauge are what a load balancer sees."""
+        and sets specgram_engine_up to 0). Under explicit model control: ask Triton to unload it, so that its
+        readiness (and the server's) says so at once and a load brings a new instance. In the other modes the
+        model stays READY (the Python backend of Triton 2.51 never asks is_ready()): its refusals and the gauge
+        are what a load balancer sees, and the log says to restart the server."""
         self.withdrawn = True
+        if not self.explicit_control:
+            pb_utils.Logger.log_error(
+                f"llm: {why}; model '{self.model_name}' still reports ready (the server does not run explicit model "
+                "control, so it cannot unload itself) and refuses every new request: restart the server"
+            )
+            return
 
         def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
             try:
                 pb_utils.unload_model(self.model_name)
                 pb_utils.Logger.log_error(f"llm: {why}; model '{self.model_name}' unloaded itself")
-            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded
+            except Exception as e:  # noqa: BLE001 - the unload refused: stay loaded, refusing every request
                 pb_utils.Logger.log_error(
                     f"llm: {why}; unloading model '{self.model_name}' failed ({e}), so it still reports ready: "
                     "restart the server"
