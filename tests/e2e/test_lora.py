@@ -136,9 +136,15 @@ def lora_info(text: str) -> dict[str, str] | None:
     return labels
 
 
+def lora_info_series(text: str) -> int:
+    return len(re.findall(r"^specgram_lora_requests_info\{", text, re.MULTILINE))
+
+
 def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server):
     """Every slot held by requests of one adapter and a request of the other waiting: the picker's series names
-    them as running and waiting, with max_lora the two adapters loaded."""
+    them as running and waiting, with max_lora the two adapters loaded. Through every change of those labels
+    the port holds the current label set's series alone (beside it, for the moment of a change, the one it
+    replaces), and one once the requests have ended."""
     import tritonclient.grpc as grpcclient
     from stream_client import build_inputs
 
@@ -156,7 +162,9 @@ def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server
         for name in ["all-linear"] * slots + ["attention"]:
             client.async_stream_infer("llm", build_inputs({**long, "lora_name": name}))
         for _ in range(200):  # the gauges follow the load within 50 ms
-            labels = lora_info(requests.get(server.metrics_url, timeout=30).text)
+            text = requests.get(server.metrics_url, timeout=30).text
+            assert lora_info_series(text) <= 2, text
+            labels = lora_info(text)
             got = labels and {k: labels[k] for k in want}
             if got == want:
                 break
@@ -167,7 +175,11 @@ def test_the_lora_info_metric_names_the_running_and_waiting_adapters(lora_server
     assert got == want
     for _ in range(300):  # every request ended (cancelled): none is left to count in a later test's window
         text = requests.get(server.metrics_url, timeout=30).text
+        assert lora_info_series(text) <= 2, text
         if metric_total(text, "specgram_lora_requests_total") == finished + slots + 1:
             break
         time.sleep(0.1)
     assert metric_total(text, "specgram_lora_requests_total") == finished + slots + 1
+    time.sleep(0.2)  # the gauges follow the last end within 50 ms
+    text = requests.get(server.metrics_url, timeout=30).text
+    assert lora_info_series(text) == 1, text

@@ -140,11 +140,33 @@ class MetricFamily:
         return m
 
 
+def on_port(name: str) -> list:
+    """The series of `name` still exported: Triton's Python backend deletes a family's series when the family goes
+    (and not before: the family holds every series it made)."""
+    return [m for m in MetricFamily.registry.get(name, []) if m._family_ref() is not None]
+
+
 unloaded: list[str] = []  # the models unload_model() was asked to unload, in order
 
 
+# Triton's answer to an unload outside explicit model control (modes none and poll), set to act as those modes
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+model_control = {"explicit": True}
+refused_unloads: list[str] = []  # the models whose unload was asked for outside explicit model control
+
+
+def server_argv() -> list[str]:
+    """The command line of the fake server, in the model-control mode model_control says (the tests load model.py
+    with this in place of its reading of the real server's)."""
+    return ["tritonserver", "--model-control-mode=" + ("explicit" if model_control["explicit"] else "none")]
+
+
 def unload_model(model_name: str) -> None:
-    """Triton's unload (explicit model-control mode): recorded here; the tests finalize the model themselves."""
+    """Triton's unload (explicit model-control mode): recorded here; the tests finalize the model themselves.
+    With model_control["explicit"] False, refused as Triton refuses it in the other modes."""
+    if not model_control["explicit"]:
+        refused_unloads.append(model_name)
+        raise TritonModelException(NOT_EXPLICIT)
     unloaded.append(model_name)
 
 

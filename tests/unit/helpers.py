@@ -190,6 +190,7 @@ def load_model_py(name: str = "llm_model"):
     spec = importlib.util.spec_from_file_location(name, MODEL_DIR / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module._server_argv = pb.server_argv  # the fake server's command line: the model-control mode the test sets
     return module
 
 

@@ -41,7 +41,7 @@ def exported() -> dict[str, tuple[str, set[str]]]:
 
     mark = {"model": "llm", "version": "1", "instance": "fleet-manifests-check"}
     metrics = Metrics(pb.MetricFamily, mark, max_draft_len=4, max_slots=8, forward="native", adapters=["sql"])
-    metrics.publish(Load(), alive=True)
+    metrics.publish(Load(), up=True)
     out = {}
     for name, series in pb.MetricFamily.registry.items():
         mine = [m for m in series if m.labels.get("instance") == mark["instance"]]

@@ -206,7 +206,22 @@ def test_a_dying_engine_fails_every_open_request_and_refuses_new_ones(make_engin
             assert rec.final.finish_reason == FinishReason.ERROR and rec.final.error_kind == ErrorKind.INTERNAL
             assert "scheduler state corrupted" in rec.final.error
         assert not loop.alive and "scheduler state corrupted" in loop.failure
+        assert loop.down() == loop.failure
         assert_refused(submit(loop, max_tokens=2), "engine stopped", "restarted")
+
+
+def test_grammar_workers_that_cannot_restart_take_the_engine_down(make_engine, monkeypatch):
+    """down() is the loop's one answer to whether it can serve: compile workers that cannot restart make it down as
+    a stopped thread does, though the thread still runs. Every new request, guided or not, is then refused at once
+    naming them; a request already running goes on to its end."""
+    with serving(make_engine, max_slots=1) as loop:
+        a = submit(loop, max_tokens=40)
+        assert a.accepted and a.first.wait(WAIT_S) and loop.down() is None
+        broken = "grammar compile workers keep failing to start (see the server log)"
+        monkeypatch.setattr(type(loop.engine.grammar), "broken", property(lambda self: broken))
+        assert loop.alive and broken in loop.down() and "restarted" in loop.down()
+        assert_refused(submit(loop, max_tokens=2), broken, "restarted")
+        assert a.final.finish_reason == FinishReason.LENGTH and len(a.tokens) == 40
 
 
 @pytest.mark.parametrize(

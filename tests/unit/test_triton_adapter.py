@@ -506,12 +506,89 @@ def test_a_model_json_with_enable_lora_enables_it(tiny_ckpt, tmp_path, model_py)
         model_py.TritonPythonModel().initialize(args)
 
 
+def refused_at_once(m, **inputs):
+    """A new request's only response, which must come within a second: its error."""
+    r = request(max_tokens=4, **inputs)
+    t0 = time.monotonic()
+    m.execute([r])
+    assert r.sender.done.wait(1.0), "a down engine answers a new request within a second"
+    assert time.monotonic() - t0 < 1.0
+    [(only, _)] = r.sender.responses
+    return only.error
+
+
 def test_grammar_workers_that_cannot_restart_make_the_model_unready(own_model):
-    """Guided requests would all be refused: the instance asks Triton to unload it, as for a stopped engine."""
+    """Guided requests would all be refused: the instance is down as for a stopped engine (one test decides it):
+    it asks Triton to unload it, refuses every new request naming the workers, and engine_up says 0."""
     name = "test_grammar_workers_that_cannot_restart_make_the_model_unready"
     m = own_model()
+    gauge = lambda family: metric(family, model=name)[0].value()  # noqa: E731
+    wait_for(lambda: gauge("specgram_engine_up") == 1, "the engine_up gauge is set")
     assert m.is_ready() and m.engine.grammar.broken is None
     m.engine.grammar.pool._broken = "grammar compile workers keep failing to start (see the server log)"
     wait_for(lambda: name in pb.unloaded, "the model asks Triton to unload it")
     assert not m.is_ready() and m.loop.alive  # the engine itself still runs until the unload finalizes it
     assert any("keep failing to start" in e and "unloaded itself" in e for e in pb.Logger.errors)
+    wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
+    for inputs in ({}, {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[ab]+"}):
+        error = refused_at_once(m, **inputs)
+        assert error.code() == pb.TritonError.UNAVAILABLE, inputs
+        assert "grammar compile workers keep failing to start" in error.message(), inputs
+
+
+@pytest.mark.parametrize("failure", ["engine", "grammar"])
+def test_outside_explicit_model_control_a_down_model_stays_loaded_refusing_with_engine_up_0(
+    own_model, monkeypatch, failure
+):
+    """Model-control modes none and poll: a model cannot unload itself there, so it does not ask (a refused
+    unload can crash Triton 2.51's Python backend) and stays READY to Triton; every new request is refused at once
+    (UNAVAILABLE, naming what failed) and engine_up is 0, the signals a load balancer has there; the log says to
+    restart the server, once."""
+    name = f"test_outside_explicit_model_control_a_down_model_stays_loaded_refusing_with_engine_up_0[{failure}]"
+    monkeypatch.setitem(pb.model_control, "explicit", False)
+    m = own_model()
+    gauge = lambda family: metric(family, model=name)[0].value()  # noqa: E731
+    wait_for(lambda: gauge("specgram_engine_up") == 1, "the engine_up gauge is set")
+    [[served]] = finish(m, request(max_tokens=2))
+    assert served.error is None
+    if failure == "engine":
+
+        def broken_step():
+            raise RuntimeError("slot bookkeeping broke")
+
+        m.loop.engine.step = broken_step
+        [[failed]] = finish(m, request(max_tokens=2))
+        assert failed.error.code() == pb.TritonError.INTERNAL and "slot bookkeeping broke" in failed.error.message()
+        needle = "engine stopped"
+    else:
+        m.engine.grammar.pool._broken = "grammar compile workers keep failing to start (see the server log)"
+        needle = "grammar compile workers keep failing to start"
+    logged = lambda: [e for e in pb.Logger.errors if f"'{name}'" in e]  # noqa: E731
+    wait_for(logged, "the withdrawal is logged")
+    assert needle in logged()[0] and "still reports ready" in logged()[0] and "restart the server" in logged()[0]
+    assert name not in pb.unloaded and name not in pb.refused_unloads and not m.is_ready()
+    wait_for(lambda: gauge("specgram_engine_up") == 0, "the engine_up gauge drops to 0")
+    for _ in range(3):  # every new request, for as long as the instance lives
+        error = refused_at_once(m)
+        assert error.code() == pb.TritonError.UNAVAILABLE and needle in error.message(), error.message()
+    time.sleep(0.2)  # the sender thread goes on polling: the gauge stays down and nothing is tried again
+    assert gauge("specgram_engine_up") == 0
+    assert len(logged()) == 1 and name not in pb.refused_unloads
+
+
+@pytest.mark.parametrize(
+    "argv, explicit",
+    [
+        (["tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=llm"], True),
+        (["tritonserver", "--model-control-mode", "explicit"], True),
+        (["tritonserver", "--model-control-mode=EXPLICIT"], True),
+        (["tritonserver", "--model-control-mode=explicit", "--model-control-mode=poll"], False),  # the last counts
+        (["tritonserver", "--model-control-mode=poll"], False),
+        (["tritonserver", "--model-control-mode=none"], False),
+        (["tritonserver", "--model-repository=/models"], False),  # the default: none
+        (["tritonserver", "--model-control-mode"], False),
+        ([], False),  # a command line that cannot be read
+    ],
+)
+def test_explicit_model_control_is_read_from_the_servers_command_line(model_py, argv, explicit):
+    assert model_py.explicit_model_control(argv) is explicit

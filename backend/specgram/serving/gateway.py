@@ -8,9 +8,10 @@ Extension's model-server protocol), beside the waiting and running gauges that m
 - LoRA info: one series whose labels name the adapters of the running and of the waiting requests
   (comma-separated, no spaces: the picker splits on ","), and max_lora, the adapters a batch can mix (every
   loaded adapter: all of them stay resident, so none ever waits to be loaded). Its value is the Unix time at
-  which those labels last became current: the picker reads the series with the largest value. As with vLLM's,
-  the series of earlier label sets stay on the port with their older times (Triton keeps a series until its
-  family goes). Only a model that serves adapters has it.
+  which those labels became current (the picker reads the series with the largest value). Only the current
+  label set has a series: a mix of adapters makes a new label set at nearly every admission, and a series kept
+  for each (as vLLM keeps them) would grow the metrics port without bound. Only a model that serves adapters
+  has it.
 
 Triton's metric API comes in as an argument, so that this package never imports Triton.
 """
@@ -18,8 +19,17 @@ Triton's metric API comes in as an argument, so that this package never imports 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from .loop import Load
+
+
+class _LoraInfo(NamedTuple):
+    """The current LoRA info series, with the family that alone can delete it."""
+
+    family: object  # pb_utils.MetricFamily
+    series: object  # its one Metric
+    key: tuple[frozenset[int], frozenset[int]]  # (running, waiting) adapter ids its labels name
 
 
 class GatewayMetrics:
@@ -36,15 +46,8 @@ class GatewayMetrics:
         )
         self.kv_usage = self._kv_family.Metric(labels=labels)
         self._kv_published: float | None = None
-        self._lora_family = None
-        if self._adapters:  # the series is replaced when its labels change: the family must outlive each one
-            self._lora_family = F(
-                name="specgram_lora_requests_info",
-                description="LoRA adapters of the running and waiting requests (labels); value: time of the change",
-                kind=F.GAUGE,
-            )
-        self._lora_series: dict[tuple, object] = {}  # (running ids, waiting ids) -> its series
-        self._lora_published: tuple | None = None
+        self._family = F
+        self._lora: _LoraInfo | None = None
 
     def lora_labels(self, load: Load) -> dict:
         def names(ids) -> str:
@@ -63,12 +66,19 @@ class GatewayMetrics:
         if usage != self._kv_published:
             self.kv_usage.set(usage)
             self._kv_published = usage
-        if self._lora_family is None:
+        if not self._adapters:
             return
         key = (load.running_adapters, load.waiting_adapters)
-        if key == self._lora_published:
+        if self._lora is not None and self._lora.key == key:
             return
-        if key not in self._lora_series:
-            self._lora_series[key] = self._lora_family.Metric(labels=self.lora_labels(load))
-        self._lora_series[key].set(time.time())
-        self._lora_published = key
+        # Triton's Python backend deletes a series only with its family (a family holds every series it made), so
+        # each label set gets a family of its own. The new series is set before the old family goes: the port never
+        # lacks a current series (for that moment it holds two, and the newer has the larger value).
+        family = self._family(
+            name="specgram_lora_requests_info",
+            description="LoRA adapters of the running and waiting requests (labels); value: time of the change",
+            kind=self._family.GAUGE,
+        )
+        series = family.Metric(labels=self.lora_labels(load))
+        series.set(time.time())
+        self._lora = _LoraInfo(family, series, key)  # the old family, unreferenced now, deletes its series as it goes

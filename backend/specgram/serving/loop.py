@@ -11,6 +11,11 @@ ones go on for the grace period and then cuts them (cancelled). An exception esc
 leaves its state untrusted: the thread stops, every open request fails (INTERNAL), new ones are refused, and
 `failure` says why.
 
+down() is the one test of whether this engine can serve: it is down once its thread stopped, or once its grammar
+compile workers cannot be restarted (every guided request would be refused). While it is down every new request
+is refused at once (UNAVAILABLE, naming what failed); the serving adapter withdraws the model and sets its
+`engine_up` gauge from the same answer, so the readiness, the gauge and the refusals never disagree.
+
 EngineLoop.build() loads the engine on the engine thread itself. That matters on CPU: OpenMP (libgomp) keeps a
 thread pool per thread that starts parallel work, and once the pools' threads outnumber the cores it stops
 spinning between parallel regions, so every parallel region pays a futex wake-up (docs/architecture.md,
@@ -98,15 +103,23 @@ class EngineLoop:
         return loop
 
     @property
-    def alive(self) -> bool:
+    def alive(self) -> bool:  # whether the engine thread still runs (it may be down all the same: down())
         return self.failure is None
+
+    def down(self) -> str | None:
+        """Why this engine can no longer serve (None: it can): its thread stopped on an internal error, or its
+        grammar compile workers cannot be restarted. Either lasts until the model instance is replaced."""
+        if self.failure is not None:
+            return self.failure
+        broken = self.engine.grammar.broken if self.engine is not None else None
+        return f"{broken}; this model instance must be restarted" if broken else None
 
     def submit(self, req: Request, sink: Sink, timeout_s: float | None = None) -> bool:
         """Queue req for the engine, or refuse it at once: sink then gets its only output, an UNAVAILABLE error
-        naming the reason (at capacity, shutting down, the engine stopped). timeout_s: the client's own limit on
+        naming the reason (at capacity, shutting down, the engine down). timeout_s: the client's own limit on
         the request's time (None = none). -> whether it was queued."""
         with self._lock:
-            refusal = self._admission.refusal(req)
+            refusal = self.down() or self._admission.refusal(req)
             if refusal is None:
                 self._admission.enter(req)
                 self._inbox.put(("add", req, (sink, time.monotonic(), timeout_s)))

@@ -129,7 +129,11 @@ class Metrics:
             gauge("specgram_requests_waiting", "Requests waiting for a KV slot (bounded by max_waiting_requests)"),
             gauge("specgram_requests_running", "Requests holding a KV slot (KV slots in use)"),
             gauge("specgram_requests_compiling_grammar", "Waiting requests whose grammar is still compiling"),
-            gauge("specgram_engine_up", "1 while the engine serves; 0 once it stopped on an internal error"),
+            gauge(
+                "specgram_engine_up",
+                "1 while the engine serves; 0 once it cannot (it stopped on an internal error, or its grammar "
+                "compile workers cannot restart): every new request is then refused",
+            ),
         )
         self.published: tuple | None = None
 
@@ -153,9 +157,9 @@ class Metrics:
             "specgram_forward", "1 for the forward implementation the target runs (kind: native or torch)", F.GAUGE
         ).Metric(labels={**labels, "kind": forward}).set(1)
 
-    def publish(self, load: Load, alive: bool) -> None:
-        """Set the gauges whose value changed."""
-        values = (load.waiting, load.running, load.compiling, int(alive))
+    def publish(self, load: Load, up: bool) -> None:
+        """Set the gauges whose value changed. up: whether the engine can serve (not EngineLoop.down())."""
+        values = (load.waiting, load.running, load.compiling, int(up))
         for gauge, value, before in zip(self.gauges, values, self.published or (None,) * len(values), strict=True):
             if value != before:
                 gauge.set(value)

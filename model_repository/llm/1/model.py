@@ -56,6 +56,27 @@ _OUTBOX_WAIT_S = 0.05
 _GAUGE_PERIOD_S = 0.05
 
 
+def explicit_model_control(argv: list[str]) -> bool:
+    """Whether tritonserver's command line `argv` sets explicit model control (its last --model-control-mode,
+    given as one argument or two, names explicit: Triton reads the mode in any case)."""
+    mode = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.split("=", 1)[1]
+        elif arg == "--model-control-mode" and i + 1 < len(argv):
+            mode = argv[i + 1]
+    return mode is not None and mode.lower() == "explicit"
+
+
+def _server_argv() -> list[str]:
+    """The command line of the tritonserver that started this stub (its parent); [] where it cannot be read (a
+    server embedded in another program's process reads as one without explicit model control)."""
+    try:
+        return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def _error_code(kind: ErrorKind | None):
     """ErrorKind -> Triton error code (looked up per call: the stub that auto-completes the config imports this
     module without pb_utils.TritonError)."""
@@ -164,7 +185,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(str(e)) from e
         self.engine = self.loop.engine
         self.model_name = args["model_name"]
-        self.withdrawn = False  # whether this instance has asked Triton to unload it (its engine stopped)
+        self.withdrawn = False  # whether this instance has withdrawn itself (its engine is down: loop.down())
+        # Only explicit model control lets a model unload itself. Outside it the unload is not even asked for:
+        # Triton refuses it with an error whose text the Python backend's server side frees while the stub still
+        # reads it, which can crash the stub and abort the server (Triton 2.51).
+        self.explicit_control = explicit_model_control(_server_argv())
         # "instance": this instance's own series. Triton hands every instance that asks for the same family and
         # labels the same metric object, and an unloading instance deletes its metrics: on a reload (the new
         # instance loads before the old one unloads) shared series would be freed under the new instance.
@@ -220,27 +245,29 @@ class TritonPythonModel:
             self.loop.submit(req, lambda out: self.outbox.put(("out", out.request_id, out)), timeout_s)
         return None
 
-    def down(self) -> str | None:
-        """Why this instance can no longer serve (None: it can): its engine stopped on an internal error, or its
-        grammar compile workers cannot be restarted (guided requests would all be refused)."""
-        return self.loop.failure or self.engine.grammar.broken
-
     def is_ready(self) -> bool:
         """Triton's model readiness (Python backends that ask the model; 2.51's does not)."""
-        return self.down() is None
+        return self.loop.down() is None
 
     def _withdraw(self, why: str) -> None:
-        """This instance can no longer serve: ask Triton to unload it, so that its readiness (and the server's)
-        says so at once and a load brings a new instance. Until the unload, the engine's own refusals apply
-        (UNAVAILABLE). Unloading needs explicit model control; in the other modes the model stays READY (the
-        Python backend of Triton 2.51 never asks is_ready()), and specgram_engine_up says why."""
+        """This instance can no longer serve (loop.down(), which also refuses every new request with UNAVAILABLE
+        and sets specgram_engine_up to 0). Under explicit model control: ask Triton to unload it, so that its
+        readiness (and the server's) says so at once and a load brings a new instance. In the other modes the
+        model stays READY (the Python backend of Triton 2.51 never asks is_ready()): its refusals and the gauge
+        are what a load balancer sees, and the log says to restart the server."""
         self.withdrawn = True
+        if not self.explicit_control:
+            pb_utils.Logger.log_error(
+                f"llm: {why}; model '{self.model_name}' still reports ready (the server does not run explicit model "
+                "control, so it cannot unload itself) and refuses every new request: restart the server"
+            )
+            return
 
         def unload():  # on a thread of its own: the unload finalizes this instance, which joins the sender
             try:
                 pb_utils.unload_model(self.model_name)
                 pb_utils.Logger.log_error(f"llm: {why}; model '{self.model_name}' unloaded itself")
-            except Exception as e:  # noqa: BLE001 - not in explicit model-control mode: stay loaded
+            except Exception as e:  # noqa: BLE001 - the unload refused: stay loaded, refusing every request
                 pb_utils.Logger.log_error(
                     f"llm: {why}; unloading model '{self.model_name}' failed ({e}), so it still reports ready: "
                     "restart the server"
@@ -274,12 +301,13 @@ class TritonPythonModel:
                 if now - st.cancel_checked >= _CANCEL_CHECK_S:
                     st.cancel_checked = now
                     self._check_cancelled(rid, st)
-            if not self.withdrawn and (why := self.down()) is not None:
-                self._withdraw(why)
+            down = self.loop.down()  # one answer per round: the withdrawal and the engine_up gauge agree
+            if not self.withdrawn and down is not None:
+                self._withdraw(down)
             if now - self.gauges_at >= _GAUGE_PERIOD_S:
                 self.gauges_at = now
                 try:
-                    self.metrics.publish(self.loop.load, self.loop.alive)
+                    self.metrics.publish(self.loop.load, up=down is None)
                 except Exception as e:  # noqa: BLE001 - metrics must not stop the responses
                     pb_utils.Logger.log_error(f"llm: setting the load gauges failed: {e!r}")
 
