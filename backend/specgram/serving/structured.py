@@ -2,10 +2,10 @@
 -> this model's guide type and guide text (what `guided_decoding_guide_type` / `guided_decoding_guide` carry).
 
 Exactly one constraint key may be set: json (a schema, as an object or a JSON string), regex, choice (a list of
-strings), grammar (xgrammar EBNF), json_object (true: guide type json, xgrammar's built-in JSON grammar, which
-vLLM's xgrammar backend uses for it too), structural_tag (xgrammar's JSON format). Two of vLLM's flags change a
-JSON grammar as they do in vLLM: `disable_any_whitespace` true = the compact layout, no free whitespace (the
-request's own json_any_whitespace false; for `json` and `json_object` alike), `disable_additional_properties`
+strings), grammar (xgrammar EBNF), json_object (true: guide type json, any JSON object or array; vLLM's xgrammar
+backend takes an object only), structural_tag (xgrammar's JSON format). Two of vLLM's flags change a JSON grammar
+as they do in vLLM: `disable_any_whitespace` true = the compact layout, no free whitespace (the request's own
+json_any_whitespace false; for `json` and `json_object` alike), `disable_additional_properties`
 true = no properties beyond a `json` schema's unless it allows them (the request's own json_strict true); false or
 absent = the server's settings.
 vLLM's tuning keys that change nothing here are accepted: `backend` (the engine always uses xgrammar),
