@@ -312,6 +312,13 @@ def test_vllm_json_flags_become_the_requests_compile_options(flags, options):
         )
 
 
+def test_vllm_whitespace_flag_reaches_any_json_but_the_properties_flag_does_not():
+    """json_object compiles any JSON, which has a layout (json_any_whitespace) but takes any keys (no json_strict)."""
+    spec = {"json_object": True, "disable_any_whitespace": True, "disable_additional_properties": True}
+    p = parse({"text_input": "x", "sampling_parameters": json.dumps({"structured_outputs": spec})}).params
+    assert (p.guide_type, p.guide_options) == ("json", (("json_any_whitespace", False),))
+
+
 def test_vllm_json_flags_change_the_grammar(make_engine):
     """disable_any_whitespace: the compact layout only; disable_additional_properties: no extra keys, where the
     server's json_strict 0 would allow them. Checked on the compiled grammars' matchers, and through the engine's

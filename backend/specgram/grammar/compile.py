@@ -7,6 +7,7 @@ import re
 
 from ..errors import InvalidRequest
 from ..wire import WireEnum
+from .json_grammar import any_json_grammar, schema_grammar
 
 
 class GuideType(WireEnum):
@@ -55,7 +56,9 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-REASONING_OPTIONS = ("reasoning_end", "reasoning_max_chars")  # compile options of any kind (the rest: JSON schema)
+REASONING_OPTIONS = ("reasoning_end", "reasoning_max_chars")  # compile options of any kind
+# the compile options each JSON kind reads (json_strict: a schema's objects; any JSON's take any keys)
+JSON_OPTIONS = {"json_schema": ("json_strict", "json_any_whitespace"), "json": ("json_any_whitespace",)}
 
 
 def reasoning_prefix(end: str, max_chars: int | None):
@@ -71,13 +74,14 @@ def reasoning_prefix(end: str, max_chars: int | None):
 
 
 def guide_grammar(kind: GuideType, guide: str, json_strict: bool, json_any_whitespace: bool):
-    """The guide as an xgrammar Grammar (not compiled)."""
+    """The guide as an xgrammar Grammar (not compiled). The JSON kinds: strings as RFC 8259 writes them and
+    whitespace bounded (json_grammar.py)."""
     import xgrammar as xgr
 
     if kind == GuideType.JSON:
-        return xgr.Grammar.builtin_json_grammar()
+        return any_json_grammar(json_any_whitespace)
     if kind == GuideType.JSON_SCHEMA:
-        return xgr.Grammar.from_json_schema(guide, any_whitespace=json_any_whitespace, strict_mode=json_strict)
+        return schema_grammar(guide, json_strict, json_any_whitespace)
     if kind == GuideType.REGEX:
         return xgr.Grammar.from_regex(guide)
     if kind == GuideType.EBNF:

@@ -2,7 +2,8 @@
 
 GrammarCompiler: one per tokenizer. A request's guide is checked when it arrives (kind, size, JSON, keywords
 xgrammar would not enforce: schema_keywords.py), then compiled without blocking the step loop:
-  - at once in the engine process when that is cheap and bounded: the builtin JSON grammar (compiled at load)
+  - at once in the engine process when that is cheap and bounded: the grammar of any JSON in the server's
+    layout (compiled at load)
     and the compiled-grammar cache (an LRU keyed by (kind, guide), bounded in bytes);
   - otherwise first in a worker process (pool.py), where a compile that outlives
     `grammar_compile_timeout_s` is killed, and, once a worker has compiled it in time, again in the engine
@@ -25,7 +26,16 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest, Overloaded
-from .compile import REASONING_OPTIONS, UNSUPPORTED_KEYWORDS, GuideType, choices_of, compile_guide, normalize_guide_type
+from .compile import (
+    JSON_OPTIONS,
+    REASONING_OPTIONS,
+    UNSUPPORTED_KEYWORDS,
+    GuideType,
+    choices_of,
+    compile_guide,
+    normalize_guide_type,
+)
+from .json_grammar import any_json_grammar
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
 
@@ -55,11 +65,12 @@ class GrammarCompiler:
         self.max_guide_bytes = max_guide_bytes
         # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default;
         # JSON Schema itself allows them, and small models then ramble on adding keys).
-        # any_whitespace: free whitespace between tokens; False fixes the layout, which makes more positions
-        # grammar-forced (free drafts) but may push a model off the formatting it prefers.
+        # any_whitespace: free whitespace between tokens, at most json_grammar.MAX_WHITESPACE characters a run;
+        # False fixes the compact layout, which makes more positions grammar-forced (free drafts) but may push a
+        # model off the formatting it prefers. Both for a schema and for any JSON.
         self.options = dict(json_strict=json_strict, json_any_whitespace=json_any_whitespace)
         self.unsupported_keywords = unsupported_keywords
-        self.builtin_json = self.compiler.compile_builtin_json_grammar()
+        self.any_json = self.compiler.compile_grammar(any_json_grammar(json_any_whitespace))
         self.cache = GrammarCache(cache_bytes)
         self._lock = threading.Lock()
         self._inflight: dict[tuple, _Compile] = {}
@@ -136,10 +147,10 @@ class GrammarCompiler:
     def submit(self, kind: GuideType, guide: str, options: tuple = ()) -> "PendingGrammar":
         """Start compiling (or find) the guide; raises Overloaded when too many guides wait for a worker.
         options: the request's (name, value) overrides of the compile options, sorted (part of the cache key)."""
-        # the JSON-schema options matter to JSON schemas only; a thinking model's reasoning prefix to every kind
-        options = tuple(sorted(o for o in options if kind == GuideType.JSON_SCHEMA or o[0] in REASONING_OPTIONS))
-        if kind == GuideType.JSON and not options:
-            return PendingGrammar(_done(self.builtin_json))
+        # each JSON kind's own options (JSON_OPTIONS); a thinking model's reasoning prefix to every kind
+        options = tuple(sorted(o for o in options if o[0] in JSON_OPTIONS.get(kind, ()) + REASONING_OPTIONS))
+        if kind == GuideType.JSON and all(n in self.options and self.options[n] == v for n, v in options):
+            return PendingGrammar(_done(self.any_json))  # in the server's own layout: compiled at load
         key = (kind, guide, options)
         pool = self.pool  # started here on first use, outside self._lock
         with self._lock:

@@ -2,11 +2,12 @@
 -> this model's guide type and guide text (what `guided_decoding_guide_type` / `guided_decoding_guide` carry).
 
 Exactly one constraint key may be set: json (a schema, as an object or a JSON string), regex, choice (a list of
-strings), grammar (xgrammar EBNF), json_object (true: guide type json, xgrammar's built-in JSON grammar, which
-vLLM's xgrammar backend uses for it too), structural_tag (xgrammar's JSON format). Two of vLLM's flags change a
-`json` schema's grammar as they do in vLLM: `disable_any_whitespace` true = the compact layout, no free whitespace
-(the request's own json_any_whitespace false), `disable_additional_properties` true = no properties beyond the
-schema's unless it allows them (the request's own json_strict true); false or absent = the server's settings.
+strings), grammar (xgrammar EBNF), json_object (true: guide type json, any JSON object or array; vLLM's xgrammar
+backend takes an object only), structural_tag (xgrammar's JSON format). Two of vLLM's flags change a JSON grammar
+as they do in vLLM: `disable_any_whitespace` true = the compact layout, no free whitespace (the request's own
+json_any_whitespace false; for `json` and `json_object` alike), `disable_additional_properties`
+true = no properties beyond a `json` schema's unless it allows them (the request's own json_strict true); false or
+absent = the server's settings.
 vLLM's tuning keys that change nothing here are accepted: `backend` (the engine always uses xgrammar),
 `disable_fallback`, and `whitespace_pattern` at null.
 """
@@ -17,6 +18,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidRequest
+from ..grammar.compile import JSON_OPTIONS
 
 # constraint key -> guide type
 KINDS = {
@@ -27,7 +29,8 @@ KINDS = {
     "json_object": "json",
     "structural_tag": "structural_tag",
 }
-# vLLM's flags that change a JSON schema's grammar: flag -> the compile option it sets to that value when true
+# vLLM's flags that change a JSON grammar: flag -> the compile option it sets to that value when true (for the
+# guide types that read that option: JSON_OPTIONS)
 FLAGS = {
     "disable_any_whitespace": ("json_any_whitespace", False),
     "disable_additional_properties": ("json_strict", True),
@@ -66,7 +69,7 @@ def guide_of(name: str, spec: Any) -> tuple[str, str, tuple] | None:
     for flag, option in FLAGS.items():
         if spec.get(flag) is not None and not isinstance(spec[flag], bool):
             raise InvalidRequest(f"sampling_parameters.{name}.{flag} must be true or false")
-        if spec.get(flag) and found[0] == "json_schema":
+        if spec.get(flag) and option[0] in JSON_OPTIONS.get(found[0], ()):
             options.append(option)
     return (*found, tuple(options))
 
