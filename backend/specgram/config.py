@@ -94,7 +94,8 @@ class EngineConfig:
     json_unsupported_keywords: str = "error"  # a JSON-schema keyword xgrammar would not enforce: "error" fails
     # the request naming it; "ignore" compiles without it (best effort)
     json_strict: bool = True  # json_schema: no properties beyond the schema's unless it allows them
-    json_any_whitespace: bool = True  # json_schema: free whitespace; False = fixed compact layout
+    # JSON guides (a schema, any JSON): whitespace in runs of at most 32 characters; False = the compact layout
+    json_any_whitespace: bool = True
     forced_strings: bool = False  # guided drafts also start with the string the grammar forces (key names,
     # '": "', brackets) in xgrammar's tokenization, not only single forced tokens
     linear: str = "auto"  # CPU forward: "native" (our kernels: weights streamed at the memory bound,
