@@ -14,7 +14,7 @@ from specgram.errors import ModelLoadError
 from specgram.model import families
 from specgram.model.choice import choose_for
 from specgram.model.runner import ModelRunner
-from specgram.model.whole import checkpoint_config
+from specgram.model.source import open_source
 from specgram.request import SamplingParams
 
 from ..conftest import TEST_DEVICE
@@ -100,7 +100,7 @@ def test_greedy_output_is_transformers_greedy_with_speculation_on_and_off(name, 
 def test_an_unknown_model_type_is_refused_with_the_families(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ModelLoadError, match=r"model_type 'bert' .* families llama, qwen2, .* docs/models.md"):
-        checkpoint_config(tmp_path)
+        open_source(tmp_path)
     with pytest.raises(ModelLoadError, match="model_type 'bert' is not supported"):
         families.describe(type("Cfg", (), {"model_type": "bert"})())
 

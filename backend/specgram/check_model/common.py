@@ -52,12 +52,9 @@ def peak_rss() -> int:
 
 def checkpoint_bytes(path: str) -> int:
     """The weight files' bytes (safetensors, else PyTorch .bin; a GGUF checkpoint's file)."""
-    from ..model.gguf_checkpoint import gguf_file
+    from ..model.source import open_source
 
-    if path and gguf_file(path) is not None:
-        return gguf_file(path).stat().st_size
-    files = list(Path(path).glob("*.safetensors")) or list(Path(path).glob("*.bin")) if path else []
-    return sum(f.stat().st_size for f in files)
+    return open_source(path).nbytes if path else 0
 
 
 def first_diff(a: list[int], b: list[int]) -> int:

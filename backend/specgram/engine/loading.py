@@ -17,10 +17,10 @@ import torch
 from ..config import EngineConfig
 from ..errors import ModelLoadError
 from ..model import footprint, lora
-from ..model.checkpoint import ModuleTensors, TensorFiles, kept_dtype, release_freed_memory, skeleton
-from ..model.gguf_checkpoint import checkpoint, config_of, gguf_file
+from ..model.checkpoint import ModuleTensors, release_freed_memory
 from ..model.quantize import quantize_dynamic_int8
 from ..model.runner import ModelRunner
+from ..model.source import GGUF, WHOLE, Source, open_source
 from ..model.whole import load_model
 from ..speculation import draft_vocab
 from ..speculation.draft_model import DraftModelDrafter
@@ -31,14 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    if gguf_file(path) is not None:
-        source = checkpoint(path)  # outside the try: its ModelLoadError says what is wrong with the file
-    try:
-        return AutoTokenizer.from_pretrained(path) if gguf_file(path) is None else source.tokenizer()
-    except Exception as e:
-        raise ModelLoadError(f"could not load the tokenizer from {path!r}: {e}") from e
+    return open_source(path).tokenizer()
 
 
 def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
@@ -63,14 +56,9 @@ def eos_ids(tokenizer, *configs) -> set[int]:
 
 
 def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
-    """eos_ids of a checkpoint folder without loading its weights (what the engine stops on)."""
-    from transformers import GenerationConfig
-
-    try:
-        gen = None if gguf_file(path) else GenerationConfig.from_pretrained(path)
-    except OSError:  # no generation_config.json
-        gen = None
-    return eos_ids(tokenizer, gen, config_of(path))
+    """eos_ids of a checkpoint without loading its weights (what the engine stops on)."""
+    source = open_source(path)
+    return eos_ids(tokenizer, source.generation_config(), source.config())
 
 
 def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
@@ -78,18 +66,15 @@ def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTens
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
     (other names, shapes or dtypes, a quantized format), transformers' whole model."""
-    file = gguf_file(path)
-    if native and (TensorFiles.present(path) or file is not None):
-        model = skeleton(path, dtype)
-        files = TensorFiles(path) if file is None else checkpoint(path).tensors(model.config.num_hidden_layers)
-        if file is not None:
-            files.expect({name: p.shape for name, p in model.named_parameters()})
-        tensors = ModuleTensors(model, files)
+    source = open_source(path)
+    if native and source.kind != WHOLE:
+        model = source.skeleton(dtype)
+        tensors = ModuleTensors(model, source.tensors(model))
         why = tensors.unfit(model)
         if why is None:
             return model, tensors
-        if file is not None:  # no other reader: transformers' would de-quantize the whole model, or fail alike
-            raise ModelLoadError(f"{file}: {why} (the file does not hold a {model.config.model_type} model whole)")
+        if source.kind == GGUF:  # no other reader: transformers' would de-quantize the whole model, or fail alike
+            raise ModelLoadError(f"{path}: {why} (the file does not hold a {model.config.model_type} model whole)")
         log.info("%s: %s: loading the whole model through transformers", path, why)
     return load_model(path, device, dtype), None
 
@@ -99,29 +84,28 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
     the settings that would lower it."""
     slots, positions = config.max_slots, config.max_seq_len
 
-    def runner(label, path, model, forward, weights, dtype, cache: bool, embedding: bool):
+    def runner(label, source: Source, model, forward, weights, dtype, cache: bool, embedding: bool):
         native = forward.kind == "native"
         kv = torch.bfloat16 if forward.kv_dtype == "bfloat16" else (torch.float32 if native else dtype)
-        emb = dtype
-        if native and TensorFiles.present(path):  # kept as stored (checkpoint.py); a GGUF's: float32
-            emb = kept_dtype(TensorFiles(path).dtype("model.embed_tokens.weight"))
+        emb = source.embedding_dtype() if native and source.kind != WHOLE else dtype  # kept as stored, or float32
         part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)
 
     t, d = settings.target, settings.draft
-    target = skeleton(config.checkpoint, settings.dtype)
+    source = open_source(config.checkpoint)
+    target = source.skeleton(settings.dtype)
     weights = t.weights if t.kind == "native" else "auto"
-    parts = runner("target", config.checkpoint, target, t, weights, settings.dtype, True, True)
+    parts = runner("target", source, target, t, weights, settings.dtype, True, True)
     remedies = ("weights int8",) if t.kind == "native" and weights == "auto" else ()
     for d in (settings.draft, settings.copy):
         if d is None:
             continue
         own = d.source == "target"
-        path = config.checkpoint if own else config.draft_checkpoint
-        model = target if own else skeleton(path, d.dtype)
+        src = source if own else open_source(config.draft_checkpoint)
+        model = target if own else src.skeleton(d.dtype)
         shared = own and d.quantized == "native"  # the target's native copy: its embedding is the target's
         form = "int8" if d.quantized == "torch" else d.forward.weights
-        parts += runner("draft copy" if own else "draft", path, model, d.forward, form, d.dtype,
+        parts += runner("draft copy" if own else "draft", src, model, d.forward, form, d.dtype,
                         not d.shares_cache, not shared)  # fmt: skip
         if own:  # the copy alone, or beside a draft model
             remedies += ("draft_quantization none",) if d is settings.draft else ("draft_quantization int4",)

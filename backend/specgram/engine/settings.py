@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -42,8 +41,8 @@ from ..drafting import names, registry
 from ..errors import ModelLoadError
 from ..model import families
 from ..model.choice import ForwardChoice, choose, served_form
-from ..model.gguf_checkpoint import STORED, config_of, gguf_file
-from ..model.whole import checkpoint_config
+from ..model.gguf_checkpoint import STORED
+from ..model.source import GGUF, open_source
 from ..speculation import draft_vocab
 
 
@@ -161,7 +160,7 @@ def resolve(config: EngineConfig, target_cfg=None, draft_cfg=None) -> Settings:
 def _as_stored(forward: ForwardChoice, path: str) -> ForwardChoice:
     """A GGUF checkpoint's native forward under weights auto: the file's own forms (STORED); any other forward or
     checkpoint as it is."""
-    if forward.kind != "native" or gguf_file(path) is None:
+    if forward.kind != "native" or open_source(path).kind != GGUF:
         return forward
     return dataclasses.replace(forward, weights=STORED)
 
@@ -246,8 +245,4 @@ def _draft_vocab(config: EngineConfig, cfg, forward: ForwardChoice) -> int:
 
 
 def _hf_config(path: str):
-    checkpoint_config(Path(path))  # a folder with a config.json (or a GGUF file) of a supported family
-    try:
-        return config_of(path)
-    except Exception as e:  # transformers raises many types; the message is what the user needs
-        raise ModelLoadError(f"could not read the model config of {path!r}: {e}") from e
+    return open_source(path).config()  # a supported family's, or ModelLoadError saying why

@@ -99,28 +99,10 @@ def release_freed_memory() -> None:
 
 
 def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The transformers model of a checkpoint folder on the meta device, in `dtype` (what the packing serves), with
-    the checkpoint's generation config and a working rotary module on the CPU; ModelLoadError with the reason."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    """The checkpoint's transformers model on the meta device (source.py's Source.skeleton)."""
+    from .source import open_source
 
-    from .gguf_checkpoint import checkpoint, config_of, gguf_file
-
-    try:
-        cfg = config_of(path)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
-    except Exception as e:  # transformers raises many types; the message is what the user needs
-        raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
-    try:
-        if gguf_file(path) is None:  # a GGUF has none: the config's own
-            model.generation_config = GenerationConfig.from_pretrained(path)
-    except OSError:  # no generation_config.json: the config's own
-        pass
-    rotary = model.model.rotary_emb
-    model.model.rotary_emb = type(rotary)(config=model.config)  # outside the meta context: on the CPU
-    if gguf_file(path) is not None:
-        checkpoint(path).rotary(model)  # Llama 3's rope scaling, which a GGUF holds as a tensor
-    return model.eval()
+    return open_source(path).skeleton(dtype)
 
 
 def tied(model: torch.nn.Module) -> bool:

@@ -128,15 +128,6 @@ def checkpoint(path: str | Path) -> GGUFCheckpoint:
     return _opened(str(f.resolve()), st.st_mtime, st.st_size)
 
 
-def config_of(path: str | Path):
-    """The transformers config of a checkpoint: a GGUF's from its metadata, a folder's from its config.json."""
-    from transformers import AutoConfig
-
-    if gguf_file(path) is None:
-        return AutoConfig.from_pretrained(path)
-    return checkpoint(path).config()
-
-
 class LazyRows:
     """A [N, K] matrix that a quantizer reads a block of rows at a time (int8.quantize_rows, int4.quantize: they use
     .shape and [i:j] only): each block is read(index) -> float32 [len(index), K] when asked for; w[index] (a long
