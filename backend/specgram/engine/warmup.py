@@ -2,8 +2,9 @@
 copy beside it), each model drafts a short built-in prompt before the first request, so that the rule choosing
 between them (forward_depths.choose: the model expecting more tokens per second, from its measured depth cost and
 acceptance) has both measures from the first request on. Untimed, a model is expected to pay whatever its
-acceptance (forward_depths.value), so without this a fresh server's first requests would read their prompts with
-the draft model and draft with it until its timings and acceptance showed it losing: a trial paid by those requests.
+acceptance (forward_depths.value), so without this, once the copy (which needs no read) has drafted and is timed,
+the next requests would read their prompts with the untimed draft model and draft with it until its timings and
+acceptance showed it losing: a trial paid by those requests.
 
 What carries over: each model's draft depth and prompt read and the verify step's seconds (the planner's
 StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidence (one 16-token answer's worth,
