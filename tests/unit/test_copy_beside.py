@@ -1,7 +1,7 @@
 """The target's copy beside a named draft model (drafter `copy`): under draft_quantization auto a draft_checkpoint
 loads with the target's own copy, and an auto request of `draft_model` drafts each step with whichever of the two
-models expects more tokens per second (speculation/forward_depths.py: choose). Output stays exact whichever
-drafts."""
+models expects more tokens per second (speculation/forward_depths.py: choose), the draft model reading its prompt
+only where it is that model at admission. Output stays exact whichever drafts."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _costs(monkeypatch, engine, draft_s: float, copy_s: float) -> None:
     costs.draft_depth_s, costs.read_token_s = draft_s, 0.0002
     copy = costs.of("copy")
     copy.draft_depth_s = copy_s
-    costs.draft_calls = copy.draft_calls = forward_depths.TIMED_CALLS  # both timed
+    costs.draft_calls = copy.draft_calls = 1  # both timed
     monkeypatch.setattr(copy, "record_draft", lambda *a: None)
     freeze(monkeypatch, engine, costs)
 
@@ -147,18 +147,24 @@ def test_auto_drafts_with_the_draft_model_where_the_copy_costs_more(right, monke
     assert drafted.get("draft_model", 0) > 0 and "copy" not in drafted, drafted
 
 
-def test_a_model_timed_too_few_times_is_tried_and_a_behind_one_pays_its_catch_up(right, monkeypatch):
+def _timed(draft_s: float, copy_s: float) -> StepCosts:
+    """A 30 ms step at 1-4 rows; the draft model's depth draft_s, the copy's copy_s, each timed."""
     costs = StepCosts()
     for n in (1, 2, 4):
         costs.record(n, 0.030)
+    costs.draft_depth_s, costs.of("copy").draft_depth_s = draft_s, copy_s
+    costs.draft_calls = costs.of("copy").draft_calls = 1
+    return costs
+
+
+def test_an_untimed_model_is_tried_and_a_behind_one_pays_its_catch_up(right, monkeypatch):
+    costs = _timed(0.002, 0.002)
+    costs.of("copy").draft_calls, costs.of("copy").draft_depth_s = 0, 0.0  # the copy untimed
     req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="Hello there")
     req.acceptance = RequestAcceptance(None)  # the declared priors: 0.6 for either model
     drafters = right.drafters
-    # the copy's depth was timed fewer than TIMED_CALLS times: it is tried (its cost then measured)
-    costs.of("copy").draft_calls, costs.of("copy").draft_depth_s = 1, 0.5  # one (slow) call timed
-    assert forward_depths.value("copy", drafters["copy"], req, 4, 0, costs) == float("inf")
-    costs.draft_depth_s = costs.of("copy").draft_depth_s = 0.002
-    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
+    assert forward_depths.value("copy", drafters["copy"], req, 4, 0, costs) == float("inf")  # drafting times it
+    costs.of("copy").draft_calls, costs.of("copy").draft_depth_s = 1, 0.002
     costs.read_token_s = 0.001
     monkeypatch.setattr(drafters["draft_model"], "behind", lambda r: 2)
     fresh = forward_depths.value("draft_model", drafters["draft_model"], req, 4, 0, costs)
@@ -177,62 +183,59 @@ def test_a_model_timed_too_few_times_is_tried_and_a_behind_one_pays_its_catch_up
     assert forward_depths.choose(drafters, [req], [4], [[]], costs) == ["copy"]
 
 
-def test_a_model_passed_over_drafts_a_step_now_and_then_where_it_needs_no_catch_up(right, monkeypatch):
-    costs = StepCosts()
-    for n in (1, 2, 4):
-        costs.record(n, 0.030)
-    costs.draft_depth_s, costs.of("copy").draft_depth_s = 0.002, 0.004  # the copy dearer: the draft model wins
-    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
-    req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="Hello there")
-    req.acceptance = RequestAcceptance(None)
+def test_a_request_keeps_the_winning_model_until_its_own_acceptance_says_otherwise(right, monkeypatch):
+    costs = _timed(0.002, 0.002)  # equal costs: acceptance decides
     drafters = right.drafters
     for name in ("draft_model", "copy"):
         monkeypatch.setattr(drafters[name], "started", lambda r: True)
         monkeypatch.setattr(drafters[name], "behind", lambda r: 1)
 
-    def steps(n: int) -> list[str]:
+    def fresh():
+        """A request with the engine-wide rates as the warm-up leaves them: the copy ahead (0.87 against 0.60)."""
+        population = Population()
+        population.observe("copy", 9, 10)
+        population.observe("draft_model", 6, 10)
+        req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT), text="Hello there")
+        req.acceptance = RequestAcceptance(population)
+        return req
+
+    def steps(req, n: int) -> list[str]:
         return [forward_depths.choose(drafters, [req], [4], [[]], costs)[0] for _ in range(n)]
 
-    every = forward_depths.EXPLORE_AFTER
-    # passed over EXPLORE_AFTER steps in a row, the copy drafts the next one (its estimate's evidence), then the
-    # draft model again, and so on
-    assert steps(2 * (every + 1)) == (["draft_model"] * every + ["copy"]) * 2
-    # the other way round the draft model would have to read the tokens it missed first: it is not explored
-    costs.draft_depth_s, costs.of("copy").draft_depth_s = 0.004, 0.002
+    req = fresh()
+    assert steps(req, 48) == ["copy"] * 48  # the winner at the engine-wide rates, and no step spent on the other
+    for _ in range(3):  # the request's own evidence: the copy's first drafts rejected
+        req.acceptance.observe(["copy"], 1, 0, None)
+    assert steps(req, 4) == ["draft_model"] * 4  # now the draft model, at its engine-wide rate, expects more
+    for _ in range(6):  # and its drafts rejected too: back to the copy
+        req.acceptance.observe(["draft_model"], 1, 0, None)
+    assert steps(req, 1) == ["copy"]
+    req = fresh()  # the same evidence against the copy, where the draft model missed 38 tokens
+    for _ in range(3):
+        req.acceptance.observe(["copy"], 1, 0, None)
     monkeypatch.setattr(drafters["draft_model"], "behind", lambda r: 40)
-    assert steps(3 * every) == ["copy"] * (3 * every)
+    costs.read_token_s = 0.01  # reading them first costs more than its edge: the copy stays
+    assert steps(req, 1) == ["copy"]
 
 
-def test_a_prompt_is_read_only_where_the_draft_models_edge_over_the_copy_repays_the_read():
-    inf = float("inf")
-    # 100 tokens at 25 tok/s take 4 s, at 20 tok/s 5 s: the better model saves 1 s
-    assert forward_depths.saves_over(25.0, 20.0, 100, 0.9) and not forward_depths.saves_over(25.0, 20.0, 100, 1.1)
-    assert not forward_depths.saves_over(25.0, 20.0, 10, 0.9)  # 10 tokens left save 0.1 s
-    assert not forward_depths.saves_over(20.0, 25.0, 10**6, 0.0)  # the copy drafts better: never
-    assert not forward_depths.saves_over(25.0, 25.0, 10**6, 0.001)  # a tie saves nothing
-    assert forward_depths.saves_over(inf, 20.0, 1, 5.0) and forward_depths.saves_over(inf, inf, 1, 5.0)  # untimed
-    assert forward_depths.saves_over(25.0, 20.0, 1, 0.0)  # no read timed yet: read (and time it)
-    assert not forward_depths.saves_over(20.0, inf, 10**6, 0.0)  # an untimed copy is tried first
-
-
-def test_the_draft_model_skips_a_prompt_whose_read_costs_more_than_its_edge_over_the_copy_saves(right):
+def test_the_draft_model_reads_a_prompt_only_where_it_expects_more_than_the_copy(right):
     costs = StepCosts()
     for _ in range(50):
         for n in (1, 2, 4, 8, 16):
             costs.record(n, 0.030 + 1e-4 * n)
-    costs.draft_depth_s = 0.002  # the draft model a little cheaper than the copy: it expects a little more
-    costs.of("copy").draft_depth_s = 0.003
-    costs.draft_calls = costs.of("copy").draft_calls = forward_depths.TIMED_CALLS
+    costs.draft_calls = costs.of("copy").draft_calls = 1
+    costs.read_token_s = 1e-6  # a read that pays against no drafts at all: the copy alone decides
     drafters = right.drafters
     req = right.make_request(SamplingParams(num_draft_tokens=AUTO_DRAFT, max_tokens=64), text=PROMPTS[0])
-    req.acceptance = RequestAcceptance(None)
-    mine = forward_depths.value("draft_model", drafters["draft_model"], req, 4, 0, costs, catching_up=False)
-    other = forward_depths.value("copy", drafters["copy"], req, 4, 0, costs)
-    assert mine > other
-    edge = 64 * (1 / other - 1 / mine)  # seconds the draft model saves over the 64 tokens
-    for share, read in ((0.5, True), (2.0, False)):
-        costs.read_token_s = share * edge / len(req.prompt_ids)
-        # reading pays against no drafts at all in both cases: the copy's edge alone decides
-        assert read_pays(1, costs, 0.6, 64, len(req.prompt_ids))
+    req.acceptance = RequestAcceptance(None)  # the declared priors: 0.6 for either model
+    assert read_pays(1, costs, 0.6, 64, len(req.prompt_ids))
+    costs.draft_depth_s = 0.002
+    for copy_s, read in ((0.003, True), (0.002, False), (0.001, False)):  # the copy dearer, the same, cheaper
+        costs.of("copy").draft_depth_s = copy_s
         got = forward_depths.readers("draft_model", drafters, [req], [req], [req], Population(), costs, 4)
-        assert got == (([req], []) if read else ([], [req])), share
+        assert got == (([req], []) if read else ([], [req])), copy_s
+    costs.of("copy").draft_calls = 0  # the copy untimed, the draft model timed: the copy is tried first
+    costs.of("copy").draft_depth_s = 0.0
+    assert forward_depths.readers("draft_model", drafters, [req], [req], [req], Population(), costs, 4) == ([], [req])
+    costs.draft_calls = costs.draft_depth_s = 0  # both untimed: a tie, no read (the copy drafts and is timed)
+    assert forward_depths.readers("draft_model", drafters, [req], [req], [req], Population(), costs, 4) == ([], [req])

@@ -6,12 +6,8 @@ from __future__ import annotations
 import logging
 from contextlib import closing
 
-import pytest
-
-from specgram.drafting.acceptance import Population
 from specgram.engine import warmup
 from specgram.request import AUTO_DRAFT, PRIVATE, SamplingParams
-from specgram.speculation import forward_depths
 
 from .helpers import PROMPTS, run, run_to_end, tokens_of
 from .test_copy_beside import _by_source, _pair, _reads
@@ -22,10 +18,9 @@ def test_a_pair_is_timed_at_load_and_its_first_request_pays_no_trial(tmp_path, m
     with closing(_pair(tmp_path, 11)) as engine:
         costs, population = engine.planner.costs, engine.planner.population
         assert costs.known and costs.read_token_s > 0
-        for own in (costs, costs.of("copy")):  # both models' depths timed often enough to be weighed
-            assert own.draft_calls >= forward_depths.TIMED_CALLS and own.draft_depth_s > 0
+        for own in (costs, costs.of("copy")):  # both models' depths timed
+            assert own.draft_calls > 0 and own.draft_depth_s > 0
         assert population.rate("draft_model", 0.6) < 0.4 and population.rate("copy", 0.6) > 0.8
-        assert max(t for _, t in population.counts.values()) <= warmup.SEED_TRIALS  # first evidence, not more
         base = run(engine, PROMPTS[:2], max_tokens=24)
         seen = _reads(monkeypatch, engine)
         auto = run(engine, PROMPTS[:2], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
@@ -34,19 +29,23 @@ def test_a_pair_is_timed_at_load_and_its_first_request_pays_no_trial(tmp_path, m
         assert seen == [False] and "draft_model" not in _by_source(auto)
 
 
-def test_untimed_the_first_request_tries_the_draft_model(tmp_path, monkeypatch):
-    # the same pair without the timing at load: its first auto request reads its prompt with the wrong model
+def test_untimed_the_copy_drafts_first_and_then_the_draft_model_is_tried(tmp_path, monkeypatch):
+    # the same pair without the timing at load: both untimed, a tie, and the copy needs no read; once the copy is
+    # timed, the untimed draft model is expected to pay whatever its acceptance, and reads the next prompt
     monkeypatch.setattr(warmup, "time_models", lambda engine: False)
     with closing(_pair(tmp_path, 11)) as engine:
         seen = _reads(monkeypatch, engine)
-        auto = run(engine, PROMPTS[:1], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
-        assert seen == [True] and _by_source(auto).get("draft_model", 0) > 0
+        first = run(engine, PROMPTS[:1], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+        assert seen == [False] and "draft_model" not in _by_source(first)
+        assert engine.planner.costs.of("copy").draft_calls > 0 and engine.planner.costs.draft_calls == 0
+        second = run(engine, PROMPTS[1:2], max_tokens=24, num_draft_tokens=AUTO_DRAFT)
+        assert seen == [False, True] and _by_source(second).get("draft_model", 0) > 0
 
 
 def test_the_warm_up_drafts_at_most_max_draft_len(tmp_path):
     with closing(_pair(tmp_path, 11, max_draft_len=1)) as engine:  # depth 3 would be refused
         costs = engine.planner.costs
-        assert costs.known and min(costs.draft_calls, costs.of("copy").draft_calls) >= forward_depths.TIMED_CALLS
+        assert costs.known and min(costs.draft_calls, costs.of("copy").draft_calls) > 0
 
 
 def test_a_context_too_short_for_the_warm_up_and_a_failing_warm_up_leave_the_costs_untimed(tmp_path, caplog):
@@ -68,17 +67,6 @@ def test_a_context_too_short_for_the_warm_up_and_a_failing_warm_up_leave_the_cos
         del copy.propose  # the engine serves on
         out = run(engine, PROMPTS[:1], max_tokens=8, num_draft_tokens=AUTO_DRAFT)
         assert tokens_of(out[0]) and not out[0][-1].error
-
-
-@pytest.mark.parametrize("trials", [0.5, 8.0])
-def test_capping_keeps_each_rate(trials):
-    population = Population()
-    population.observe("copy", 30, 32)
-    population.observe("draft_model", 3, 12)
-    before = {k: s / t for k, (s, t) in population.counts.items()}
-    population.cap(trials)
-    assert {k: s / t for k, (s, t) in population.counts.items()} == pytest.approx(before)
-    assert all(t == trials for _, t in population.counts.values())
 
 
 def test_no_request_reaches_the_warm_ups_cache_entries(tmp_path, suffix_store):

@@ -19,8 +19,11 @@ from . import registry
 DECAY = 0.8
 PRIOR_WEIGHT = 4.0
 POPULATION_FORGET = 0.999  # per observation: the engine-wide rate follows the workload over ~1000 steps
-# a draft-model request that drafted nothing this many steps in a row verifies one draft (its estimate's only
-# evidence; lookup and forced drafts are observed for free even when cut)
+# a draft-model request that drafted nothing this many steps in a row verifies one draft: a model's drafts are
+# its estimate's only evidence (lookup and forced drafts are observed for free even when cut), so an estimate that
+# fell until auto k cut every draft would otherwise never rise again. The choice between two models needs no such
+# refresh: a request leaves a model only on its own evidence against it, the other judged at its engine-wide rate
+# (measured at load, then by the requests that draft with it)
 PROBE_AFTER = 16
 # a request whose last steps verified no drafts looks up n-grams only every LOOKUP_EVERY-th step (its free
 # observation then still comes, a few steps apart): at many streams of free text the lookups cost a share of
@@ -40,13 +43,6 @@ class Population:
         c = self.counts.setdefault(key, [0.0, 0.0])
         c[0] = POPULATION_FORGET * c[0] + successes
         c[1] = POPULATION_FORGET * c[1] + trials
-
-    def cap(self, trials: float) -> None:
-        """Scale each estimate's counts down to at most `trials` trials, its rate kept: evidence that the next
-        observations soon outweigh."""
-        for c in self.counts.values():
-            if c[1] > trials:
-                c[0], c[1] = c[0] * trials / c[1], trials
 
     def rate(self, key: str, fixed_prior: float) -> float:
         s, t = self.counts.get(key, (0.0, 0.0))
@@ -77,15 +73,12 @@ class Acceptance:
 
 @dataclass
 class RequestAcceptance:
-    """A request's estimates, by draft source, how many steps in a row it drafted nothing and how many each
-    model it may draft with was passed over; population: the engine's pooled estimates (the priors), None = the
-    declared priors (registry.prior)."""
+    """A request's estimates, by draft source, and how many steps in a row it drafted nothing; population: the
+    engine's pooled estimates (the priors), None = the declared priors (registry.prior)."""
 
     population: Population | None = None
     sources: dict[str, Acceptance] = field(default_factory=dict)
     idle_steps: int = 0
-    # per forward drafter it may draft with: its steps in a row that chose another (forward_depths.choose)
-    passed_over: dict[str, int] = field(default_factory=dict)
 
     @property
     def probe_due(self) -> bool:

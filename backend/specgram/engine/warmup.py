@@ -1,16 +1,18 @@
 """Timing at load: where an auto request may draft with either of two models (a draft_checkpoint and the target's
-copy beside it), each model drafts a short built-in prompt before the first request, so the first requests choose
-between them by measured costs and acceptance. Untimed, a model is expected to pay whatever its acceptance
-(forward_depths.value), so without this a fresh server's first requests read their prompts with the draft model
-and draft with it until its timings and acceptance show it losing: a trial paid by those requests.
+copy beside it), each model drafts a short built-in prompt before the first request, so that the rule choosing
+between them (forward_depths.choose: the model expecting more tokens per second, from its measured depth cost and
+acceptance) has both measures from the first request on. Untimed, a model is expected to pay whatever its
+acceptance (forward_depths.value), so without this, once the copy (which needs no read) has drafted and is timed,
+the next requests would read their prompts with the untimed draft model and draft with it until its timings and
+acceptance showed it losing: a trial paid by those requests.
 
 What carries over: each model's draft depth and prompt read and the verify step's seconds (the planner's
-StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidence, scaled to SEED_TRIALS trials per
-estimate. On any text the target's own copy follows the target far more often than a smaller model does (plain
-prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the 0.5B's first drafts half), which orders the
-two before the workload's own observations arrive; a model whose prompt reads then never pay gets no more (it
-never drafts). The warm-up requests are engine-private (Request.private: a scope that no cache_salt names), so
-no client's request reaches their prefix-cache or suffix-store entries.
+StepCosts), and the warm-up's acceptance as the engine-wide rates' first evidence (one 16-token answer's worth,
+which the workload's own observations soon outweigh). On any text the target's own copy follows the target far
+more often than a smaller model does (plain prose, Qwen2.5-Coder 1.5B: its int4 copy's drafts all accepted, the
+0.5B's first drafts half), which orders the two before the workload's own observations arrive. The warm-up
+requests are engine-private (Request.private: a scope that no cache_salt names), so no client's request reaches
+their prefix-cache or suffix-store entries.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ PROMPT = (
 )
 TOKENS = 16  # output tokens per warm-up request: at depth DEPTH, four or more timed draft calls per model
 DEPTH = 3  # drafts per step (a fixed k; max_draft_len where less): the verify step is timed at DEPTH + 1 rows
-# the warm-up's acceptance seeds the engine-wide rates with at most this many trials per estimate (a request's
-# prior counts as acceptance.PRIOR_WEIGHT = 4 on top)
-SEED_TRIALS = 8
 
 
 def models(engine) -> list[str]:
@@ -49,7 +48,7 @@ def models(engine) -> list[str]:
 def time_models(engine) -> bool:
     """Time each model an auto request may choose between (models(): where there are two or more), twice: the
     first pass pays one-time costs (first touches of the weights' pages, lazy initialisations) and is dropped, the
-    second is kept, its acceptance capped at SEED_TRIALS trials. -> whether the timings were taken. A config
+    second is kept: a model's first calls are never weighed. -> whether the timings were taken. A config
     whose context cannot hold the warm-up, or a warm-up request that fails, leaves the costs untimed and the rates
     at the declared priors (the first requests then time them), with a warning."""
     names, depth = models(engine), min(DEPTH, engine.config.max_draft_len)
@@ -74,7 +73,6 @@ def time_models(engine) -> bool:
                 log.warning("timing the draft models at load failed (%s): the first requests time them", errors)
                 _untimed(engine.planner)
                 return False
-    engine.planner.population.cap(SEED_TRIALS)  # a few trials' worth: the workload's own soon outweigh them
     log.info("draft models %s timed at load in %.1f s", names, time.perf_counter() - started)
     return True
 

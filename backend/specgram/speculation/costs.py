@@ -1,7 +1,8 @@
 """What a step costs, for num_draft_tokens auto (adaptive.py): the verify step's seconds by its verify rows, a
 draft-model depth's seconds and a draft model's prompt read per token, all from the engine's own timings; and the
 questions the planner asks of them before it drafts (can one depth, or one probe, pay at this many streams? does
-reading a prompt with the draft model pay over the request's remaining tokens?)."""
+reading a prompt with the draft model pay over the request's remaining tokens?). Those weigh a draft model against
+no model drafts at all, alone or as the winner of a pair; which of a pair drafts is forward_depths.choose's."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""How deep a forward drafter (a draft model) drafts: which new requests' prompts it reads, and per step the
-depth each auto request drafts to, against its lookup drafts (the step-cost model decides: costs.py, adaptive.py).
+"""How deep a forward drafter (a draft model) drafts: which new requests' prompts it reads, which model each auto
+request drafts with where two may (a draft_checkpoint and the target's copy beside it: the one that expects more
+tokens per second, choose()), and per step the depth each auto request drafts to, against its lookup drafts (the
+step-cost model decides: costs.py, adaptive.py).
 """
 
 from __future__ import annotations
-
-import math
 
 from ..drafting import registry
 from ..drafting.acceptance import Population
@@ -13,14 +13,6 @@ from . import adaptive, costs
 from .drafter import Drafter
 
 FORCED = registry.FORCED
-# a second model is weighed by its own timings only once it has this many (value()): a model's first call may
-# pay one-time costs, and one that loses on a slow first timing would never be timed again
-TIMED_CALLS = 2
-# a model passed over this many of a request's steps in a row drafts its next step, where it needs no catch-up
-# (a copy sharing the target's cache): a model that is not chosen gets no new evidence, and estimates that were
-# low when it lost (the engine-wide rate of its first requests) would keep it out for good. Bounded cost: one
-# step in EXPLORE_AFTER drafts with a model expected to pay a little less
-EXPLORE_AFTER = 16
 
 
 def costs_of(name: str, step_costs: costs.StepCosts) -> costs.StepCosts:
@@ -38,9 +30,10 @@ def value(
     forward drafter `name` at the depth that pays best (at most k drafts, the first `prefix` forced and free):
     its acceptance estimates against its measured depth cost, plus the catch-up prefill of the committed tokens
     it has not read beyond the usual two (a model that other drafters stood in for; catching_up=False: not
-    counted). Infinite for a model whose depth was timed fewer than TIMED_CALLS times: drafting measures it."""
+    counted). Infinite for a model whose depth is untimed: drafting measures it (engine/warmup.py times each model
+    of a pair at load, its first pass dropped, so that no slow first call is weighed)."""
     own = costs_of(name, step_costs)
-    if not step_costs.known or own.draft_calls < TIMED_CALLS:
+    if not step_costs.known or own.draft_calls == 0:
         return float("inf")
     cost, depth_s = step_costs.curve(), own.depth_curve()(1)
     chances = req.acceptance.chances([FORCED] * prefix + [registry.source_of(name)] * (k - prefix))
@@ -57,8 +50,9 @@ def choose(
 ) -> list[str]:
     """Per request the forward drafter it drafts with this step ("" none): its own where that is a forward
     drafter; under auto k the one of its options (registry.forward_options: its own, then those declared beside
-    it) that has read its prompt and expects the most tokens per second (value(); the first on a tie), or one
-    passed over too long (explored())."""
+    it) that has read its prompt and expects the most tokens per second (value(); the first on a tie). A request
+    starts on the engine-wide rates, so on the model that wins there, and leaves it only when its own acceptance
+    of it says another expects more."""
     out = []
     for r, k, pre in zip(reqs, ks, prefixes, strict=True):
         options = registry.forward_options(r.params.drafter, r.params.auto_draft, drafters)
@@ -67,21 +61,8 @@ def choose(
             out.append(ready[0] if ready else options[0] if options else "")
             continue
         scores = [value(n, drafters[n], r, k, len(pre), step_costs) for n in ready]
-        out.append(explored(r, ready, ready[scores.index(max(scores))], drafters))
+        out.append(ready[scores.index(max(scores))])
     return out
-
-
-def explored(req: Request, ready: list[str], best: str, drafters: dict[str, Drafter]) -> str:
-    """The model req drafts with this step: `best`, unless another of `ready` was passed over EXPLORE_AFTER of
-    its steps in a row and needs no catch-up (behind by at most the usual two tokens): that one, for fresh evidence
-    (the first such in `ready`). Counts each model's steps passed over in req.acceptance.passed_over."""
-    seen = req.acceptance.passed_over
-    for n in ready:
-        seen[n] = seen.get(n, 0) + 1
-    due = [n for n in ready if n != best and seen[n] > EXPLORE_AFTER and drafters[n].behind(req) <= 2]
-    chosen = due[0] if due else best
-    seen[chosen] = 0
-    return chosen
 
 
 def readers(
@@ -96,12 +77,12 @@ def readers(
 ) -> tuple[list[Request], list[Request]]:
     """Of the newly admitted requests `users` of the draft model `name` (admitted: every request admitted with
     them; running: every request holding a slot, these included): (those whose prompt it reads now, those it never
-    drafts for under auto). An auto request's prompt is read only where a draft depth could pay at this many
-    streams (costs.depth_can_pay) and the drafts can save more than the read costs over the tokens the request may
-    still produce, alone or joining the depths that the requests it already reads draft in (costs.read_pays),
-    and where drafting with it instead of the best forward drafter declared beside it that needs no read (it
-    shares the target's cache) saves more than the read costs (saves_over(): value() at up to k drafts, at the
-    engine-wide rates); fixed-k requests are always read."""
+    drafts for under auto). Fixed-k requests are always read. An auto request's prompt is read only where the
+    model is the one its request would draft with (wins(): it expects more tokens per second than every model
+    declared beside it that needs no read), and, as for a draft model alone, where a draft depth could pay at
+    this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the tokens the
+    request may still produce, alone or joining the depths that the requests it already reads draft in
+    (costs.read_pays): those two weigh the read against no model drafts at all, which wins() does not."""
     model, own = drafters[name], costs_of(name, step_costs)
     source = registry.source_of(name)
     p = population.rate(source, registry.prior(source))
@@ -110,35 +91,22 @@ def readers(
     can = costs.depth_can_pay(streams, own, p)
     beside = [n for n in registry.forward_options(name, True, drafters)[1:] if not drafters[n].reads_prompts]
 
-    def pays_beside(r: Request, left: int) -> bool:
-        if not beside:
-            return True
+    def wins(r: Request) -> bool:
+        """Drafting with `name` expects more than with any model beside it, at the request's estimates (a fresh
+        request's: the engine-wide rates). A tie, both untimed included, reads nothing: the model beside it
+        drafts and is timed, and then an untimed `name` expects more (infinite) and reads the next prompt."""
         mine = value(name, model, r, k, 0, step_costs, catching_up=False)
-        other = max(value(n, drafters[n], r, k, 0, step_costs) for n in beside)
-        return saves_over(mine, other, left, len(r.prompt_ids) * own.read_token_s)
+        return all(mine > value(n, drafters[n], r, k, 0, step_costs) for n in beside)
 
     def reads(r: Request) -> bool:
         if not r.params.auto_draft:
             return True
         left = r.params.max_tokens - len(r.output_ids)  # the tokens it may still produce
-        return can and costs.read_pays(streams, own, p, left, len(r.prompt_ids), joined) and pays_beside(r, left)
+        return can and costs.read_pays(streams, own, p, left, len(r.prompt_ids), joined) and wins(r)
 
     read = [r for r in users if reads(r)]
     skip = [r for r in users if r not in read]
     return read, skip
-
-
-def saves_over(mine: float, other: float, tokens_left: int, read_s: float) -> bool:
-    """Whether a model that must read a request's prompt first (read_s seconds) pays against one that needs no
-    read, from their expected tokens per second (value(): mine, other): where it drafts better by enough that the
-    tokens_left tokens take less time by more than the read, tokens_left (1 / other - 1 / mine) > read_s. A tie
-    saves nothing: no read. Either untimed (infinite) or a read not yet timed (read_s 0): the one expected higher
-    wins, a tie reads (drafting and reading measure them); nothing expected beside it: it reads."""
-    if other > mine:
-        return False
-    if math.isinf(mine) or read_s == 0 or other <= 0:
-        return True
-    return tokens_left * (1 / other - 1 / mine) > read_s
 
 
 def plan(

@@ -55,9 +55,10 @@ class DraftPlanner:
 
     def admitted(self, reqs: list[Request], running: list[Request]) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: the requests
-        holding a slot (these included). A draft model reads an auto request's prompt now only where a draft depth
-        could pay at this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over
-        the tokens the request may still produce, alone or joining the depths that the requests it already reads
+        holding a slot (these included). A draft model reads an auto request's prompt now only where it is the
+        model the request would draft with (beside the target's copy: forward_depths.readers), a draft depth could
+        pay at this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the
+        tokens the request may still produce, alone or joining the depths that the requests it already reads
         draft in (costs.read_pays; the reads are timed for it); else it never drafts for that request under auto
         (reading the prompt is a prefill, which then costs more than the drafts it may ever win). A draft model
         that shares the target's cache reads nothing: every request may draft with it at any step."""
