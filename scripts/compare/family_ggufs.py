@@ -226,6 +226,65 @@ def rope_checks(reader_tensors: dict, folder: Path, cfg: dict) -> list[tuple[str
 GENERATED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
+ARCHS = {"mistral": "llama", "gemma3_text": "gemma3"}  # general.architecture where it is not the model_type
+
+
+def expected_metadata(cfg: dict, family: str) -> dict:
+    """The metadata a reader takes the config from, as the checkpoint's config.json gives it (None: absent)."""
+    arch = ARCHS.get(family, family)
+    rp = cfg.get("rope_parameters") or {}
+    full, local = rp.get("full_attention", rp), rp.get("sliding_attention", {})
+    want = {
+        "general.architecture": arch,
+        f"{arch}.block_count": cfg["num_hidden_layers"],
+        f"{arch}.context_length": cfg["max_position_embeddings"],
+        f"{arch}.embedding_length": cfg["hidden_size"],
+        f"{arch}.feed_forward_length": cfg["intermediate_size"],
+        f"{arch}.attention.head_count": cfg["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": cfg["num_key_value_heads"],
+        f"{arch}.attention.layer_norm_rms_epsilon": float(np.float32(cfg["rms_norm_eps"])),
+        f"{arch}.rope.freq_base": float(full["rope_theta"]),
+    }
+    if "head_dim" in cfg and family not in ("granite", "phi3"):
+        want[f"{arch}.attention.key_length"] = want[f"{arch}.attention.value_length"] = cfg["head_dim"]
+    if family == "granite":
+        for key, name in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
+                          ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):  # fmt: skip
+            want[f"{arch}.{key}"] = float(np.float32(cfg[name]))
+    if family == "gemma3_text":
+        want[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]
+        want[f"{arch}.rope.freq_base_swa"] = float(local["rope_theta"])
+        want[f"{arch}.attention.sliding_window_pattern"] = None  # layer_types are not written
+    if family == "phi3":
+        prf = float(rp.get("partial_rotary_factor", 1.0))
+        want[f"{arch}.rope.dimension_count"] = int(prf * cfg["hidden_size"]) // cfg["num_attention_heads"]
+        orig = cfg.get("original_max_position_embeddings", rp.get("original_max_position_embeddings"))
+        want[f"{arch}.rope.scaling.original_context_length"] = orig
+    if family == "mistral":
+        want[f"{arch}.attention.sliding_window"] = cfg.get("sliding_window")  # None: none written
+    if family == "smollm3":
+        want[f"{arch}.attention.no_rope_layers"] = None  # no key for them: llama.cpp skips rope on every 4th layer
+    return want
+
+
+def metadata_checks(reader, cfg: dict, family: str) -> tuple[list[str], bool]:
+    lines = ["| key | config says | file has | result |", "|---|---|---|---|"]
+    ok_all = True
+    for key, want in expected_metadata(cfg, family).items():
+        field = reader.fields.get(key)
+        got = None if field is None else field.contents()
+        ok = got == want if not isinstance(want, float) else got is not None and abs(got - want) <= 1e-6 * abs(want)
+        ok_all &= ok
+        lines.append(f"| `{key}` | {want!r} | {got!r} | {'ok' if ok else 'FAIL'} |")
+    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    ok = n_tokens == cfg["vocab_size"]
+    ok_all &= ok
+    lines.append(
+        f"| len(`tokenizer.ggml.tokens`) | vocab_size {cfg['vocab_size']} | {n_tokens} | {'ok' if ok else 'FAIL'} |"
+    )
+    return lines, ok_all
+
+
 def rel(a, b) -> str:
     return f"{float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30))):.2e}"
 
@@ -255,6 +314,8 @@ def check(case: str, gguf_path: Path, folder: Path) -> tuple[str, bool]:
         types = "/".join(t.name for t in field.types)
         value = field_value(field).replace("|", "&#124;")
         lines.append(f"| `{name}` | {types} | {value} |")
+    meta, ok_all = metadata_checks(reader, cfg, family)
+    lines += ["", "### metadata against the checkpoint's config", "", *meta]
     lines += ["", "### tensors (GGML order: ne0 first)", "", "| name | shape | type |", "|---|---|---|"]
     values = {}
     for t in reader.tensors:
@@ -265,7 +326,6 @@ def check(case: str, gguf_path: Path, folder: Path) -> tuple[str, bool]:
         "| checkpoint tensor | GGUF tensor | transform | type | max abs diff | result |",
         "|---|---|---|---|---|---|",
     ]
-    ok_all = True
     seen = set()
     for hf, w in sorted(load_file(str(folder / "model.safetensors")).items()):
         name = gguf_name(hf, family)
