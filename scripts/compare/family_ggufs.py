@@ -50,7 +50,7 @@ TOKENIZERS = {
 }
 WIDE = dict(hidden=256, intermediate_size=512)  # rows of whole 256-value blocks (Q8_0's are 32; K-quants' 256)
 
-# case -> (FAMILY_CONFIGS name, overrides of build_family, tokenizer)
+# case -> (FAMILY_CONFIGS name, overrides of its config (num_layers: 4 unless given), tokenizer)
 CASES = {
     "llama": ("llama", dict(WIDE, tie_word_embeddings=True), "smollm2"),  # Llama 3 rope scaling, tied head
     "qwen2": ("qwen2", dict(WIDE), "qwen2"),
@@ -58,7 +58,12 @@ CASES = {
     "qwen3_bias": ("qwen3_bias", dict(hidden=512, intermediate_size=1024, head_dim=64), "smollm2"),
     "mistral": ("mistral", dict(WIDE, sliding_window=None), "smollm2"),  # no sliding window
     "granite": ("granite", dict(WIDE), "smollm2"),
-    "gemma3": ("gemma3_text", dict(WIDE), "gemma3"),  # 3 sliding layers and a global one
+    # llama.cpp's layout, which the file cannot state: every 6th layer global, scores scaled by head_dim ** -0.5
+    "gemma3": (
+        "gemma3_text",
+        dict(WIDE, num_layers=6, layer_types=["sliding_attention"] * 5 + ["full_attention"], query_pre_attn_scalar=24),
+        "gemma3",
+    ),
     # Phi-4-mini's shape: 16 heads keep head_dim 16, so LONGROPE's 6 factors still cover its 12 rotary dimensions
     "phi3": ("phi4_mini", dict(WIDE, num_attention_heads=16, num_key_value_heads=4), "smollm2"),
     "smollm3": ("smollm3", dict(WIDE), "smollm2"),  # every 4th layer without rotary, tied head
@@ -75,12 +80,14 @@ NORM_PLUS_ONE = {"gemma3_text"}  # Gemma3Model.norm_shift: every *norm.weight + 
 
 def build_folder(case: str, path: Path) -> None:
     """The random checkpoint of a case, with its real tokenizer's files and special ids."""
-    from tiny import build_family
+    from tiny import FAMILY_CONFIGS, build_model
 
     family, overrides, tok = CASES[case]
     t = TOKENIZERS[tok]
     ids = {k: v for k, v in t.items() if k != "src"}
-    model = build_family(family, seed=0, **overrides, **ids)
+    kw = {**FAMILY_CONFIGS[family], **overrides, **ids}
+    layers = kw.pop("num_layers", 4)  # tiny.build_family's 4 unless the case says otherwise
+    model = build_model(kw.pop("model_type", family), seed=0, num_layers=layers, random_norms=True, **kw)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -367,6 +374,17 @@ def check(case: str, gguf_path: Path, folder: Path) -> tuple[str, bool]:
     return "\n".join(lines), ok_all
 
 
+def merged(rows: list[str], path: Path) -> list[str]:
+    """This run's summary rows with the kept rows of the cases it did not run (a run of some cases keeps the
+    others' lines), in CASES' order."""
+    done = {r.split("|")[1].strip() for r in rows[2:]}
+    old = path.read_text().splitlines()[2:] if path.is_file() else []
+    keep = [r for r in old if r.split("|")[1].strip() not in done] + rows[2:]
+    order = list(CASES)
+    keep.sort(key=lambda r: order.index(c) if (c := r.split("|")[1].strip()) in order else len(order))
+    return rows[:2] + keep
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", help=f"of {', '.join(CASES)} (default all)")
@@ -396,8 +414,8 @@ def main() -> int:
             summary.append(f"| {case} | {t} | {'; '.join(fixes) or '–'} | {'ok' if ok else 'FAIL'} |")
             print(f"[{case}] {out.name}: {'ok' if ok else 'FAIL'}", flush=True)
         (root / "report.md").write_text("\n".join(report))
-    (OUT / "summary.md").write_text("\n".join(summary) + "\n")
     print("\n".join(summary))
+    (OUT / "summary.md").write_text("\n".join(merged(summary, OUT / "summary.md")) + "\n")
     return 1 if failed else 0
 
 
