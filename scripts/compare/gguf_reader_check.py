@@ -46,7 +46,9 @@ CONFIG_KEYS = (
     "bos_token_id", "eos_token_id", "pad_token_id",
 )  # fmt: skip
 ROPE_KEYS = ("rope_type", "rope_theta", "factor", "partial_rotary_factor", "original_max_position_embeddings",
-             "long_factor", "short_factor", "attention_factor", "low_freq_factor", "high_freq_factor")  # fmt: skip
+             "long_factor", "short_factor", "low_freq_factor", "high_freq_factor")  # fmt: skip
+# attention_factor: the file states phi3's longrope scaling, which a config may leave to its default; the rotary
+# modules' attention_scaling is compared instead
 SERVED_AS = {"mistral": "llama"}  # a Mistral is written, and served, as llama
 
 
@@ -76,7 +78,7 @@ def config_diffs(file: Path, folder: Path) -> list[str]:
             continue
         want = getattr(c_theirs, key)
         want = SERVED_AS.get(want, want) if key == "model_type" else want
-        got = getattr(c_ours, key, "<absent>")
+        got = getattr(c_ours, key, None)  # absent is None: a Mistral served as llama has no sliding_window
         if not same(got, want):
             diffs.append(f"config {key}: file {got!r}, folder {want!r}")
     r_ours, r_theirs = rope_of(c_ours), rope_of(c_theirs)
@@ -90,6 +92,9 @@ def config_diffs(file: Path, folder: Path) -> list[str]:
     local_o, local_t = (dict(c.rope_parameters or {}).get("sliding_attention") for c in (c_ours, c_theirs))
     if local_t is not None and not same((local_o or {}).get("rope_theta"), local_t.get("rope_theta")):
         diffs.append(f"rope_parameters.sliding_attention rope_theta: file {local_o}, folder {local_t}")
+    scale_o, scale_t = (getattr(m.model.rotary_emb, "attention_scaling", None) for m in (ours, theirs))
+    if not same(scale_o, scale_t):
+        diffs.append(f"rotary attention_scaling: file {scale_o!r}, folder {scale_t!r}")
     tables = dict(theirs.model.rotary_emb.named_buffers())
     for name, t in ours.model.rotary_emb.named_buffers():
         if name not in tables:
@@ -223,6 +228,14 @@ def cases(names: list[str]) -> list[str]:
     return sorted(p.name for p in OUT.iterdir() if (p / "folder" / "config.json").is_file())
 
 
+def merged(rows: list[str], path: Path) -> list[str]:
+    """This run's rows with the kept rows of the cases it did not run, by case."""
+    case = lambda r: r.split("|")[1].split()[0]  # noqa: E731
+    done = {case(r) for r in rows[2:]}
+    old = path.read_text().splitlines()[2:] if path.is_file() else []
+    return rows[:2] + sorted([r for r in old if case(r) not in done] + rows[2:], key=case)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", help="family_ggufs.py's cases (default: those built)")
@@ -260,7 +273,7 @@ def main() -> int:
                 print(f"[{case} {t}] {what}: {'ok' if not diffs else 'FAIL'}", flush=True)
                 for d in diffs:
                     print(f"    {d}", flush=True)
-    (OUT / "reader.md").write_text("\n".join(lines) + "\n")
+    (OUT / "reader.md").write_text("\n".join(merged(lines, OUT / "reader.md")) + "\n")
     return 1 if failed else 0
 
 
