@@ -6,7 +6,8 @@ of what each file holds against its checkpoint: ground truth for reading GGUF fi
 Per case (CASES; default all), under build/gguf-families/<case>/:
   folder/             the checkpoint: tests/unit/tiny.py's family config at a hidden size whose rows fill whole
                       quantization blocks, random weights, norms and biases, and a real tokenizer from models/
-                      (the converter fingerprints the pre-tokenizer; the tiny byte-level test tokenizer is unknown)
+                      (the converter fingerprints the pre-tokenizer; the tiny byte-level test tokenizer is unknown;
+                      Gemma's gets a tokenizer.model rebuilt from a GGUF of it: spm_from_gguf.py)
   view/<case>/        links to folder's files, with what the converter's transformers 4.57 cannot read rewritten
   <case>-f32.gguf, <case>-q8_0.gguf, convert-<type>.log
   report.md           the file's metadata keys and values, its tensors (name, shape, type), and every checkpoint
@@ -48,6 +49,9 @@ TOKENIZERS = {
     ),  # fmt: skip
     "gemma3": dict(src="gemma-3-270m", vocab_size=262144, bos_token_id=2, eos_token_id=1, pad_token_id=0),
 }
+# a tokenizer.model rebuilt from a GGUF of the same tokenizer (spm_from_gguf.py), where models/ has only the
+# tokenizer.json: the converter reads Gemma's sentencepiece vocabulary right only from a tokenizer.model
+SPM_FROM = {"gemma3": "gguf/gemma-3-270m-q4_k_m.gguf"}
 WIDE = dict(hidden=256, intermediate_size=512)  # rows of whole 256-value blocks (Q8_0's are 32; K-quants' 256)
 
 # case -> (FAMILY_CONFIGS name, overrides of its config (num_layers: 4 unless given), tokenizer)
@@ -94,6 +98,10 @@ def build_folder(case: str, path: Path) -> None:
         src = REPO / "models" / t["src"] / f
         if src.is_file():
             shutil.copy(src, path / f)
+    if tok in SPM_FROM:
+        script, src = REPO / "scripts" / "compare" / "spm_from_gguf.py", REPO / "models" / SPM_FROM[tok]
+        command = [str(PEER / "bin" / "python"), str(script), str(src), str(path / "tokenizer.model")]
+        subprocess.run(command, check=True, env=dict(os.environ, PYTHONPATH=""))
 
 
 def build_view(case: str, folder: Path, view: Path) -> list[str]:
