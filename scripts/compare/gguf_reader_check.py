@@ -232,7 +232,7 @@ def merged(rows: list[str], path: Path) -> list[str]:
     """This run's rows with the kept rows of the cases it did not run, by case."""
     case = lambda r: r.split("|")[1].split()[0]  # noqa: E731
     done = {case(r) for r in rows[2:]}
-    old = path.read_text().splitlines()[2:] if path.is_file() else []
+    old = [r for r in path.read_text().splitlines()[2:] if r.startswith("| ")] if path.is_file() else []
     return rows[:2] + sorted([r for r in old if case(r) not in done] + rows[2:], key=case)
 
 
@@ -268,7 +268,8 @@ def main() -> int:
                     checks["greedy ids, int8"] = [f"raised {type(e).__name__}: {e}"]
             for what, diffs in checks.items():
                 failed |= bool(diffs)
-                result = "ok" if not diffs else "<br>".join(d.replace("|", "&#124;") for d in diffs)
+                cell = [d.replace("|", "&#124;").replace("\n", "\\n") for d in diffs]  # one table row
+                result = "ok" if not diffs else "<br>".join(cell)
                 lines.append(f"| {case} ({family}) | {t} | {what} | {result} |")
                 print(f"[{case} {t}] {what}: {'ok' if not diffs else 'FAIL'}", flush=True)
                 for d in diffs:
