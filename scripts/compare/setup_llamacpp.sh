@@ -10,7 +10,8 @@
 # compiles llama.cpp (PyPI has only the source dist): several minutes on 2 cores.
 # The GGUF files come from llama.cpp's own converter (vendor/llama.cpp/convert_hf_to_gguf.py in the same source
 # dist, so converter and runtime agree on the format), run in this venv with the converter's own pins (numpy 2,
-# transformers 4.57), which the project venv does not match; torch is the CPU build the project pins.
+# transformers 4.57), which the project venv does not match; torch is the CPU build the project pins. The converter
+# alone, without compiling: scripts/compare/setup_converter.sh (the same venv).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$REPO/build/peers/llamacpp"
@@ -57,20 +58,11 @@ fi
 
 NAME="$(basename "$CKPT")"
 mkdir -p "$VENV/models"
+# the converter and its packages in this venv (scripts/compare/setup_converter.sh: no compiling)
+if [ ${#TYPES[@]} -gt 0 ]; then bash "$REPO/scripts/compare/setup_converter.sh" > /dev/null; fi
 for t in "${TYPES[@]+"${TYPES[@]}"}"; do
   out="$VENV/models/$NAME-$t.gguf"
   if [ -s "$out" ]; then echo "$out ready"; continue; fi
-  if [ ! -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
-    [ -f "$SDIST" ] || "$VENV/bin/pip" download -q --no-binary :all: --no-deps -d "$VENV/src" \
-      "llama-cpp-python==$LLAMA_CPP_VERSION"
-    tar -xzf "$SDIST" -C "$VENV/src" "llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" \
-      "llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp/conversion" \
-      "llama_cpp_python-$LLAMA_CPP_VERSION/vendor/llama.cpp/gguf-py"
-  fi
-  if ! "$VENV/bin/python" -c "import torch, transformers, sentencepiece, gguf" 2>/dev/null; then
-    "$VENV/bin/pip" install -q "torch==2.13.0" "numpy==2.2.6" "transformers==4.57.6" "sentencepiece==0.2.1" \
-      "protobuf==4.25.9" "$CONVERTER/gguf-py"
-  fi
   # The converter reads the checkpoint with transformers 4.57, which does not know the tokenizer class that
   # transformers 5 writes ("TokenizersBackend"): it reads a view of the checkpoint (links to its files) whose
   # tokenizer_config.json names the equivalent PreTrainedTokenizerFast (the same tokenizer.json).
