@@ -68,9 +68,9 @@ def rope_of(cfg) -> dict:
 
 
 def config_diffs(file: Path, folder: Path) -> list[str]:
-    from specgram.model.checkpoint import skeleton
+    from specgram.model.source import open_source
 
-    ours, theirs = skeleton(file, torch.float32), skeleton(folder, torch.float32)
+    ours, theirs = open_source(file).skeleton(torch.float32), open_source(folder).skeleton(torch.float32)
     c_ours, c_theirs = ours.config, theirs.config
     diffs = []
     for key in CONFIG_KEYS:
@@ -167,10 +167,11 @@ def reference(case: str, file: Path, folder: Path) -> Path:
 
 def tensor_diffs(file: Path, folder: Path) -> tuple[list[str], int]:
     """-> (differences, parameters compared)."""
-    from specgram.model.checkpoint import TensorFiles, skeleton
+    from specgram.model.checkpoint import TensorFiles
     from specgram.model.gguf_checkpoint import checkpoint
+    from specgram.model.source import open_source
 
-    model = skeleton(file, torch.float32)
+    model = open_source(file).skeleton(torch.float32)
     params = {name: p.shape for name, p in model.named_parameters()}
     files = checkpoint(file).tensors(model.config.num_hidden_layers)
     files.expect(params)

@@ -20,9 +20,9 @@ from specgram.engine.settings import resolve
 from specgram.errors import ModelLoadError
 from specgram.model import footprint, kernels
 from specgram.model.checkpoint import ModuleTensors, TensorFiles
-from specgram.model.checkpoint import skeleton as skeleton_of
 from specgram.model.choice import choose
 from specgram.model.runner import ModelRunner
+from specgram.model.source import open_source
 
 from .tiny import build_family, build_tokenizer, save_family
 
@@ -99,7 +99,7 @@ def test_tensors_that_do_not_fit_the_model_are_refused_or_read_by_transformers(t
     state = load_file(str(path / "model.safetensors"))
     state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"][:, :120].clone()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    model = skeleton_of(path, torch.float32)
+    model = open_source(path).skeleton(torch.float32)
     assert "down_proj" in ModuleTensors(model, TensorFiles(path)).unfit(model)
     with pytest.raises(ModelLoadError, match="could not load the checkpoint"):  # transformers refuses the shape
         model_of(str(path), CPU, torch.float32, native=True)

@@ -13,8 +13,9 @@ import torch
 from specgram.config import EngineConfig
 from specgram.engine.engine import Engine
 from specgram.model import kernels
-from specgram.model.checkpoint import TensorFiles, skeleton
+from specgram.model.checkpoint import TensorFiles
 from specgram.model.gguf_checkpoint import checkpoint
+from specgram.model.source import open_source
 
 from .helpers import PROMPTS, run, tokens_of
 from .tiny import FAMILY_CONFIGS, build_model, build_tokenizer
@@ -67,15 +68,15 @@ def pair(request, tmp_path_factory):
 
 def test_the_config_and_every_tensor_read_back_as_the_folder_has_them(pair):
     folder, file = pair
-    ours, theirs = checkpoint(file).config(), skeleton(folder, torch.float32).config
+    ours, theirs = checkpoint(file).config(), open_source(folder).skeleton(torch.float32).config
     for key in CONFIG_KEYS:
         if hasattr(theirs, key):
             want = {"mistral": "llama"}.get(getattr(theirs, key)) if key == "model_type" else None
             want = want or getattr(theirs, key)  # a Mistral is written as (and served as) llama
             # the metadata's floats are float32
             assert getattr(ours, key, None) == (pytest.approx(want, rel=1e-7) if isinstance(want, float) else want), key
-    model = skeleton(file, torch.float32)
-    reference = skeleton(folder, torch.float32)
+    model = open_source(file).skeleton(torch.float32)
+    reference = open_source(folder).skeleton(torch.float32)
     # the rotary frequencies (Llama 3's from the file's divisors, Phi-3's longrope from its factors) as the folder's
     tables = dict(reference.model.rotary_emb.named_buffers())
     assert tables and all("inv_freq" in name for name in tables)

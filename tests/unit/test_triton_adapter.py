@@ -177,7 +177,8 @@ def test_cancellation_is_polled_at_a_bounded_rate(model):
 
 
 def metric(name, **labels):
-    return [m for m in pb.MetricFamily.registry[name] if all(m.labels.get(k) == v for k, v in labels.items())]
+    """The exported series of `name` (those of families still alive: other tests' are released) with these labels."""
+    return [m for m in pb.on_port(name) if all(m.labels.get(k) == v for k, v in labels.items())]
 
 
 def test_speculative_request_reports_statistics_and_metrics(model):

@@ -105,6 +105,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
         ),
     )
 }
+BUILTIN = frozenset(DRAFTERS)  # this package's drafters (the rest: plug-ins and tests' drafters, registered later)
 # the order in which `drafter auto` picks a request's default drafter among those the engine has
 DEFAULT_ORDER = (names.DRAFT_MODEL, names.NGRAM)
 

@@ -2,9 +2,8 @@
 
 GrammarCompiler: one per tokenizer. A request's guide is checked when it arrives (kind, size, JSON, keywords
 xgrammar would not enforce: schema_keywords.py), then compiled without blocking the step loop:
-  - at once in the engine process when that is cheap and bounded: the grammar of any JSON in the server's
-    layout (compiled at load)
-    and the compiled-grammar cache (an LRU keyed by (kind, guide), bounded in bytes);
+  - at once in the engine process when that is cheap and bounded: any JSON in the server's layout (compiled at
+    load) and the compiled-grammar cache (an LRU keyed by (kind, guide), bounded in bytes);
   - otherwise first in a worker process (pool.py), where a compile that outlives
     `grammar_compile_timeout_s` is killed, and, once a worker has compiled it in time, again in the engine
     process (a thread; xgrammar releases the GIL), which is then known to finish. That compile runs on the
@@ -26,15 +25,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from ..errors import InvalidRequest, Overloaded
-from .compile import (
-    JSON_OPTIONS,
-    REASONING_OPTIONS,
-    UNSUPPORTED_KEYWORDS,
-    GuideType,
-    choices_of,
-    compile_guide,
-    normalize_guide_type,
-)
+from . import compile as guides
+from .compile import JSON_OPTIONS, REASONING_OPTIONS, UNSUPPORTED_KEYWORDS, GuideType, compile_guide
 from .json_grammar import any_json_grammar
 from .pool import TRIAL_S, CompilePool, Job
 from .schema_keywords import describe, unenforced_keyword
@@ -63,11 +55,9 @@ class GrammarCompiler:
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
         self.max_guide_bytes = max_guide_bytes
-        # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default;
-        # JSON Schema itself allows them, and small models then ramble on adding keys).
-        # any_whitespace: free whitespace between tokens, at most json_grammar.MAX_WHITESPACE characters a run;
-        # False fixes the compact layout, which makes more positions grammar-forced (free drafts) but may push a
-        # model off the formatting it prefers. Both for a schema and for any JSON.
+        # strict: objects without "additionalProperties" get no extra keys (xgrammar's and vLLM's default; small
+        # models ramble on adding keys). any_whitespace (a schema, any JSON): runs of at most MAX_WHITESPACE
+        # (json_grammar.py); False: the compact layout (more grammar-forced positions, a layout the model may not like).
         self.options = dict(json_strict=json_strict, json_any_whitespace=json_any_whitespace)
         self.unsupported_keywords = unsupported_keywords
         self.any_json = self.compiler.compile_grammar(any_json_grammar(json_any_whitespace))
@@ -78,8 +68,7 @@ class GrammarCompiler:
         self._pool_args = (workers, self.info.serialize_json(), self.options, timeout_s, queue_limit, trial_s)
         self._pools: list[CompilePool] = []  # the pool, once started (a list: the finalizer holds it)
         self._pool_lock = threading.Lock()
-        # the engine process's own compiles, of guides a worker compiled in time: those that took longer than a
-        # trial in their own threads, so that they never hold up the short ones
+        # the engine's compiles of guides that took a worker over a trial: own threads, never blocking short ones
         self._short = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
         self._long = ThreadPoolExecutor(workers - 1, thread_name_prefix="grammar-compile-long")
         self._finalizer = weakref.finalize(self, _close, self._pools, self._short, self._long)
@@ -105,7 +94,7 @@ class GrammarCompiler:
     def check(self, guide_type: str, guide: str, options: tuple = ()) -> GuideType:
         """Cheap checks done when the request arrives; -> the normalized guide type. options: the request's
         (name, value) overrides of the compile options (json_strict, json_any_whitespace)."""
-        kind = normalize_guide_type(guide_type)
+        kind = guides.normalize_guide_type(guide_type)
         if len(guide.encode("utf-8")) > self.max_guide_bytes:
             raise InvalidRequest(f"guided_decoding_guide is larger than {self.max_guide_bytes} bytes")
         if kind in (GuideType.JSON_SCHEMA, GuideType.STRUCTURAL_TAG):
@@ -120,7 +109,7 @@ class GrammarCompiler:
             except RecursionError:
                 raise InvalidRequest(f"guided_decoding_guide for {kind} is nested too deeply") from None
         elif kind == GuideType.CHOICE:
-            choices_of(guide)
+            guides.choices_of(guide)
         elif kind == GuideType.JSON and guide.strip():
             raise InvalidRequest(
                 f"guided_decoding_guide must be empty for guide type {guide_type!r} (any JSON "

@@ -98,13 +98,6 @@ def release_freed_memory() -> None:
         pass
 
 
-def skeleton(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The checkpoint's transformers model on the meta device (source.py's Source.skeleton)."""
-    from .source import open_source
-
-    return open_source(path).skeleton(dtype)
-
-
 def tied(model: torch.nn.Module) -> bool:
     """Whether the head is the embedding (no lm_head tensor of its own in the checkpoint)."""
     return model.lm_head.weight is model.model.embed_tokens.weight
