@@ -10,7 +10,6 @@ forward does not run it, an int8 draft is torch's dynamic-quantized copy (model/
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
@@ -30,8 +29,13 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 
-def load_tokenizer(path: str):
-    return open_source(path).tokenizer()
+def opened(checkpoint: str | Source) -> Source:
+    """A checkpoint path's Source (source.py), or the Source given."""
+    return checkpoint if isinstance(checkpoint, Source) else open_source(checkpoint)
+
+
+def load_tokenizer(checkpoint: str | Source):
+    return opened(checkpoint).tokenizer()
 
 
 def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
@@ -61,12 +65,12 @@ def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
     return eos_ids(tokenizer, source.generation_config(), source.config())
 
 
-def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
+def model_of(checkpoint: str | Source, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
     """A checkpoint's model for a runner -> (model, where the native forward reads its weights). On the native
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
     (other names, shapes or dtypes, a quantized format), transformers' whole model."""
-    source = open_source(path)
+    source = opened(checkpoint)
     if native and source.kind != WHOLE:
         model = source.skeleton(dtype)
         tensors = ModuleTensors(model, source.tensors(model))
@@ -74,14 +78,19 @@ def model_of(path: str, device, dtype, native: bool) -> tuple[object, ModuleTens
         if why is None:
             return model, tensors
         if source.kind == GGUF:  # no other reader: transformers' would de-quantize the whole model, or fail alike
-            raise ModelLoadError(f"{path}: {why} (the file does not hold a {model.config.model_type} model whole)")
-        log.info("%s: %s: loading the whole model through transformers", path, why)
-    return load_model(path, device, dtype), None
+            raise ModelLoadError(
+                f"{source.path}: {why} (the file does not hold a {model.config.model_type} model whole)"
+            )
+        log.info("%s: %s: loading the whole model through transformers", source.path, why)
+    return load_model(source.path, device, dtype), None
 
 
-def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footprint.Part], tuple[str, ...]]:
+def footprint_of(
+    config: EngineConfig, settings: Settings, sources: tuple[Source, Source | None] | None = None
+) -> tuple[list[footprint.Part], tuple[str, ...]]:
     """What the load will keep resident, from the checkpoints' configs and file headers (nothing else read), and
-    the settings that would lower it."""
+    the settings that would lower it. sources: the target's and the draft checkpoint's, opened already."""
+    source, draft_source = sources or _sources(config)
     slots, positions = config.max_slots, config.max_seq_len
 
     def runner(label, source: Source, model, forward, weights, dtype, cache: bool, embedding: bool):
@@ -92,7 +101,6 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)
 
     t, d = settings.target, settings.draft
-    source = open_source(config.checkpoint)
     target = source.skeleton(settings.dtype)
     weights = t.weights if t.kind == "native" else "auto"
     parts = runner("target", source, target, t, weights, settings.dtype, True, True)
@@ -101,7 +109,7 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
         if d is None:
             continue
         own = d.source == "target"
-        src = source if own else open_source(config.draft_checkpoint)
+        src = source if own else draft_source
         model = target if own else src.skeleton(d.dtype)
         shared = own and d.quantized == "native"  # the target's native copy: its embedding is the target's
         form = "int8" if d.quantized == "torch" else d.forward.weights
@@ -114,21 +122,26 @@ def footprint_of(config: EngineConfig, settings: Settings) -> tuple[list[footpri
     return parts, remedies
 
 
+def _sources(config: EngineConfig) -> tuple[Source, Source | None]:
+    """The target's checkpoint and the draft checkpoint (None: none), opened."""
+    return open_source(config.checkpoint), open_source(config.draft_checkpoint) if config.draft_checkpoint else None
+
+
 def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object, dict[str, Drafter]]:
     """-> (target runner, tokenizer, the configured model drafters by name), as `settings` resolved them. On the
     CPU, a load whose resident bytes would exceed the memory available is refused first (model/footprint.py)."""
-    path = str(Path(config.checkpoint))
+    source, draft_source = sources = _sources(config)  # each checkpoint opened once: everything below asks them
     if settings.device.type == "cpu":
-        parts, remedies = footprint_of(config, settings)
+        parts, remedies = footprint_of(config, settings, sources)
         footprint.check(parts, remedies=remedies)
     # the tokenizers first: parsing a GGUF's vocabulary takes more memory than the tokenizer keeps (151k tokens:
     # ~0.6 GB passing), which then never adds to the weights'
-    tokenizer = load_tokenizer(path)
+    tokenizer = source.tokenizer()
     d = settings.draft
     if d is not None and d.source == "checkpoint":
-        check_same_tokenizer(tokenizer, load_tokenizer(config.draft_checkpoint), config.draft_checkpoint)
+        check_same_tokenizer(tokenizer, draft_source.tokenizer(), config.draft_checkpoint)
     release_freed_memory()
-    model, tensors = model_of(path, settings.device, settings.dtype, settings.target.kind == "native")
+    model, tensors = model_of(source, settings.device, settings.dtype, settings.target.kind == "native")
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
     release_freed_memory()  # the packing's temporaries, before the draft's own
     adapters = load_adapters(config, model) if config.enable_lora else None
@@ -137,17 +150,19 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     drafters: dict[str, Drafter] = {}
     # the draft model, and the target's copy beside a draft_checkpoint
     for name, choice in settings.models.items():
-        runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters)
+        runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters, draft_source)
         drafters[name] = DraftModelDrafter(runner, target.vocab_size)
         release_freed_memory()
     return target, tokenizer, drafters
 
 
-def _draft_runner(config, settings, d, tokenizer, target: ModelRunner, model, tensors, adapters) -> ModelRunner:
-    """The runner of the draft `d` (settings.py's DraftChoice): a draft_checkpoint's model, or the target's copy
-    (model, tensors: the target's, which an int8 or int4 copy packs its own weights from)."""
+def _draft_runner(
+    config, settings, d, tokenizer, target: ModelRunner, model, tensors, adapters, draft_source: Source | None
+) -> ModelRunner:
+    """The runner of the draft `d` (settings.py's DraftChoice): a draft_checkpoint's model (draft_source), or the
+    target's copy (model, tensors: the target's, which an int8 or int4 copy packs its own weights from)."""
     if d.source == "checkpoint":
-        base, base_tensors = model_of(config.draft_checkpoint, settings.device, d.dtype, d.forward.kind == "native")
+        base, base_tensors = model_of(draft_source, settings.device, d.dtype, d.forward.kind == "native")
     else:
         base, base_tensors = model, tensors
     if d.quantized == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
