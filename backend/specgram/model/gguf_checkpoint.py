@@ -248,9 +248,8 @@ class GGUFTensors:
             return None
         n, k = self.meta[name][0]
         data, order = self._data(name), self._order(name)
-        blocks = (data if order is None else data[order.numpy()]).reshape(
-            n * k // 256, 144
-        )  # rows moved whole; 256 weights a block
+        data = data if order is None else data[order.numpy()]  # rows moved whole, their blocks with them
+        blocks = data.reshape(n * k // 256, 144)  # 256 weights a block
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, -1)
         sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [blocks, 8] each: the 6-bit sub-scales and mins

@@ -63,18 +63,21 @@ class _Cursor:
     def __init__(self, data, path: Path):
         self.data, self.pos, self.path = data, 0, path
 
-    def take(self, fmt: str):
-        size = struct.calcsize("<" + fmt)
+    def need(self, size: int) -> None:
+        """GGUFError where fewer than `size` bytes are left."""
         if self.pos + size > len(self.data):
             raise GGUFError(f"{self.path}: the file ends inside its header (at byte {self.pos}): truncated")
+
+    def take(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        self.need(size)
         values = struct.unpack_from("<" + fmt, self.data, self.pos)
         self.pos += size
         return values if len(values) > 1 else values[0]
 
     def string(self) -> str:
         n = self.take("Q")
-        if self.pos + n > len(self.data):
-            raise GGUFError(f"{self.path}: the file ends inside its header (at byte {self.pos}): truncated")
+        self.need(n)
         raw = self.data[self.pos : self.pos + n]  # bytes (a slice of the mapping is a copy)
         self.pos += n
         try:
@@ -94,11 +97,10 @@ class _Cursor:
         if kind == ARRAY:
             item, count = self.take("I"), self.take("Q")
             if item in SCALARS:
-                fmt = SCALARS[item]
-                if self.pos + count * struct.calcsize(fmt) > len(self.data):
-                    raise GGUFError(f"{self.path}: the file ends inside its header (at byte {self.pos}): truncated")
+                fmt, size = SCALARS[item], count * struct.calcsize(SCALARS[item])
+                self.need(size)
                 values = list(struct.unpack_from(f"<{count}{fmt}", self.data, self.pos))
-                self.pos += count * struct.calcsize(fmt)
+                self.pos += size
                 return values
             if item == STRING:
                 if keep:

@@ -20,19 +20,18 @@ import torch
 from ..errors import ModelLoadError
 from .checkpoint import INDEX, SINGLE, TensorFiles, kept_dtype
 from .families import DOCS, FAMILIES
-from .gguf_checkpoint import GGUFCheckpoint, gguf_file
+from .gguf_checkpoint import GGUFCheckpoint, checkpoint, gguf_file
 
 SAFETENSORS, GGUF, WHOLE = "safetensors", "gguf", "whole"  # Source.kind: read tensor by tensor, or whole
 
 
-def supported(cfg: dict, where) -> dict:
-    """cfg (a config's dict) where its model_type is a served family; ModelLoadError naming the families else."""
-    if cfg.get("model_type") not in FAMILIES:
+def supported(model_type: str | None, where) -> None:
+    """ModelLoadError naming the served families where model_type is not one of them."""
+    if model_type not in FAMILIES:
         raise ModelLoadError(
-            f"model_type {cfg.get('model_type')!r} in {where} is not supported; this engine runs the decoder "
+            f"model_type {model_type!r} in {where} is not supported; this engine runs the decoder "
             f"families {', '.join(FAMILIES)} (see {DOCS})"
         )
-    return cfg
 
 
 class Source:
@@ -44,9 +43,9 @@ class Source:
         self.gguf: GGUFCheckpoint | None = None
         file = gguf_file(path)
         if file is not None:
-            self.kind, self.gguf = GGUF, GGUFCheckpoint(file)
+            self.kind, self.gguf = GGUF, checkpoint(file)  # the one reading of this file version
             self._config = self.gguf.config()
-            supported(self._config.to_dict(), file)
+            supported(self._config.model_type, file)
             self.nbytes = file.stat().st_size
             self._files = None
             return
@@ -58,7 +57,7 @@ class Source:
         where = path / "config.json"
         if not where.exists():
             raise ModelLoadError(f"{str(path)!r} has no config.json: not a Hugging Face checkpoint folder")
-        supported(json.loads(where.read_text()), where)
+        supported(json.loads(where.read_text()).get("model_type"), where)
         from transformers import AutoConfig
 
         try:
