@@ -178,12 +178,17 @@ def test_a_gguf_draft_model_is_served_in_its_own_forms(vnni, q4k_file, mixed_fil
 
 def test_a_tied_head_is_served_as_the_embedding_in_every_form(vnni, tmp_path):
     """A file without output.weight (llama.cpp's tied model): the head is the embedding, in int4 too; the same ids
-    as a file whose output.weight holds the embedding's bytes."""
-    tied = save_gguf(tmp_path / "tied.gguf", seed=6, head="tied")
-    copy = save_gguf(tmp_path / "copy.gguf", seed=6, head="copy")
-    assert "output.weight" not in checkpoint(tied).header.tensors and checkpoint(tied).config().tie_word_embeddings
-    for weights in ("auto", "int4", "int8"):
-        with closing(engine(tied, weights=weights)) as a, closing(engine(copy, weights=weights)) as b:
-            ids = [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12)]
-            assert ids == [tokens_of(o) for o in run(b, PROMPTS, max_tokens=12)], weights
-            assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12, num_draft_tokens=3)] == ids, weights
+    as a file whose output.weight holds the embedding's bytes. With a Q4_K embedding the head keeps its blocks
+    exactly (the same packed bytes as the copy's head), never a second rounding of their values."""
+    for embedding in ("Q8_0", "Q4_K"):
+        types = {"token_embd": embedding}
+        tied = save_gguf(tmp_path / f"tied-{embedding}.gguf", seed=6, types=types, head="tied")
+        copy = save_gguf(tmp_path / f"copy-{embedding}.gguf", seed=6, types=types, head="copy")
+        assert "output.weight" not in checkpoint(tied).header.tensors and checkpoint(tied).config().tie_word_embeddings
+        for weights in ("auto", "int4", "int8"):
+            with closing(engine(tied, weights=weights)) as a, closing(engine(copy, weights=weights)) as b:
+                ids = [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12)]
+                assert ids == [tokens_of(o) for o in run(b, PROMPTS, max_tokens=12)], (embedding, weights)
+                assert [tokens_of(o) for o in run(a, PROMPTS, max_tokens=12, num_draft_tokens=3)] == ids, weights
+                heads = [e.target.linear_layers()[-1].packed for e in (a, b)]
+                assert torch.equal(*heads), (embedding, weights)

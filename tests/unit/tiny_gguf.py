@@ -89,12 +89,13 @@ def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None, he
                 values += 1.0
             w.add_tensor(name, values)
         elif qtype == "Q4_K":
-            w.add_tensor(name, random_q4_k(*shape, rng), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+            stored[name] = (random_q4_k(*shape, rng), gguf.GGMLQuantizationType.Q4_K)
+            w.add_tensor(name, *stored[name][:1], raw_dtype=stored[name][1])
         else:
             t = gguf.GGMLQuantizationType[qtype]
             values = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-            stored[name] = quantize(values, t)
-            w.add_tensor(name, stored[name], raw_dtype=t)
+            stored[name] = (quantize(values, t), t)
+            w.add_tensor(name, stored[name][0], raw_dtype=t)
 
     vocab_n = len(vocab)
     tensor("token_embd.weight", "token_embd", (vocab_n, HIDDEN), "Q8_0")
@@ -117,7 +118,8 @@ def save_gguf(path: Path, seed: int = 0, types: dict[str, str] | None = None, he
     if head == "own":
         tensor("output.weight", "output", (vocab_n, HIDDEN), "Q8_0")
     elif head == "copy":
-        w.add_tensor("output.weight", stored["token_embd.weight"], raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        data, kind = stored["token_embd.weight"]
+        w.add_tensor("output.weight", data, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
