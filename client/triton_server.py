@@ -70,7 +70,8 @@ def model_repository_with(
 ) -> Path:
     """A model repository at `target` serving `model` of `source` with some engine settings changed or added.
     The version folder is a link to the source's, so the model runs this checkout's engine (model.py resolves
-    its own path); a relative checkpoint is made absolute (it is resolved against the model's folder)."""
+    its own path); a relative checkpoint is made absolute: one given in `settings` against the current directory,
+    the source config's own against the model's folder (where the server would resolve it)."""
     src, dst = Path(source) / model, Path(target) / model
     dst.mkdir(parents=True)
     for version in src.iterdir():
@@ -78,6 +79,9 @@ def model_repository_with(
             (dst / version.name).symlink_to(version.resolve(), target_is_directory=True)
     text = (src / "config.pbtxt").read_text()
     current = model_parameters(source, model)
+    for key in ("checkpoint", "draft_checkpoint"):  # a relative path given here: the caller's, from its directory
+        if settings.get(key) and not Path(settings[key]).is_absolute():
+            settings = {**settings, key: str(Path(settings[key]).resolve())}
     for key in ("checkpoint", "draft_checkpoint"):
         if current.get(key) and key not in settings and not Path(current[key]).is_absolute():
             settings = {**settings, key: str((src / current[key]).resolve())}

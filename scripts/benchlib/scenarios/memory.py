@@ -90,8 +90,6 @@ def _served(params: dict, raw) -> dict:
         f = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
         return {k: int(f[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS")}
 
-    paths = {k: str(Path(v).resolve()) for k, v in params.items() if k in ("checkpoint", "draft_checkpoint")}
-    params = {**params, **paths}  # a relative one would be read against the model's folder
     with tempfile.TemporaryDirectory(dir=Path(raw).resolve()) as tmp:
         repo = model_repository_with(params, Path(tmp) / "repo")
         t0 = time.perf_counter()
