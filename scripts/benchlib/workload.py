@@ -124,8 +124,9 @@ def text_cases(tok, prompts: list[str]) -> list[dict]:
 def eos_ids(model: str, tok) -> set[int]:
     """The EOS ids the engine stops on for this checkpoint (specgram.engine.loading)."""
     from specgram.engine.loading import checkpoint_eos_ids
+    from specgram.model.source import open_source
 
-    return checkpoint_eos_ids(model, tok)
+    return checkpoint_eos_ids(open_source(model), tok)
 
 
 def trim_at_eos(ids: list[int], eos) -> list[int]:

@@ -43,9 +43,9 @@ def _logits(model, tensors, weights="auto") -> torch.Tensor:
 @pytest.mark.parametrize("weights", ["auto", "int8"])
 def test_read_tensor_by_tensor_the_forward_is_bitwise_the_whole_models(name, weights, tmp_path):
     path = str(save_family(tmp_path / name, name, seed=2))
-    skeleton, tensors = model_of(path, CPU, torch.float32, native=True)
+    skeleton, tensors = model_of(open_source(path), CPU, torch.float32, native=True)
     assert tensors is not None and next(skeleton.parameters()).device.type == "meta"
-    whole, none = model_of(path, CPU, torch.float32, native=False)
+    whole, none = model_of(open_source(path), CPU, torch.float32, native=False)
     assert none is None and next(whole.parameters()).device.type == "cpu"
     assert torch.equal(_logits(skeleton, tensors, weights), _logits(whole, None, weights))
 
@@ -55,7 +55,7 @@ def test_no_mapping_of_the_checkpoint_outlives_the_load(tmp_path):
     from pathlib import Path
 
     path = save_family(tmp_path / "maps", "qwen2", seed=2)  # biases and norms: small tensors kept as they are
-    skeleton, tensors = model_of(str(path), CPU, torch.float32, native=True)
+    skeleton, tensors = model_of(open_source(path), CPU, torch.float32, native=True)
     runner = ModelRunner(skeleton, 2, 96, choose(skeleton.config, CPU, torch.float32, linear="native"), tensors=tensors)
     gc.collect()
     maps = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(path) in line]
@@ -66,7 +66,7 @@ def test_a_bfloat16_checkpoint_is_served_in_float32_without_a_float32_copy_of_it
     path = tmp_path / "bf16"
     build_family("llama", seed=2).to(torch.bfloat16).save_pretrained(path)
     build_tokenizer().save_pretrained(path)
-    skeleton, tensors = model_of(str(path), CPU, torch.float32, native=True)
+    skeleton, tensors = model_of(open_source(path), CPU, torch.float32, native=True)
     assert tensors.embedding().dtype == torch.bfloat16  # rows widen exactly in the kernels
     from transformers import AutoModelForCausalLM
 
@@ -83,12 +83,12 @@ def test_sharded_and_bin_checkpoints_load(tmp_path):
     assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
     files = TensorFiles(tmp_path / "sharded")
     assert len({f.name for f in files.files.values()}) > 1
-    skeleton, tensors = model_of(str(tmp_path / "sharded"), CPU, torch.float32, native=True)
+    skeleton, tensors = model_of(open_source(tmp_path / "sharded"), CPU, torch.float32, native=True)
     assert tensors is not None and torch.equal(_logits(skeleton, tensors), _logits(model, None))
     (tmp_path / "bin").mkdir()
     model.config.save_pretrained(tmp_path / "bin")
     torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
-    whole, tensors = model_of(str(tmp_path / "bin"), CPU, torch.float32, native=True)  # transformers reads it
+    whole, tensors = model_of(open_source(tmp_path / "bin"), CPU, torch.float32, native=True)  # transformers reads it
     assert tensors is None and torch.equal(_logits(whole, None), _logits(model, None))
 
 
@@ -102,7 +102,7 @@ def test_tensors_that_do_not_fit_the_model_are_refused_or_read_by_transformers(t
     model = open_source(path).skeleton(torch.float32)
     assert "down_proj" in ModuleTensors(model, TensorFiles(path)).unfit(model)
     with pytest.raises(ModelLoadError, match="could not load the checkpoint"):  # transformers refuses the shape
-        model_of(str(path), CPU, torch.float32, native=True)
+        model_of(open_source(path), CPU, torch.float32, native=True)
     (tmp_path / "lost").mkdir()
     index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
     (tmp_path / "lost" / "model.safetensors.index.json").write_text(json.dumps(index))

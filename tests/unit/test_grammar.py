@@ -189,13 +189,13 @@ def test_forced_strings_are_drafted_in_multi_character_tokens():
 
     import torch
 
-    from specgram.engine.loading import load_tokenizer
     from specgram.grammar.masks import StepMasks
+    from specgram.model.source import open_source
 
     path = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
     if not path.is_dir():
         pytest.skip("the default model's tokenizer is fetched by scripts/setup.sh")
-    tok = load_tokenizer(str(path))
+    tok = open_source(path).tokenizer()
     vocab = len(tok)
     compiler = GrammarCompiler(
         tok, vocab, [tok.eos_token_id], cache_bytes=1 << 24, timeout_s=30, json_strict=True, json_any_whitespace=False

@@ -108,10 +108,10 @@ def default_vocab_engine(tmp_path_factory):
     """A tiny random model over the default model's tokenizer (its whitespace tokens are what a bound must stop)."""
     if not DEFAULT_TOKENIZER.is_dir():
         pytest.skip("the default model's tokenizer is fetched by scripts/setup.sh")
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
     path = tmp_path_factory.mktemp("json-default-vocab")
-    tok = load_tokenizer(str(DEFAULT_TOKENIZER))
+    tok = open_source(DEFAULT_TOKENIZER).tokenizer()
     build_model(
         random_norms=True, vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id
     ).save_pretrained(path)

@@ -33,6 +33,7 @@ from .served import check_engine
 def run(args) -> list[Row]:
     from ..config import EngineConfig
     from ..engine.engine import Engine
+    from ..model.source import open_source
     from ..model.whole import load_model
 
     params = {**SERVED_DEFAULTS, "checkpoint": args.path, "max_seq_len": str(args.max_seq_len), "max_slots": "4"}
@@ -57,15 +58,17 @@ def run(args) -> list[Row]:
         engine.close()
     del engine
     gc.collect()
-    ref = load_model(args.path, settings.device, torch.float32).eval()  # transformers' own, once per checkpoint
-    rows = [load, *check_logits(args.path, "target", ref, settings.dtype, settings, max_seq_len, prompt_ids)]
+    source = open_source(args.path)
+    ref = load_model(source, settings.device, torch.float32).eval()  # transformers' own, once per checkpoint
+    rows = [load, *check_logits(source, "target", ref, settings.dtype, settings, max_seq_len, prompt_ids)]
     rows += check_greedy(ref, settings.dtype, max_seq_len, prompt_ids, served, settings.target.weights != "auto")
     del ref
     gc.collect()
     if args.draft:
-        ref = load_model(args.draft, settings.device, torch.float32).eval()
+        source = open_source(args.draft)
+        ref = load_model(source, settings.device, torch.float32).eval()
         dtype = settings.draft.dtype if settings.draft is not None else settings.dtype
-        rows += check_logits(args.draft, "draft", ref, dtype, settings, max_seq_len, prompt_ids)
+        rows += check_logits(source, "draft", ref, dtype, settings, max_seq_len, prompt_ids)
     return rows + engine_rows
 
 

@@ -9,9 +9,9 @@ import torch
 from .common import TOL, Row, first_diff
 
 
-def check_logits(path: str, label: str, ref, dtype, settings, max_seq_len: int, prompt_ids) -> list[Row]:
-    """Each forward's prefill, decode and verify rows of `path` (loaded in `dtype`, as served) against `ref`,
-    transformers' float32 model of it."""
+def check_logits(source, label: str, ref, dtype, settings, max_seq_len: int, prompt_ids) -> list[Row]:
+    """Each forward's prefill, decode and verify rows of the checkpoint `source` (model/source.py; loaded in
+    `dtype`, as served) against `ref`, transformers' float32 model of it."""
     from ..engine.loading import model_of
     from ..errors import ModelLoadError
     from ..model import reference
@@ -21,7 +21,7 @@ def check_logits(path: str, label: str, ref, dtype, settings, max_seq_len: int, 
     rows = []
     for kind in ("native", "torch"):
         weights = settings.target.weights if kind == "native" and label == "target" else "auto"
-        model, tensors = model_of(path, settings.device, dtype, kind == "native")  # as the engine loads it
+        model, tensors = model_of(source, settings.device, dtype, kind == "native")  # as the engine loads it
         try:
             choice = choose(model.config, settings.device, dtype, linear=kind, weights=weights)
         except ModelLoadError as e:

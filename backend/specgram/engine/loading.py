@@ -29,21 +29,13 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 
-def opened(checkpoint: str | Source) -> Source:
-    """A checkpoint path's Source (source.py), or the Source given."""
-    return checkpoint if isinstance(checkpoint, Source) else open_source(checkpoint)
-
-
-def load_tokenizer(checkpoint: str | Source):
-    return opened(checkpoint).tokenizer()
-
-
-def check_same_tokenizer(target_tok, draft_tok, draft_path: str) -> None:
-    """Draft tokens are target tokens: the two vocabularies must be identical."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
+def check_same_tokenizer(tokenizer, draft: Source) -> None:
+    """Draft tokens are target tokens: the draft checkpoint's vocabulary must be the target's (`tokenizer`)."""
+    draft_tok = draft.tokenizer()
+    if tokenizer.get_vocab() != draft_tok.get_vocab():
         raise ModelLoadError(
-            f"the draft model at {draft_path!r} does not share the target's tokenizer "
-            f"(vocabularies differ: {len(draft_tok)} vs {len(target_tok)} tokens); "
+            f"the draft model at {str(draft.path)!r} does not share the target's tokenizer "
+            f"(vocabularies differ: {len(draft_tok)} vs {len(tokenizer)} tokens); "
             "a draft must use exactly the target's tokenizer"
         )
 
@@ -59,18 +51,16 @@ def eos_ids(tokenizer, *configs) -> set[int]:
     return ids
 
 
-def checkpoint_eos_ids(path: str, tokenizer) -> set[int]:
+def checkpoint_eos_ids(source: Source, tokenizer) -> set[int]:
     """eos_ids of a checkpoint without loading its weights (what the engine stops on)."""
-    source = open_source(path)
     return eos_ids(tokenizer, source.generation_config(), source.config())
 
 
-def model_of(checkpoint: str | Source, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
+def model_of(source: Source, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
     """A checkpoint's model for a runner -> (model, where the native forward reads its weights). On the native
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
     (other names, shapes or dtypes, a quantized format), transformers' whole model."""
-    source = opened(checkpoint)
     if native and source.kind != WHOLE:
         model = source.skeleton(dtype)
         tensors = ModuleTensors(model, source.tensors(model))
@@ -82,7 +72,7 @@ def model_of(checkpoint: str | Source, device, dtype, native: bool) -> tuple[obj
                 f"{source.path}: {why} (the file does not hold a {model.config.model_type} model whole)"
             )
         log.info("%s: %s: loading the whole model through transformers", source.path, why)
-    return load_model(source.path, device, dtype), None
+    return load_model(source, device, dtype), None
 
 
 def footprint_of(
@@ -139,7 +129,7 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     tokenizer = source.tokenizer()
     d = settings.draft
     if d is not None and d.source == "checkpoint":
-        check_same_tokenizer(tokenizer, draft_source.tokenizer(), config.draft_checkpoint)
+        check_same_tokenizer(tokenizer, draft_source)
     release_freed_memory()
     model, tensors = model_of(source, settings.device, settings.dtype, settings.target.kind == "native")
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)

@@ -4,28 +4,25 @@ tensors, a folder's by transformers' from_pretrained."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ..errors import ModelLoadError
-from .source import Source, open_source
+from .source import Source
 
 
-def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The transformers model of a checkpoint folder (or GGUF file, de-quantized by transformers' reader), on
-    `device` in `dtype`; ModelLoadError with the reason."""
+def load_model(source: Source, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The transformers model of an opened checkpoint (source.py: a supported family), on `device` in `dtype`: a
+    folder's by from_pretrained, a GGUF file's de-quantized (_from_gguf); ModelLoadError with the reason."""
     from transformers import AutoModelForCausalLM
 
-    source = open_source(path)  # a supported family, or ModelLoadError saying why
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' was asked for but CUDA is not available on this machine")
     if source.gguf is not None:
         return _from_gguf(source, dtype).to(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation="sdpa")
     except Exception as e:  # transformers raises many types; the message is what the user needs
-        raise ModelLoadError(f"could not load the checkpoint {str(path)!r}: {e}") from e
+        raise ModelLoadError(f"could not load the checkpoint {str(source.path)!r}: {e}") from e
     return model.to(device)
 
 

@@ -31,9 +31,13 @@ _SIDE = r"""
 import json, sys
 from benchlib.run import cpu_engine, run_engine, tok_s
 from benchlib.workload import compile_guide, select_cases
-from specgram.engine.loading import load_tokenizer
 a = json.loads(sys.argv[1])
-tok = load_tokenizer(a["model"])
+try:
+    from specgram.model.source import open_source
+    tok = open_source(a["model"]).tokenizer()
+except ImportError:  # a base commit older than model/source.py: its loading module reads the tokenizer
+    from specgram.engine.loading import load_tokenizer
+    tok = load_tokenizer(a["model"])
 cases = select_cases(tok, a["prompts"], max(128, a["max_tokens"]))   # cases whose answer fits 128
 engine = cpu_engine(a["model"], max(a["concurrency"]), 1024, a["max_tokens"], draft_quantization="auto",
                     drafter="auto")

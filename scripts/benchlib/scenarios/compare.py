@@ -335,10 +335,10 @@ def run(args) -> None:
         )
     import torch
 
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
     torch.manual_seed(0)
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, args.max_tokens)
     eos = eos_ids(args.model, tok)
     max_seq_len = max(len(c["prompt_ids"]) for c in cases) + args.max_tokens + 16

@@ -70,7 +70,7 @@ def sources_text(sources: dict[str, list[int]]) -> str:
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
     names = choose(args.configs, CONFIGS, ("k=0",))
     # (row label, k, ngram_min): k = 0 does not draft, so it runs once
@@ -79,7 +79,7 @@ def run(args) -> None:
         for n in names
         for m in (args.ngram_min[:1] if n == "k=0" else args.ngram_min)
     ]
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, args.max_tokens)
     engine = scenario_engine(
         args, cases, drafter="ngram", ngram_min=min(args.ngram_min), json_any_whitespace=not args.compact_json

@@ -51,9 +51,9 @@ def _cases(tok, n: int) -> dict[str, list[dict]]:
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     workloads = _cases(tok, args.prompts)
     longest = max(len(c["prompt_ids"]) for cs in workloads.values() for c in cs)
     engines = {

@@ -151,6 +151,7 @@ def run(args) -> None:
     from specgram.model import kernels
     from specgram.model.choice import choose, choose_for
     from specgram.model.runner import ModelRunner
+    from specgram.model.source import open_source
 
     max_b = max(args.batches)
     positions = args.cache_len + max(args.widths) + 8
@@ -158,7 +159,7 @@ def run(args) -> None:
     if args.shape:
         model = random_model(args.shape, args.dtype)
     else:  # as the engine loads it: on the native forward one tensor at a time into its served form (a 7B fits)
-        model, tensors = model_of(args.model, cpu, dtype, native=args.linear != "torch")
+        model, tensors = model_of(open_source(args.model), cpu, dtype, native=args.linear != "torch")
     forward = (
         choose_for(model, args.linear, args.weights, args.kv_dtype)
         if tensors is None

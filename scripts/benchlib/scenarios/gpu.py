@@ -93,12 +93,13 @@ def forward_costs(ckpts: dict[str, Path], k: int, context: int) -> list[dict]:
 
     from specgram.model.choice import choose_for
     from specgram.model.runner import ModelRunner
+    from specgram.model.source import open_source
     from specgram.model.whole import load_model
 
     rows = []
     for name, path in ckpts.items():
         for graphs in (False, True):
-            m = load_model(path, torch.device("cuda"), torch.bfloat16)
+            m = load_model(open_source(path), torch.device("cuda"), torch.bfloat16)
             r = ModelRunner(m, 8, context + 64, choose_for(m, static_width=k + 1 if graphs else 0))
             for b in (1, 8):
                 prompt = [[(7 * i + j) % 40000 + 100 for j in range(context)] for i in range(b)]

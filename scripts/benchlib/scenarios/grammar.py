@@ -120,13 +120,13 @@ def measure(engine, cases, timer, name: str, c: int, max_tokens: int) -> dict:
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
     from .grammar_masks import MaskTimer
 
     names = choose(args.configs, CONFIGS, ("unconstrained", "none"))
     items = load_jme()
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, args.max_tokens, items)
     lens = [len(c["prompt_ids"]) for c in cases]
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)

@@ -77,10 +77,10 @@ def _engine(args, listing: Path, longest: int, **settings):
 
 def run(args) -> None:
     from specgram.engine.generate import generate
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
     from specgram.request import SamplingParams
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, 256)  # any JME prompt: unguided, the answer need not fit
     longest = max(len(c["prompt_ids"]) for c in cases)
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,9 +35,9 @@ WORKLOADS = {
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)  # none fits 16 tokens
     engine = cpu_engine(args.model, args.prompts, 640, args.max_tokens)
     pack_default, fuse_default = engine.scheduler.pack_tokens, engine.target.fuse_steps

@@ -31,9 +31,9 @@ SCENARIOS = {"one at a time": 1, "at once": 0, "resent": 0}  # -> concurrency (0
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, 128 if args.quick else args.max_tokens)  # none fits 16 tokens
     engines = {
         mode: cpu_engine(args.model, args.prompts, 640, args.max_tokens, prefix_cache=mode) for mode in ("off", "on")

@@ -44,9 +44,9 @@ def accept_rate(rec: dict) -> float:
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     cases = select_cases(tok, args.prompts, args.max_tokens)
     engine = scenario_engine(args, cases, draft_quantization="int8")
     seeds = [1000 + i for i in range(len(cases))]

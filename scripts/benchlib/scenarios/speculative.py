@@ -74,10 +74,11 @@ def load_draft(kind: str, target, path: str, slots: int, max_seq_len: int):
 
     from specgram.model.choice import choose_for, int8_form
     from specgram.model.runner import ModelRunner
+    from specgram.model.source import open_source
     from specgram.model.whole import load_model
 
     if kind == "bf16":
-        return ModelRunner(load_model(path, torch.device("cpu"), torch.bfloat16), slots, max_seq_len)
+        return ModelRunner(load_model(open_source(path), torch.device("cpu"), torch.bfloat16), slots, max_seq_len)
     if kind == "int8n":  # as the engine's int8 copy (engine/settings.py)
         return ModelRunner(
             target.model,
@@ -130,21 +131,22 @@ def run(args) -> None:
     import torch
 
     from specgram.engine.engine import Engine
-    from specgram.engine.loading import load_tokenizer
     from specgram.engine.settings import resolve
     from specgram.model.runner import ModelRunner
+    from specgram.model.source import open_source
     from specgram.model.whole import load_model
     from specgram.speculation.draft_model import DraftModelDrafter
 
     names = choose(args.configs, CONFIGS, ("none",))  # "none": the reference for speedup and exactness
     slots = max(args.concurrency)
-    tok = load_tokenizer(args.model)
+    source = open_source(args.model)
+    tok = source.tokenizer()
     cases = text_cases(tok, PROMPT_SETS[args.prompt_set][: args.prompts])
     lens = [len(c["prompt_ids"]) for c in cases]
     max_seq_len = max(lens) + args.max_tokens + 16
     config = cpu_config(args.model, slots, max_seq_len, args.max_tokens)
     settings = resolve(config)  # requests name their drafter: settings.drafter is not read
-    target = ModelRunner(load_model(args.model, torch.device("cpu"), torch.float32), slots, max_seq_len)
+    target = ModelRunner(load_model(source, torch.device("cpu"), torch.float32), slots, max_seq_len)
     drafts = {
         kind: load_draft(kind, target, args.model, slots, max_seq_len)
         for kind in dict.fromkeys(CONFIGS[n][1] for n in names)

@@ -92,9 +92,9 @@ def count(log: list) -> dict:
 
 
 def run(args) -> None:
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    tok = load_tokenizer(args.model)
+    tok = open_source(args.model).tokenizer()
     sets = {
         "chat": (text_cases(tok, CHAT_PROMPTS[: args.prompts]), args.max_tokens, False),
         "guided (JME)": (select_cases(tok, args.prompts, GUIDED_TOKENS), GUIDED_TOKENS, True),

@@ -48,8 +48,9 @@ def _runner(path: str, form: str, positions: int):
     from specgram.engine.loading import model_of
     from specgram.model.choice import choose
     from specgram.model.runner import ModelRunner
+    from specgram.model.source import open_source
 
-    model, tensors = model_of(path, torch.device("cpu"), torch.float32, True)
+    model, tensors = model_of(open_source(path), torch.device("cpu"), torch.float32, True)
     forward = choose(model.config, torch.device("cpu"), torch.float32, "native", form)
     return ModelRunner(model, 1, positions, forward, tensors=tensors)
 
@@ -95,9 +96,9 @@ def run(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specgram.engine.loading import load_tokenizer
+    from specgram.model.source import open_source
 
-    ids = _text_ids(load_tokenizer(args.model), args.tokens)
+    ids = _text_ids(open_source(args.model).tokenizer(), args.tokens)
     positions = len(ids) + args.decode + 8
     settings = [("float32", args.model, "auto")] + [(f, args.model, f) for f in args.forms]
     if args.gguf:
