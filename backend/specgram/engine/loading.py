@@ -10,6 +10,7 @@ forward does not run it, an int8 draft is torch's dynamic-quantized copy (model/
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -56,14 +57,18 @@ def checkpoint_eos_ids(source: Source, tokenizer) -> set[int]:
     return eos_ids(tokenizer, source.generation_config(), source.config())
 
 
-def model_of(source: Source, device, dtype, native: bool) -> tuple[object, ModuleTensors | None]:
+def model_of(
+    source: Source, device, dtype, native: bool, skeleton: torch.nn.Module | None = None
+) -> tuple[object, ModuleTensors | None]:
     """A checkpoint's model for a runner -> (model, where the native forward reads its weights). On the native
     forward: a skeleton whose weights are read one tensor at a time into their served form (model/checkpoint.py);
     elsewhere, or for a checkpoint without safetensors files or whose tensors do not fit the skeleton as they are
-    (other names, shapes or dtypes, a quantized format), transformers' whole model."""
+    (other names, shapes or dtypes, a quantized format), transformers' whole model. skeleton: the source's in
+    `dtype`, built already (Checkpoints); None: built here."""
     if native and source.kind != WHOLE:
-        model = source.skeleton(dtype)
-        tensors = ModuleTensors(model, source.tensors(model))
+        model = source.skeleton(dtype) if skeleton is None else skeleton
+        files = source.tensors(model)
+        tensors = ModuleTensors(model, files)
         why = tensors.unfit(model)
         if why is None:
             return model, tensors
@@ -75,12 +80,34 @@ def model_of(source: Source, device, dtype, native: bool) -> tuple[object, Modul
     return load_model(source, device, dtype), None
 
 
+@dataclass(frozen=True)
+class Checkpoints:
+    """What a load reads of its checkpoints before any weight: each opened once (model/source.py) and, on the CPU,
+    each one's skeleton in the dtype it is served in (None elsewhere): built once, the memory check counts it and
+    the native forward fills it."""
+
+    target: Source
+    draft: Source | None  # None: no draft_checkpoint
+    target_model: torch.nn.Module | None = None
+    draft_model: torch.nn.Module | None = None
+
+
+def open_checkpoints(config: EngineConfig, settings: Settings) -> Checkpoints:
+    """The target's checkpoint and the draft_checkpoint (settings.draft's), opened, with their skeletons on the CPU."""
+    target = open_source(config.checkpoint)
+    draft = open_source(config.draft_checkpoint) if config.draft_checkpoint else None
+    if settings.device.type != "cpu":  # no memory check and no native forward: no skeleton read
+        return Checkpoints(target, draft)
+    draft_model = draft.skeleton(settings.draft.dtype) if draft is not None else None
+    return Checkpoints(target, draft, target.skeleton(settings.dtype), draft_model)
+
+
 def footprint_of(
-    config: EngineConfig, settings: Settings, sources: tuple[Source, Source | None] | None = None
+    config: EngineConfig, settings: Settings, checkpoints: Checkpoints | None = None
 ) -> tuple[list[footprint.Part], tuple[str, ...]]:
-    """What the load will keep resident, from the checkpoints' configs and file headers (nothing else read), and
-    the settings that would lower it. sources: the target's and the draft checkpoint's, opened already."""
-    source, draft_source = sources or _sources(config)
+    """What the load will keep resident on the CPU, from the checkpoints' skeletons and file headers (nothing else
+    read), and the settings that would lower it. checkpoints: the load's, opened already."""
+    c = checkpoints or open_checkpoints(config, settings)
     slots, positions = config.max_slots, config.max_seq_len
 
     def runner(label, source: Source, model, forward, weights, dtype, cache: bool, embedding: bool):
@@ -90,17 +117,15 @@ def footprint_of(
         part = footprint.kv_part(label, model.config, slots, positions, kv) if cache else None
         return footprint.runner_parts(label, model, weights, dtype, part, emb if embedding else None, native)
 
-    t, d = settings.target, settings.draft
-    target = source.skeleton(settings.dtype)
+    t, target = settings.target, c.target_model
     weights = t.weights if t.kind == "native" else "auto"
-    parts = runner("target", source, target, t, weights, settings.dtype, True, True)
+    parts = runner("target", c.target, target, t, weights, settings.dtype, True, True)
     remedies = ("weights int8",) if t.kind == "native" and weights == "auto" else ()
     for d in (settings.draft, settings.copy):
         if d is None:
             continue
         own = d.source == "target"
-        src = source if own else draft_source
-        model = target if own else src.skeleton(d.dtype)
+        src, model = (c.target, target) if own else (c.draft, c.draft_model)
         shared = own and d.quantized == "native"  # the target's native copy: its embedding is the target's
         form = "int8" if d.quantized == "torch" else d.forward.weights
         parts += runner("draft copy" if own else "draft", src, model, d.forward, form, d.dtype,
@@ -112,26 +137,22 @@ def footprint_of(
     return parts, remedies
 
 
-def _sources(config: EngineConfig) -> tuple[Source, Source | None]:
-    """The target's checkpoint and the draft checkpoint (None: none), opened."""
-    return open_source(config.checkpoint), open_source(config.draft_checkpoint) if config.draft_checkpoint else None
-
-
 def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object, dict[str, Drafter]]:
     """-> (target runner, tokenizer, the configured model drafters by name), as `settings` resolved them. On the
     CPU, a load whose resident bytes would exceed the memory available is refused first (model/footprint.py)."""
-    source, draft_source = sources = _sources(config)  # each checkpoint opened once: everything below asks them
+    c = open_checkpoints(config, settings)  # each checkpoint opened once: everything below asks them
     if settings.device.type == "cpu":
-        parts, remedies = footprint_of(config, settings, sources)
+        parts, remedies = footprint_of(config, settings, c)
         footprint.check(parts, remedies=remedies)
     # the tokenizers first: parsing a GGUF's vocabulary takes more memory than the tokenizer keeps (151k tokens:
     # ~0.6 GB passing), which then never adds to the weights'
-    tokenizer = source.tokenizer()
+    tokenizer = c.target.tokenizer()
     d = settings.draft
     if d is not None and d.source == "checkpoint":
-        check_same_tokenizer(tokenizer, draft_source)
+        check_same_tokenizer(tokenizer, c.draft)
     release_freed_memory()
-    model, tensors = model_of(source, settings.device, settings.dtype, settings.target.kind == "native")
+    native = settings.target.kind == "native"
+    model, tensors = model_of(c.target, settings.device, settings.dtype, native, c.target_model)
     target = ModelRunner(model, config.max_slots, config.max_seq_len, settings.target, tensors=tensors)
     release_freed_memory()  # the packing's temporaries, before the draft's own
     adapters = load_adapters(config, model) if config.enable_lora else None
@@ -140,25 +161,26 @@ def load(config: EngineConfig, settings: Settings) -> tuple[ModelRunner, object,
     drafters: dict[str, Drafter] = {}
     # the draft model, and the target's copy beside a draft_checkpoint
     for name, choice in settings.models.items():
-        runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters, draft_source)
+        runner = _draft_runner(config, settings, choice, tokenizer, target, model, tensors, adapters, c)
         drafters[name] = DraftModelDrafter(runner, target.vocab_size)
         release_freed_memory()
     return target, tokenizer, drafters
 
 
 def _draft_runner(
-    config, settings, d, tokenizer, target: ModelRunner, model, tensors, adapters, draft_source: Source | None
+    config, settings, d, tokenizer, target: ModelRunner, model, tensors, adapters, c: Checkpoints
 ) -> ModelRunner:
-    """The runner of the draft `d` (settings.py's DraftChoice): a draft_checkpoint's model (draft_source), or the
+    """The runner of the draft `d` (settings.py's DraftChoice): a draft_checkpoint's model (c.draft), or the
     target's copy (model, tensors: the target's, which an int8 or int4 copy packs its own weights from)."""
     if d.source == "checkpoint":
-        base, base_tensors = model_of(draft_source, settings.device, d.dtype, d.forward.kind == "native")
+        native = d.forward.kind == "native"
+        base, base_tensors = model_of(c.draft, settings.device, d.dtype, native, c.draft_model)
     else:
         base, base_tensors = model, tensors
+    head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
     if d.quantized == "torch":  # a draft off the native forward: a whole model (settings.py), never a skeleton
         base = quantize_dynamic_int8(base)
     cache = target.cache if d.shares_cache else None
-    head = _draft_head(config, tokenizer, base, d.vocab) if d.vocab else None
     draft = ModelRunner(
         base, config.max_slots, config.max_seq_len, d.forward, cache=cache, head_ids=head, tensors=base_tensors
     )
@@ -174,12 +196,12 @@ def _draft_runner(
 
 
 def _draft_head(config: EngineConfig, tokenizer, model, size: int):
-    """The draft's reduced vocabulary (speculation/draft_vocab.py): its `size` most frequent ids."""
+    """The draft's reduced vocabulary (speculation/draft_vocab.py): its `size` most frequent ids, and its EOS ids."""
+    keep = eos_ids(tokenizer, model.generation_config, model.config)
     try:
         corpus = draft_vocab.read_corpus(config.draft_vocab_corpus) if config.draft_vocab_corpus else None
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not read draft_vocab_corpus {config.draft_vocab_corpus!r}: {e}") from e
-    keep = eos_ids(tokenizer, model.generation_config, model.config)
     return draft_vocab.head_ids(tokenizer, model.config.vocab_size, size, corpus or draft_vocab.builtin_corpus(), keep)
 
 
