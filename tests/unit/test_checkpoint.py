@@ -6,6 +6,7 @@ load's peak memory stays near what it keeps; a load that cannot fit is refused b
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -130,6 +131,17 @@ def test_a_load_that_cannot_fit_is_refused_before_it_reads_anything(tmp_path):
     huge = EngineConfig(checkpoint=str(path), max_slots=256, max_seq_len=2**24, linear="native")  # a 2 TiB cache
     with pytest.raises(ModelLoadError, match=r"needs about .* target KV cache 4096\.00 .* lower max_slots"):
         Engine.from_config(huge)
+
+
+def test_a_draft_checkpoint_with_another_vocabulary_is_refused_naming_it(tmp_path):
+    target, draft = save_family(tmp_path / "target", "llama", seed=2), save_family(tmp_path / "draft", "llama", seed=3)
+    tok = build_tokenizer()
+    tok.add_tokens(["<other>"])  # one token more than the target's
+    tok.save_pretrained(draft)
+    config = EngineConfig(checkpoint=str(target), draft_checkpoint=str(draft), max_slots=2, max_seq_len=64)
+    want = rf"the draft model at '{re.escape(str(draft.resolve()))}' does not share .*: {len(tok)} vs 259 tokens"
+    with pytest.raises(ModelLoadError, match=want):
+        Engine.from_config(config)
 
 
 # A subprocess, so that its peak is its load's own: a random llama of ~60M parameters (240 MB in float32).
