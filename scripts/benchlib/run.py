@@ -11,6 +11,7 @@ submission). In-process records also hold _run (specgram's Run) and _reqs (its R
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import threading
@@ -149,8 +150,9 @@ def closed_loop(fn, items, concurrency: int) -> tuple[list, float]:
 
 
 def stream_request(url: str, inputs: dict, timeout: float = 600.0) -> dict:
-    """One request over gRPC streaming -> {ids, text, ttft_s, latency_s, finish, drafted, accepted} (times from
-    its submission; ttft = the first response carrying tokens). Raises on an error response."""
+    """One request over gRPC streaming -> {ids, text, ttft_s, latency_s, finish, drafted, accepted, sources} (times
+    from its submission; ttft = the first response carrying tokens; sources: spec_detail's drafted and accepted per
+    draft source, {} where the server sent none). Raises on an error response."""
     from collect import errors_of, ids_of, last_value, stream_infer, text_of
 
     resps = stream_infer(url, inputs, timeout=timeout)
@@ -168,6 +170,7 @@ def stream_request(url: str, inputs: dict, timeout: float = 600.0) -> dict:
         finish=last_value(resps, "finish_reason"),
         drafted=int(last_value(resps, "spec_drafted_tokens", 0)),
         accepted=int(last_value(resps, "spec_accepted_tokens", 0)),
+        sources=json.loads(last_value(resps, "spec_detail", "{}")).get("sources", {}),
     )
 
 

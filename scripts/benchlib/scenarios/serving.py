@@ -211,6 +211,7 @@ def compare_configs(args) -> None:
                         f"{t / ref:.2f}×",
                         "yes" if exact else "NO",
                         f"{valid}/{len(cases)}" if guided else "–",
+                        by_source(runs[n]),
                     ]
                 )
     lines = report.header(
@@ -236,7 +237,22 @@ def compare_configs(args) -> None:
             f"÷ {names[0]}",
             f"same output as {names[0]}",
             "valid JSON (guided)",
+            "accepted / drafted by source",
         ],
         rows,
     )
     report.write(args, lines, dict(records=recs))
+
+
+def by_source(runs: list[dict]) -> str:
+    """The drafts of every request of these runs by source (spec_detail), as "source accepted/drafted", most
+    drafted first; "–" where none."""
+    totals: dict[str, list[int]] = {}
+    for run in runs:
+        for q in run["requests"]:
+            for src, d in (q.get("sources") or {}).items():
+                t = totals.setdefault(src, [0, 0])
+                t[0] += int(d.get("accepted", 0))
+                t[1] += int(d.get("drafted", 0))
+    shown = sorted(((d, a, src) for src, (a, d) in totals.items() if d), reverse=True)
+    return ", ".join(f"{src} {a}/{d}" for d, a, src in shown) or "–"
