@@ -53,6 +53,7 @@ CONFIGS = {
     "lookup-only": {"num_draft_tokens": -1, "drafter": "ngram", "salt": "request"},
     "served-nosuffix": {"num_draft_tokens": None, "drafter": None, "salt": "request"},
     "copy-auto": {"num_draft_tokens": -1, "drafter": "copy"},
+    "model-k3": {"num_draft_tokens": 3, "drafter": "draft_model"},  # the draft model alone, at a fixed depth
 }
 PROMPT_SETS = {"chat": CHAT_PROMPTS, "copy": COPY_PROMPTS, "guided": None, "repeat": REPEAT_PROMPTS}
 # prompt sets whose answers end where the model ends them (EOS; a grammar's end): no ignore_eos
