@@ -8,10 +8,11 @@ What each block type becomes (packed.py chooses per product, under the `weights`
   same two-level scales in groups of 32 and super-blocks of 8), so under `weights` auto and int4 a product whose
   parts are all Q4_K keeps the file's weights bit for bit: int4(name) unpacks them, no second rounding (q and k
   rows reordered whole: a row's blocks move with it).
-- Every other type the gguf package de-quantizes (Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Q2_K, Q3_K, the IQ
-  types, F16, BF16, F32): to float32 (exact: the file's values), then packed in the product's form: int8 with a
-  scale per output row under `weights` auto (a second rounding, of 255 levels per row against the file's 31-255
-  per block: the closest form the kernels have), int4 under `weights int4` (a second rounding to 4 bits).
+- Every other type is de-quantized to float32, exactly the file's values (Q4_0, Q5_0, Q5_K, Q6_K, Q8_0 in torch
+  by gguf_blocks.py; Q4_1, Q5_1, Q2_K, Q3_K, the IQ types, F16, BF16, F32 by the gguf package), then packed in the
+  product's form: int8 with a scale per output row under `weights` auto (a second rounding, of 255 levels per row
+  against the file's 31-255 per block: the closest form the kernels have), int4 under `weights int4` (a second
+  rounding to 4 bits).
 Norms, biases and the embedding are read as float32 (the embedding's rows exactly the file's values).
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from . import gguf_families
+from . import gguf_blocks, gguf_families
 from .gguf_format import GGUFError, GGUFHeader, read_header
 from .int4 import GROUP, SUPER, Int4Weight
 
@@ -128,6 +129,12 @@ def checkpoint(path: str | Path) -> GGUFCheckpoint:
     return _opened(str(f.resolve()), st.st_mtime, st.st_size)
 
 
+def _rows(data: np.ndarray) -> torch.Tensor:
+    """A tensor's rows of bytes (a mapping of the file, or rows picked from one) as a u8 tensor of its own: the
+    file's pages read once into it, the mapping left read-only."""
+    return torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+
+
 class LazyRows:
     """A [N, K] matrix that a quantizer reads a block of rows at a time (int8.quantize_rows, int4.quantize: they use
     .shape and [i:j] only): each block is read(index) -> float32 [len(index), K] when asked for; w[index] (a long
@@ -207,13 +214,15 @@ class GGUFTensors:
         from gguf.quants import dequantize
 
         t = self.by_gguf[self.gguf_name(name)]
-        values = dequantize(data, GGMLQuantizationType(t.type_id))
-        out = torch.from_numpy(values.astype(np.float32))  # a copy: an F32 tensor's would be a view of the file
+        if t.type_name in gguf_blocks.DECODERS:  # the common types in torch, on its threads
+            out = gguf_blocks.decode(t.type_name, _rows(data))
+        else:  # the others by the package; a copy: an F32 tensor's would be a view of the file
+            out = torch.from_numpy(dequantize(data, GGMLQuantizationType(t.type_id)).astype(np.float32))
         offset = self._offset(name)
         return out - offset if offset else out
 
     def get(self, name: str, own: bool = False) -> torch.Tensor:
-        """The tensor as float32, the file's values (de-quantized by the gguf package), in the transformers
+        """The tensor as float32, the file's values (de-quantized: _decode), in the transformers
         model's row order; always a copy of its own."""
         del own
         if name not in self.meta:
@@ -242,26 +251,21 @@ class GGUFTensors:
 
     def int4(self, name: str) -> Int4Weight | None:
         """The weight's Q4_K blocks in int4.py's form, exactly (None: stored as another type)."""
-        from gguf.quants import Q4_K
-
         if name not in self.meta or self.block_type(name) != "Q4_K":
             return None
         n, k = self.meta[name][0]
         data, order = self._data(name), self._order(name)
-        data = data if order is None else data[order.numpy()]  # rows moved whole, their blocks with them
-        blocks = data.reshape(n * k // 256, 144)  # 256 weights a block
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, -1)
-        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, -1)
-        sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [blocks, 8] each: the 6-bit sub-scales and mins
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles one group, high the next
-        codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(0x0F)
-        groups = k // GROUP
-        assert groups % SUPER == 0  # Q4_K rows are whole 256-weight blocks
+        blocks = _rows(data if order is None else data[order.numpy()]).view(-1, 144)  # rows moved whole; 256 a block
+        sc, mn = gguf_blocks.scale_min(blocks[:, 4:16])  # [blocks, 8] each: the 6-bit sub-scales and mins
+        qs = blocks[:, 16:].reshape(-1, 4, 32)  # 4 chunks of 32 bytes: low nibbles one group, high the next
+        codes = torch.cat((qs & 0x0F, qs >> 4), dim=-1)
+        assert (k // GROUP) % SUPER == 0  # Q4_K rows are whole 256-weight blocks
+        f16 = blocks[:, 0:4].contiguous().view(torch.float16).float()  # d, dmin per block
         return Int4Weight(
-            torch.from_numpy(codes.reshape(n, k).copy()),
-            torch.from_numpy(np.ascontiguousarray(sc.reshape(n, groups), dtype=np.uint8)),
-            torch.from_numpy(np.ascontiguousarray(mn.reshape(n, groups), dtype=np.uint8)),
-            torch.from_numpy(d),
-            torch.from_numpy(dmin),
+            codes.reshape(n, k),
+            sc.reshape(n, -1),
+            mn.reshape(n, -1),
+            f16[:, 0].reshape(n, -1).contiguous(),
+            f16[:, 1].reshape(n, -1).contiguous(),
             k,
         )
