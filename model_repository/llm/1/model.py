@@ -25,16 +25,32 @@ _SOURCE = Path(__file__).resolve().parents[3] / "backend"
 if (_SOURCE / "specgram" / "serving" / "contract.py").is_file():
     sys.path.insert(0, str(_SOURCE))
 
-from specgram.config import EngineConfig, truthy
-from specgram.engine.engine import Engine
+from typing import TYPE_CHECKING
+
 from specgram.errors import EngineError, InvalidRequest, Overloaded
-from specgram.request import RequestOutput
-from specgram.serving.contract import INPUTS, OUTPUTS
-from specgram.serving.loop import EngineLoop
-from specgram.serving.metrics import Metrics
 from specgram.serving.placement import resolve_device
-from specgram.serving.protocol import ClientRequest, logprobs_json, parse
 from specgram.wire import ErrorKind, FinishReason
+
+if TYPE_CHECKING:
+    from specgram.config import EngineConfig
+    from specgram.engine.engine import Engine
+    from specgram.request import RequestOutput
+    from specgram.serving.protocol import ClientRequest
+
+
+def _import_engine() -> None:
+    """The engine's modules (torch, transformers, xgrammar beneath them), imported by initialize() into this
+    module's names. Triton's Python backend loads this file twice a load: first in a stub of its own, only to look
+    for auto_complete_config (this file has none), then in the instance's stub; imported at the top, torch and the
+    engine cost that first stub ~4 s of every model load for nothing."""
+    global EngineConfig, truthy, Engine, INPUTS, OUTPUTS, EngineLoop, Metrics, ClientRequest, logprobs_json, parse
+    from specgram.config import EngineConfig, truthy
+    from specgram.engine.engine import Engine
+    from specgram.serving.contract import INPUTS, OUTPUTS
+    from specgram.serving.loop import EngineLoop
+    from specgram.serving.metrics import Metrics
+    from specgram.serving.protocol import ClientRequest, logprobs_json, parse
+
 
 # contract data type -> numpy dtype of the tensors the adapter builds (STRING travels as bytes objects)
 _NUMPY = {
@@ -160,6 +176,7 @@ def _model_json(version: Path) -> dict:
 
 class TritonPythonModel:
     def initialize(self, args):
+        _import_engine()
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("model 'llm' must be decoupled (model_transaction_policy)")
