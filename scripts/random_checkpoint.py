@@ -39,7 +39,7 @@ SHAPES = {
                              high_freq_factor=4.0, original_max_position_embeddings=8192),
     ),
 }  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def write(shape: str, out: Path, tokenizer: Path, shard_gb: float, seed: int) -> None:
