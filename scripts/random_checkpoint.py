@@ -38,6 +38,15 @@ SHAPES = {
         rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                              high_freq_factor=4.0, original_max_position_embeddings=8192),
     ),
+    # Llama 3.2 3B's shapes with the Qwen2.5 tokenizer's 151,936 entries (random_gguf.py's llama-3.2-3b): a
+    # checkpoint for llama.cpp's converter and quantizer to turn into the Q4_K_M file people bring
+    "llama-3.2-3b": dict(
+        model_type="llama", hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+        head_dim=128, intermediate_size=8192, vocab_size=151936, rms_norm_eps=1e-5, max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=8192),
+    ),
 }  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
