@@ -35,8 +35,8 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).float()
 
 
-def _nibbles(qs: torch.Tensor, span: int) -> torch.Tensor:
-    """u8 [n, c, span] -> u8 [n, c, 2 * span]: each chunk's low nibbles, then its high ones."""
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """u8 [..., span] -> u8 [..., 2 * span]: each chunk's low nibbles, then its high ones."""
     return torch.cat((qs & 0x0F, qs >> 4), dim=-1)
 
 
@@ -51,14 +51,14 @@ def scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 2:].view(-1, 1, 16), 16).view(-1, 32).to(torch.int8) - 8
+    q = nibbles(b[:, 2:]).view(-1, 32).to(torch.int8) - 8
     return _f16(b[:, 0:2]) * q.float()
 
 
 def _q5_0(b: torch.Tensor) -> torch.Tensor:
     qh = b[:, 2:6].contiguous().view(torch.int32)  # the 32 fifth bits, bit j for value j
     high = ((qh >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
-    low = _nibbles(b[:, 6:].view(-1, 1, 16), 16).view(-1, 32)
+    low = nibbles(b[:, 6:])
     q = (low | (high << 4)).to(torch.int8) - 16
     return _f16(b[:, 0:2]) * q.float()
 
@@ -67,21 +67,28 @@ def _q8_0(b: torch.Tensor) -> torch.Tensor:
     return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, 0:2])
 
 
-def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K / Q5_K: per block and group of 32, (d * sc, dmin * mn) as float32 [n, 8, 1] (the package's products)."""
+def q4_k_fields(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks u8 [n, 144] -> (d, dmin float32 [n, 1]; sub-scales, mins u8 [n, 8]; codes u8 [n, 256] in value
+    order: chunk c of 32 bytes holds group 2c in its low nibbles, 2c + 1 in its high ones)."""
     sc, mn = scale_min(b[:, 4:16])
-    return (_f16(b[:, 0:2]) * sc.float()).unsqueeze(-1), (_f16(b[:, 2:4]) * mn.float()).unsqueeze(-1)
+    return _f16(b[:, 0:2]), _f16(b[:, 2:4]), sc, mn, nibbles(b[:, 16:].reshape(-1, 4, 32)).view(-1, QK_K)
+
+
+def _k_scales(d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: per block and group of 32, (d * sc, dmin * mn) as float32 [n, 8, 1] (the package's products)."""
+    return (d * sc.float()).unsqueeze(-1), (dmin * mn.float()).unsqueeze(-1)
 
 
 def _q4_k(b: torch.Tensor) -> torch.Tensor:
-    d, dm = _k_scales(b)
-    q = _nibbles(b[:, 16:].reshape(-1, 4, 32), 32).view(-1, 8, 32)  # chunk c: groups 2c (low), 2c + 1 (high)
-    return (d * q.float() - dm).view(-1, QK_K)
+    d, dmin, sc, mn, q = q4_k_fields(b)
+    d, dm = _k_scales(d, dmin, sc, mn)
+    return (d * q.view(-1, 8, 32).float() - dm).view(-1, QK_K)
 
 
 def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    d, dm = _k_scales(b)
-    low = _nibbles(b[:, 48:].reshape(-1, 4, 32), 32).view(-1, 8, 32)
+    sc, mn = scale_min(b[:, 4:16])
+    d, dm = _k_scales(_f16(b[:, 0:2]), _f16(b[:, 2:4]), sc, mn)
+    low = nibbles(b[:, 48:].reshape(-1, 4, 32)).view(-1, 8, 32)
     qh = b[:, 16:48].view(-1, 1, 32)  # bit g of qh[j]: the fifth bit of value j of group g
     high = (qh >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1
     return (d * (low | (high << 4)).float() - dm).view(-1, QK_K)
@@ -91,7 +98,7 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
     scales, d = b[:, 192:208].contiguous().view(torch.int8).float(), _f16(b[:, 208:210])
     dl = (d * scales).view(-1, 16, 1)
-    low = torch.cat((ql & 0x0F, ql >> 4), dim=-1).view(-1, 8, 32)  # per half: 4 runs of 32
+    low = nibbles(ql).view(-1, 8, 32)  # per half: 4 runs of 32
     high = ((qh.unsqueeze(2) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3).view(-1, 8, 32)
     q = (low | (high << 4)).to(torch.int8) - 32
     return (dl * q.view(-1, 16, 16).float()).view(-1, QK_K)

@@ -256,16 +256,13 @@ class GGUFTensors:
         n, k = self.meta[name][0]
         data, order = self._data(name), self._order(name)
         blocks = _rows(data if order is None else data[order.numpy()]).view(-1, 144)  # rows moved whole; 256 a block
-        sc, mn = gguf_blocks.scale_min(blocks[:, 4:16])  # [blocks, 8] each: the 6-bit sub-scales and mins
-        qs = blocks[:, 16:].reshape(-1, 4, 32)  # 4 chunks of 32 bytes: low nibbles one group, high the next
-        codes = torch.cat((qs & 0x0F, qs >> 4), dim=-1)
+        d, dmin, sc, mn, codes = gguf_blocks.q4_k_fields(blocks)  # per block: scales, 6-bit sub-scales and mins
         assert (k // GROUP) % SUPER == 0  # Q4_K rows are whole 256-weight blocks
-        f16 = blocks[:, 0:4].contiguous().view(torch.float16).float()  # d, dmin per block
         return Int4Weight(
             codes.reshape(n, k),
             sc.reshape(n, -1),
             mn.reshape(n, -1),
-            f16[:, 0].reshape(n, -1).contiguous(),
-            f16[:, 1].reshape(n, -1).contiguous(),
+            d.reshape(n, -1),
+            dmin.reshape(n, -1),
             k,
         )
