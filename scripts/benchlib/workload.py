@@ -21,6 +21,7 @@ INSTRUCTION = "Extract the record as JSON matching the schema. Record: {record} 
 # prompt-prefix reuse on, a later run would skip prefills an earlier one paid for, so configurations compare
 # with it off (the prefix_cache scenario measures the reuse itself).
 BENCH_ENGINE = {"json_unsupported_keywords": "ignore", "prefix_cache": "off"}
+SERVED = "served"  # make_requests' drafter: no drafter or num_draft_tokens in the request (the engine's defaults)
 
 # open-ended chat prompts (serving, soak)
 CHAT_PROMPTS = [
@@ -159,8 +160,8 @@ def make_requests(
         settings = dict(
             max_tokens=max_tokens,
             temperature=0.0,
-            num_draft_tokens=k,
-            drafter=drafter or "ngram",
+            num_draft_tokens=None if drafter == SERVED else k,
+            drafter=None if drafter == SERVED else drafter or "ngram",
             guide_type="json_schema" if guided else None,
             guide=c["guide"] if guided else None,
             seed=seeds[i] if seeds else None,

@@ -88,7 +88,9 @@ class Engine:
             target.adapters.index if target.adapters is not None else None,
         )
         tree_budget = trees.budget(config.tree_nodes, config.max_draft_len)
-        masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device, tree_budget)
+        native = getattr(target, "native", None)  # the target's native CPU forward, whose kernels also apply masks
+        lib = native.lib if native is not None else None
+        masks = StepMasks(target.vocab_size, config.max_slots, config.max_draft_len, self.device, tree_budget, lib)
         self.faults = Faults()  # the requests whose own work failed in the phase that is running
         self.planner = DraftPlanner(
             all_drafters, masks, config.max_draft_len, config.max_seq_len, config.forced_strings, self.faults

@@ -2,6 +2,8 @@
 
     python scripts/bench.py grammar --out docs/benchmarks/grammar_cpu.md     # full run, ~9 min on a 2-core CPU
     python scripts/bench.py grammar --quick      # 2 schemas (compile: 5), 48 tokens: a smoke run
+    python scripts/bench.py grammar --configs unconstrained,none,served --model <a GGUF file> \
+        --settings '{"draft_checkpoint": "<a draft GGUF file>"}'      # the served default's mask work
 
 One run reports:
   compile     what a request pays for each JME schema's grammar (GrammarCompiler.submit): cache miss (a
@@ -13,6 +15,8 @@ One run reports:
   tok/s       the same prompts unconstrained vs json_schema-guided, both without speculation, c = 1 and 8
   speculation guided, each drafter (grammar = forced tokens only, ngram, int8 draft model): tok/s, α, tokens per
               step, speedup vs guided no-speculation at the same concurrency, exact (same ids as guided no-spec)
+  served      (--configs ...,served) guided with the engine's default drafter and draft lengths (auto), a draft
+              model where --settings names a draft_checkpoint: the mask work of the step as served
   validity    finished guided outputs that parse and validate against their schema (jsonschema)
 
 Prompts: chat-templated extraction tasks built from each schema's first valid instance, greedy; --prompts
@@ -22,12 +26,13 @@ exclude compiles. One timed run per row, after a warm-up.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 
 from .. import report
 from ..run import acceptance, ids, run_engine, scenario_engine, tok_s
-from ..workload import INSTRUCTION, choose, compile_guide, is_valid, load_jme, pct, select_cases
+from ..workload import INSTRUCTION, SERVED, choose, compile_guide, is_valid, load_jme, pct, select_cases
 
 SHARED = {"prompts": 8, "max_tokens": 160, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 48, "concurrency": [1, 2]}
@@ -40,12 +45,27 @@ CONFIGS = {  # name -> (guided, drafter, k)
     "ngram-k4": (True, "ngram", 4),
     "int8-k2": (True, "draft_model", 2),
     "int8-k4": (True, "draft_model", 4),
+    "served": (True, SERVED, None),  # the engine's default drafter and draft length (SERVED_ENGINE below)
+}
+# what config.pbtxt serves by default, for the `served` row: drafter auto, draft lengths auto, a draft model (when
+# --settings names a draft_checkpoint) in the form auto picks
+SERVED_ENGINE = {
+    "drafter": "auto",
+    "default_num_draft_tokens": -1,
+    "default_num_draft_tokens_guided": -1,
+    "draft_quantization": "auto",
 }
 PACKAGES = ("torch", "transformers", "xgrammar", "jsonschema")
 
 
 def add_options(ap) -> None:
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated rows from {list(CONFIGS)}")
+    default = ",".join(c for c in CONFIGS if c != "served")
+    ap.add_argument("--configs", default=default, help=f"comma-separated rows from {list(CONFIGS)}")
+    ap.add_argument(
+        "--settings",
+        default="{}",
+        help="engine settings as JSON, over the scenario's (e.g. a GGUF target's draft_checkpoint, weights int4)",
+    )
 
 
 def bench_compile(engine, items: list[dict]) -> dict:
@@ -130,7 +150,8 @@ def run(args) -> None:
     cases = select_cases(tok, args.prompts, args.max_tokens, items)
     lens = [len(c["prompt_ids"]) for c in cases]
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
-    engine = scenario_engine(args, cases, draft_quantization="int8" if need_int8 else "none")
+    settings = {"draft_quantization": "int8" if need_int8 else "none", **(SERVED_ENGINE if "served" in names else {})}
+    engine = scenario_engine(args, cases, **{**settings, **json.loads(args.settings)})
     timer = MaskTimer()
     timer.install()
     comp = bench_compile(engine, items[:5] if args.quick else items)
@@ -208,8 +229,8 @@ def render(args, cases, lens, comp, rows, forced) -> list[str]:
         "accepts of the drafting picks (outermost call only). Per request-step = that step's time / guided "
         "requests in it. fill % = share of that time in xgrammar fill_next_token_bitmask (nested calls included); "
         "apply % = StepMasks.apply (gather = rows_for building the [rows, W] mask, kernel = "
-        "xgrammar.apply_token_bitmask_inplace); commit = Guide.commit (matcher accepts of the committed tokens), "
-        "not included in the mask figures.",
+        "xgrammar.apply_token_bitmask_inplace, or the native kernel where the forward is native); commit = "
+        "Guide.commit (matcher accepts of the committed tokens), not included in the mask figures.",
         "",
         *report.table(
             [
@@ -235,7 +256,7 @@ def render(args, cases, lens, comp, rows, forced) -> list[str]:
                 [
                     r["concurrency"],
                     r["drafter"] or "none",
-                    r["k"],
+                    "auto" if r["k"] is None else r["k"],
                     m["steps"],
                     *(f(m[k], "{:.0f}") for k in ("step_p50", "step_p90", "step_p99", "req_p50", "req_p90", "req_p99")),
                     f(100 * m["share"]),
@@ -320,7 +341,7 @@ def render(args, cases, lens, comp, rows, forced) -> list[str]:
                 [
                     r["concurrency"],
                     r["drafter"] or "none",
-                    r["k"],
+                    "auto" if r["k"] is None else r["k"],
                     f(r["tok_s"]),
                     f(r["alpha"], "{:.2f}"),
                     f(r["tok_per_step"], "{:.2f}"),

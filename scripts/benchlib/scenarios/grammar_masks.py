@@ -67,6 +67,7 @@ class MaskTimer:
         self.wrap(G, "rollback", "rollback")  # top level never (inside seal); kept for completeness
         self.wrap(G, "commit", "commit")
         self.wrap(xgrammar, "apply_token_bitmask_inplace", "kernel")  # inside apply: xgrammar's CPU kernel
+        self.wrap(masks_mod, "apply_native", "kernel")  # ... or the native one (kernels/mask.c)
         orig_step, timer = Engine.step, self
 
         def step(engine):

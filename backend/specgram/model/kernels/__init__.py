@@ -5,10 +5,10 @@ gemm.c: the small-M matrix product, fp32, bf16 or int8 weights (see its header f
 invariance it guarantees); gemm_i8a8.c: int8 weights times activations quantized per row in the call (int8,
 or int16 as two int8 digits), exact int32 accumulation on VNNI;
 rope.c: rotary and the KV-cache write; attention.c: attention reading the cache in place; norm.c: RMSNorm with
-the residual add, and SiLU-and-multiply; lora.c: LoRA adapters' updates of a product's rows; scratch.c: their
-per-thread scratch memory; forward.c: a whole decoder stack in one call and one OpenMP region, running the other
-kernels' team bodies (team.h) between barriers that prefetch the next weights while they wait (barrier.h), the
-model described by the structs of specgram.h.
+the residual add, and SiLU-and-multiply; mask.c: a grammar's token bitmask applied to logits rows; lora.c: LoRA
+adapters' updates of a product's rows; scratch.c: their per-thread scratch memory; forward.c: a whole decoder
+stack in one call and one OpenMP region, running the other kernels' team bodies (team.h) between barriers that
+prefetch the next weights while they wait (barrier.h), the model described by the structs of specgram.h.
 specgram.h declares every entry point Python calls and every struct and constant it passes, once: abi.py reads
 it for the ctypes signatures and mirrors, and the sources include it. Together they are the CPU forward's
 "native" path (native.py). They are written once over vec.h, a vector-width abstraction with
@@ -69,6 +69,7 @@ SOURCES = [
         "attention.c",
         "norm.c",
         "lora.c",
+        "mask.c",
         "forward.c",
         "scratch.c",
         "isa.c",

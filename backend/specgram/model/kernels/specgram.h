@@ -114,6 +114,10 @@ void specgram_add_rmsnorm(float *h, const float *delta, const float *dw, float d
                           float eps, float *out, int64_t M, int64_t N, int nthreads);
 void specgram_act_mul(const float *gu, float *out, int64_t M, int64_t I, int act, int nthreads);
 
+/* mask.c: a grammar's token bitmask applied to logits rows in place (-inf where a token's bit is clear). */
+void specgram_apply_bitmask(float *logits, int64_t ld, int64_t V, const int32_t *mask, int64_t mask_ld, int64_t W,
+                            const int64_t *rows, const int64_t *mask_rows, int64_t n);
+
 /* One LoRA update of a product's output columns [col, col + out): a = A [rank, in] and b = B transposed,
  * [rank, out], float32 row-major, times scale (lora.c). */
 typedef struct {
