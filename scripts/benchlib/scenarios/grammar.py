@@ -66,6 +66,12 @@ def add_options(ap) -> None:
         default="{}",
         help="engine settings as JSON, over the scenario's (e.g. a GGUF target's draft_checkpoint, weights int4)",
     )
+    ap.add_argument(
+        "--mask-kernel",
+        choices=("auto", "xgrammar"),
+        default="auto",
+        help="auto: the native mask kernel where the forward is native; xgrammar: xgrammar's kernel everywhere",
+    )
 
 
 def bench_compile(engine, items: list[dict]) -> dict:
@@ -152,6 +158,8 @@ def run(args) -> None:
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
     settings = {"draft_quantization": "int8" if need_int8 else "none", **(SERVED_ENGINE if "served" in names else {})}
     engine = scenario_engine(args, cases, **{**settings, **json.loads(args.settings)})
+    if args.mask_kernel == "xgrammar":
+        engine.logits.masks.lib = None
     timer = MaskTimer()
     timer.install()
     comp = bench_compile(engine, items[:5] if args.quick else items)
