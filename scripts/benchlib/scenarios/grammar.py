@@ -27,10 +27,11 @@ exclude compiles. One timed run per row, after a warm-up.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 
-from .. import report
+from .. import REPO, report
 from ..run import acceptance, ids, run_engine, scenario_engine, tok_s
 from ..workload import INSTRUCTION, SERVED, choose, compile_guide, is_valid, load_jme, pct, select_cases
 
@@ -45,17 +46,22 @@ CONFIGS = {  # name -> (guided, drafter, k)
     "ngram-k4": (True, "ngram", 4),
     "int8-k2": (True, "draft_model", 2),
     "int8-k4": (True, "draft_model", 4),
-    "served": (True, SERVED, None),  # the engine's default drafter and draft length (SERVED_ENGINE below)
+    "served": (True, SERVED, None),  # the engine's default drafter and draft length (served_engine())
 }
-# what config.pbtxt serves by default, for the `served` row: drafter auto, draft lengths auto, a draft model (when
-# --settings names a draft_checkpoint) in the form auto picks
-SERVED_ENGINE = {
-    "drafter": "auto",
-    "default_num_draft_tokens": -1,
-    "default_num_draft_tokens_guided": -1,
-    "draft_quantization": "auto",
-}
+# the drafting settings the `served` row takes from config.pbtxt (a draft model, where --settings names a
+# draft_checkpoint, in the form its draft_quantization picks)
+SERVED_KEYS = ("drafter", "default_num_draft_tokens", "default_num_draft_tokens_guided", "draft_quantization")
 PACKAGES = ("torch", "transformers", "xgrammar", "jsonschema")
+
+
+def served_engine() -> dict:
+    """config.pbtxt's SERVED_KEYS as the engine reads them (EngineConfig.from_dict): what the server drafts with."""
+    from specgram.config import EngineConfig
+
+    text = (REPO / "model_repository" / "llm" / "config.pbtxt").read_text()
+    params = dict(re.findall(r'parameters \{ key: "(\w+)", value: \{ string_value: "([^"]*)" \} \}', text))
+    config = EngineConfig.from_dict({"checkpoint": "served", **{k: params[k] for k in SERVED_KEYS}})
+    return {k: getattr(config, k) for k in SERVED_KEYS}
 
 
 def add_options(ap) -> None:
@@ -156,7 +162,7 @@ def run(args) -> None:
     cases = select_cases(tok, args.prompts, args.max_tokens, items)
     lens = [len(c["prompt_ids"]) for c in cases]
     need_int8 = any(CONFIGS[n][1] == "draft_model" for n in names)
-    settings = {"draft_quantization": "int8" if need_int8 else "none", **(SERVED_ENGINE if "served" in names else {})}
+    settings = {"draft_quantization": "int8" if need_int8 else "none", **(served_engine() if "served" in names else {})}
     engine = scenario_engine(args, cases, **{**settings, **json.loads(args.settings)})
     if args.mask_kernel == "xgrammar":
         engine.logits.masks.lib = None
