@@ -34,7 +34,8 @@ def test_native_mask_equals_xgrammar(lib, V, W):
     apply_native(lib, got, buf, rows, src)
     assert torch.equal(got, want)
     assert torch.equal(got[[1, 3, 5]], logits[[1, 3, 5]])  # rows not listed are untouched
-    assert bool(torch.isinf(got[rows]).any()) == bool((buf[src] != -1).any() and V > 0)
+    if V >= 32:  # whole words of zeros among the rows' masks: something was masked
+        assert bool(torch.isinf(got[rows]).any())
 
 
 def test_step_masks_apply_through_the_native_kernel(lib, monkeypatch):
