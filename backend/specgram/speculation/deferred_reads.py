@@ -2,8 +2,8 @@
 
 A guided request under auto k often drafts well with no draft model at all: its grammar forces keys and
 punctuation, and its lookups copy the values from its prompt (an extraction: the prompt holds the record). There
-the draft model's read of the prompt at admission (a prefill of the whole prompt, about a third of the target's
-cost per token beside a 4-bit target) buys nothing, and at one stream it was a fifth of such a request's
+the draft model's read of the prompt at admission (a prefill of the whole prompt, a fifth to a quarter of the
+target's cost per token beside a 4-bit target) buys nothing, and at one stream it was a fifth of such a request's
 time (docs/performance.md, "Grammar masks and prompt reads beside an int4 target"). So a guided auto request that
 the planner would read at admission (forward_depths.readers) is deferred instead: it drafts with its free drafters
 for CHECK_STEPS steps, then the model reads its prompt (and catches up on its output at its next draft) only where
