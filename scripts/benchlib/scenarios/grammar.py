@@ -26,6 +26,7 @@ exclude compiles. One timed run per row, after a warm-up.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -52,6 +53,7 @@ CONFIGS = {  # name -> (guided, drafter, k)
 # draft_checkpoint, in the form its draft_quantization picks)
 SERVED_KEYS = ("drafter", "default_num_draft_tokens", "default_num_draft_tokens_guided", "draft_quantization")
 PACKAGES = ("torch", "transformers", "xgrammar", "jsonschema")
+RUNS = itertools.count()  # a number for each run's cache_salt
 
 
 def served_engine() -> dict:
@@ -129,11 +131,13 @@ def forced_positions(engine, cases, outs) -> float:
 
 
 def measure(engine, cases, timer, name: str, c: int, max_tokens: int) -> dict:
-    """One timed run of a configuration -> its record with the report's figures added."""
+    """One timed run of a configuration -> its record with the report's figures added. Each run has a cache_salt
+    of its own: the suffix store never drafts a run's answers from an earlier run's (the same prompts, greedy)."""
     from .grammar_masks import mask_summary
 
     guided, drafter, k = CONFIGS[name]
-    rec = run_engine(engine, cases, max_tokens, c, drafter, k, guided, tok=engine.tokenizer, config=name)
+    salt = dict(cache_salt=f"{name}-c{c}-{max_tokens}-{next(RUNS)}")
+    rec = run_engine(engine, cases, max_tokens, c, drafter, k, guided, engine.tokenizer, salt, config=name)
     steps, gens = timer.take(), rec["_run"].generations
     tokens = sum(len(o) for o in ids(rec))
     return dict(
