@@ -91,8 +91,8 @@ def test_a_deferred_read_is_made_only_where_the_model_could_beat_the_requests_ow
     engine.add(r)
     step_until(engine, lambda: r.request_id in planner.deferred.pending)
     n = CHECK_STEPS * (planner.max_draft_len + 1)  # every step verified and took max_draft_len drafts
-    planner._weigh(r, Tally("draft_model", CHECK_STEPS, n, n), 1)
+    planner._weigh(r, Tally("draft_model", CHECK_STEPS, n, n))
     assert not model.started(r) and r.request_id in planner.deferred.pending  # nothing for the model to beat
-    planner._weigh(r, Tally("draft_model", CHECK_STEPS, CHECK_STEPS, CHECK_STEPS), 1)  # a token a step
+    planner._weigh(r, Tally("draft_model", CHECK_STEPS, CHECK_STEPS, CHECK_STEPS))  # a token a step
     assert model.started(r) and r.request_id not in planner.deferred.pending
     step_until(engine, lambda: r.finished)

@@ -8,9 +8,8 @@ time (docs/performance.md, "Grammar masks and prompt reads beside an int4 target
 the planner would read at admission (forward_depths.readers) is deferred instead: it drafts with its free drafters
 for CHECK_STEPS steps, then the model reads its prompt (and catches up on its output at its next draft) only where
 the model's expected tokens per second (forward_depths.value) beat what the request measured without it over those
-steps, and its drafts save more than the read costs at this many streams over the tokens left (costs.read_pays, as
-at admission: at eight streams a verify row costs more and drafts are cut); else it is weighed again after as many
-steps more. Free requests are read as before: a free request's lookups rarely carry it.
+steps; else it is weighed again after as many steps more. Free requests are read as before: a free request's
+lookups rarely carry it.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..request import Request
-from . import costs
 
 CHECK_STEPS = 4  # steps a deferred request drafts without the model between two weighings
 
@@ -69,15 +67,3 @@ def free_rate(t: Tally, cost) -> float:
     their mean verify rows: the rate the request drafts at without the model, as forward_depths.value prices one
     with it."""
     return t.tokens / (t.steps * cost(t.rows / t.steps))
-
-
-def pays(
-    t: Tally, rate: float, step_costs: costs.StepCosts, own: costs.StepCosts, p: float, streams: int, n: int, read: int
-) -> bool:
-    """Whether the model reads a deferred request's prompt now: its expected tokens per second (rate:
-    forward_depths.value, an untimed model's forwards priced at nothing) beat the tally's, and reading `read`
-    tokens pays over the n it may still produce at this many streams (costs.read_pays, own: the model's
-    costs, p: its engine-wide acceptance). Unknown step costs: it reads, and is timed."""
-    if not step_costs.known:
-        return True
-    return rate > free_rate(t, step_costs.curve()) and costs.read_pays(streams, own, p, n, read)

@@ -26,8 +26,8 @@ from ..drafting.proposal import Proposal
 from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
-from . import adaptive, costs, deferred_reads, forward_depths
-from .deferred_reads import DeferredReads, Tally
+from . import adaptive, costs, forward_depths
+from .deferred_reads import DeferredReads, Tally, free_rate
 from .drafter import Drafter, PickFn
 from .rows import VerifyRow
 
@@ -86,15 +86,13 @@ class DraftPlanner:
             tokens = sum(len(r.prompt_ids) for r in reqs)
             forward_depths.costs_of(name, self.costs).record_read(tokens, time.perf_counter() - start)
 
-    def _weigh(self, r: Request, t: Tally, streams: int) -> None:
-        """A deferred read due: the model reads r's prompt now where deferred_reads.pays, else it is weighed again."""
-        name, source = t.model, registry.source_of(t.model)
-        rate = forward_depths.value(name, self.drafters[name], r, self.max_draft_len, 0, self.costs, False, True)
-        p, own = self.population.rate(source, registry.prior(source)), forward_depths.costs_of(name, self.costs)
-        left, read = r.params.max_tokens - len(r.output_ids), len(r.prompt_ids) + len(r.output_ids)
-        if deferred_reads.pays(t, rate, self.costs, own, p, streams, left, read):
+    def _weigh(self, r: Request, t: Tally) -> None:
+        """A deferred read due (deferred_reads.py): the model reads r's prompt where it expects more tokens per
+        second than r's steps without it made (an untimed model's forwards priced at nothing: a bound above it)."""
+        own = forward_depths.value(t.model, self.drafters[t.model], r, self.max_draft_len, 0, self.costs, False, True)
+        if not self.costs.known or own > free_rate(t, self.costs.curve()):
             self.deferred.forget(r)
-            self._read(name, [r])
+            self._read(t.model, [r])
         else:
             self.deferred.again(r)
 
@@ -118,8 +116,9 @@ class DraftPlanner:
         self.deferred.forget(req)
 
     def draft_len(self, req: Request) -> int:
-        """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the k + 1
-        tokens a verify step may commit fit in max_tokens and in the context (k = 0 near the end costs nothing)."""
+        """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the
+        k + 1 tokens a verify step may commit fit in max_tokens and in the context (k = 0 near the end costs
+        nothing)."""
         k = self.max_draft_len if req.params.auto_draft else req.params.num_draft_tokens
         k = min(
             k,
@@ -283,12 +282,13 @@ class DraftPlanner:
         return p.cut(self.faults.guard(req, self.masks.seal, req.slot, req.guide, p.tokens, default=0))
 
     def settle(self, rows: list[VerifyRow]) -> None:
-        """After the verify: what was accepted teaches the estimates and the drafters (available: the drafts before
-        this step's cuts; a legal draft past the cut is a free observation), each row under its request's guard."""
+        """After the verify (each row's accepted and token set): what was accepted teaches the estimates and
+        the drafters (available: the drafts before this step's cuts; a legal draft past the cut is a free
+        observation), each row under its request's guard."""
         for v in rows:
-            self.faults.guard(v.req, self._settle_one, v, len(rows))
+            self.faults.guard(v.req, self._settle_one, v)
 
-    def _settle_one(self, v: VerifyRow, streams: int) -> None:
+    def _settle_one(self, v: VerifyRow) -> None:
         r, p, full, a = v.req, v.proposal, v.available, v.line_accepted  # the line's (a tree's branches aside)
         k, t = len(p.tokens), v.committed[a]  # every proposal carries its sources from draft() on; t: after a
         beyond = full.tokens[k] == t if a == k and len(full.tokens) > k else None
@@ -297,4 +297,4 @@ class DraftPlanner:
             self.drafters[name].committed(r, a)
         r.acceptance.observe_shadow(v.shadow, v.committed)
         if (due := self.deferred.observe(r, k + 1, a + 1)) is not None:
-            self._weigh(r, due, streams)
+            self._weigh(r, due)
