@@ -403,10 +403,10 @@ def test_lookup_drafts_that_lost_to_the_model_are_observed_against_what_was_comm
     planner = DraftPlanner({}, None, 8, 96, False)
     r = Request(prompt_ids=[1, 2], params=SamplingParams())
     planner.start(r)
-    r.acceptance.observe_shadow(Proposal([5, 6, 7], sources=["prompt"] * 3), [5, 6, 9, 4])  # 2 right, 1 wrong
+    planner._observe_shadow(r, Proposal([5, 6, 7], sources=["prompt"] * 3), [5, 6, 9, 4])  # 2 right, 1 wrong
     first, follow = r.acceptance.get("prompt"), r.acceptance.get("prompt", follows=True)
     assert (first.successes, first.trials, follow.successes, follow.trials) == (1, 1, 1, 2)
-    r.acceptance.observe_shadow(Proposal([3], sources=["forced"]), [3])  # forced: counted by the verified one
+    planner._observe_shadow(r, Proposal([3], sources=["forced"]), [3])  # forced: counted by the verified one
     assert r.acceptance.get("forced").trials == 0
 
 

@@ -5,12 +5,8 @@ input), and the engine-wide rates that serve as each request's prior.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from . import registry
-
-if TYPE_CHECKING:
-    from .proposal import Proposal
 
 # Acceptance estimates: discounted success / trial counts (a trial is a draft position the target judged,
 # a success one it accepted), shrunk toward a prior. DECAY (per step) makes an estimate follow a request's
@@ -126,13 +122,3 @@ class RequestAcceptance:
             c[1] += 1
         for (source, follows), (ok, n) in counts.items():  # one decayed observation per estimate per step
             self.get(source, follows).observe(ok, n)
-
-    def observe_shadow(self, shadow: Proposal | None, committed: list[int]) -> None:
-        """The lookup drafts that lost to the draft model's this step, judged against the committed tokens (what
-        the target would have accepted of them): the lookup estimate stays current while the model drafts.
-        Skipped after a forced prefix, which the verified proposal's own observation already counted."""
-        if shadow is None or shadow.sources[0] == registry.FORCED:
-            return
-        n = min(len(shadow.tokens), len(committed))
-        hits = next((j for j in range(n) if shadow.tokens[j] != committed[j]), n)
-        self.observe(shadow.sources[:n], n, hits, None)

@@ -24,26 +24,18 @@ def costs_of(name: str, step_costs: costs.StepCosts) -> costs.StepCosts:
 
 
 def value(
-    name: str,
-    model: Drafter,
-    req: Request,
-    k: int,
-    prefix: int,
-    step_costs: costs.StepCosts,
-    catching_up=True,
-    untimed_free=False,
+    name: str, model: Drafter, req: Request, k: int, prefix: int, step_costs: costs.StepCosts, catching_up=True
 ) -> float:
     """Expected tokens per second of req's next step alone (one verify row and its drafts) drafting with the
     forward drafter `name` at the depth that pays best (at most k drafts, the first `prefix` forced and free):
     its acceptance estimates against its measured depth cost, plus the catch-up prefill of the committed tokens
     it has not read beyond the usual two (a model that other drafters stood in for; catching_up=False: not
     counted). Infinite for a model whose depth is untimed: drafting measures it (engine/warmup.py times each model
-    of a pair at load, its first pass dropped, so that no slow first call is weighed); untimed_free: its forwards
-    priced at nothing instead (a bound above its value)."""
+    of a pair at load, its first pass dropped, so that no slow first call is weighed)."""
     own = costs_of(name, step_costs)
-    if not step_costs.known or (own.draft_calls == 0 and not untimed_free):
+    if not step_costs.known or own.draft_calls == 0:
         return float("inf")
-    cost, depth_s = step_costs.curve(), own.depth_curve()(1) if own.draft_calls else 0.0
+    cost, depth_s = step_costs.curve(), own.depth_curve()(1)
     chances = req.acceptance.chances([FORCED] * prefix + [registry.source_of(name)] * (k - prefix))
     catch = max(model.behind(req) - 2, 0) * own.read_token_s if catching_up else 0.0
     best, tokens = 0.0, 1.0 + sum(chances[:prefix])

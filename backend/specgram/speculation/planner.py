@@ -27,7 +27,6 @@ from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
 from . import adaptive, costs, forward_depths
-from .deferred_reads import DeferredReads, Tally, free_rate
 from .drafter import Drafter, PickFn
 from .rows import VerifyRow
 
@@ -50,18 +49,19 @@ class DraftPlanner:
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = costs.StepCosts()  # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = Population()  # engine-wide acceptance per draft source: each request's prior
-        self.deferred = DeferredReads()  # guided requests whose draft-model read waits on their own steps
 
     def start(self, req: Request) -> None:
         req.acceptance = RequestAcceptance(self.population)
 
     def admitted(self, reqs: list[Request], running: list[Request]) -> None:
         """reqs' prompts are now complete in the target cache: their drafters see them. running: the requests
-        holding a slot (these included). A draft model reads an auto request's prompt now only where
-        forward_depths.readers says it pays (the model the request would draft with, a depth that could pay at this
-        many streams, drafts that save more than the read costs: costs.read_pays; the reads are timed for it), else
-        never under auto; a guided one waits until its own steps say the model pays (deferred_reads.py). A draft
-        model that shares the target's cache reads nothing: every request may draft with it at any step."""
+        holding a slot (these included). A draft model reads an auto request's prompt now only where it is the
+        model the request would draft with (beside the target's copy: forward_depths.readers), a draft depth could
+        pay at this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the
+        tokens the request may still produce, alone or joining the depths that the requests it already reads
+        draft in (costs.read_pays; the reads are timed for it); else it never drafts for that request under auto
+        (reading the prompt is a prefill, which then costs more than the drafts it may ever win). A draft model
+        that shares the target's cache reads nothing: every request may draft with it at any step."""
         for name, drafter in self.drafters.items():
             users = [r for r in reqs if r.params.speculates and name in self._uses(r)]
             if not users:
@@ -72,29 +72,14 @@ class DraftPlanner:
             read, skip = forward_depths.readers(
                 name, self.drafters, users, reqs, running, self.population, self.costs, self.max_draft_len
             )
-            later = [r for r in read if DeferredReads.wants(r)]
-            self._read(name, [r for r in read if r not in later])
-            if skip or later:
-                self._admit(drafter, skip + later, False)
-            self.deferred.defer(name, [r for r in later if not drafter.started(r)])  # a torch runner read them
-
-    def _read(self, name: str, reqs: list[Request]) -> None:
-        """The draft model `name` reads reqs' prompts now, timed for costs.read_pays."""
-        if reqs:
-            start = time.perf_counter()
-            self._admit(self.drafters[name], reqs, True)
-            tokens = sum(len(r.prompt_ids) for r in reqs)
-            forward_depths.costs_of(name, self.costs).record_read(tokens, time.perf_counter() - start)
-
-    def _weigh(self, r: Request, t: Tally) -> None:
-        """A deferred read due (deferred_reads.py): the model reads r's prompt where it expects more tokens per
-        second than r's steps without it made (an untimed model's forwards priced at nothing: a bound above it)."""
-        own = forward_depths.value(t.model, self.drafters[t.model], r, self.max_draft_len, 0, self.costs, False, True)
-        if not self.costs.known or own > free_rate(t, self.costs.curve()):
-            self.deferred.forget(r)
-            self._read(t.model, [r])
-        else:
-            self.deferred.again(r)
+            if read:
+                start = time.perf_counter()
+                self._admit(drafter, read, True)
+                forward_depths.costs_of(name, self.costs).record_read(
+                    sum(len(r.prompt_ids) for r in read), time.perf_counter() - start
+                )
+            if skip:
+                self._admit(drafter, skip, False)
 
     def _admit(self, drafter: Drafter, reqs: list[Request], now: bool) -> None:
         """drafter.admit(reqs, now); where that fails, each request alone (a failing one ends)."""
@@ -113,7 +98,6 @@ class DraftPlanner:
         for name, drafter in self.drafters.items():
             if name in uses or registry.DRAFTERS[name].hears_all:
                 drafter.release(req)
-        self.deferred.forget(req)
 
     def draft_len(self, req: Request) -> int:
         """This step's most drafts: the request's num_draft_tokens (max_draft_len when auto), cut so that the
@@ -295,6 +279,15 @@ class DraftPlanner:
         r.acceptance.observe(full.sources[: k + 1], k, a, beyond)
         for name in self._uses(r):  # each drafter it may draft with (those that did not draft this step: no-ops)
             self.drafters[name].committed(r, a)
-        r.acceptance.observe_shadow(v.shadow, v.committed)
-        if (due := self.deferred.observe(r, k + 1, a + 1)) is not None:
-            self._weigh(r, due)
+        self._observe_shadow(r, v.shadow, v.committed)
+
+    @staticmethod
+    def _observe_shadow(r: Request, shadow: Proposal | None, committed: list[int]) -> None:
+        """The lookup drafts that lost to the draft model's this step, judged against the committed tokens (what
+        the target would have accepted of them): the lookup estimate stays current while the model drafts.
+        Skipped after a forced prefix, which the verified proposal's own observation already counted."""
+        if shadow is None or shadow.sources[0] == FORCED:
+            return
+        n = min(len(shadow.tokens), len(committed))
+        hits = next((j for j in range(n) if shadow.tokens[j] != committed[j]), n)
+        r.acceptance.observe(shadow.sources[:n], n, hits, None)
