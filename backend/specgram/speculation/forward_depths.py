@@ -11,6 +11,7 @@ from ..drafting.acceptance import Population
 from ..request import Request
 from . import adaptive, costs
 from .drafter import Drafter
+from .read_value import ReadValue
 
 FORCED = registry.FORCED
 
@@ -74,6 +75,7 @@ def readers(
     population: Population,
     step_costs: costs.StepCosts,
     k: int,
+    worth: ReadValue | None = None,
 ) -> tuple[list[Request], list[Request]]:
     """Of the newly admitted requests `users` of the draft model `name` (admitted: every request admitted with
     them; running: every request holding a slot, these included): (those whose prompt it reads now, those it never
@@ -82,7 +84,9 @@ def readers(
     declared beside it that needs no read), and, as for a draft model alone, where a draft depth could pay at
     this many streams (costs.depth_can_pay) and the drafts can save more than the read costs over the tokens the
     request may still produce, alone or joining the depths that the requests it already reads draft in
-    (costs.read_pays): those two weigh the read against no model drafts at all, which wins() does not."""
+    (costs.read_pays): those two weigh the read against no model drafts at all, which wins() does not; last,
+    where the model's reads have been worth less than they cost for requests of its kind (worth: what the model's
+    drafts saved over the lookup drafts they displaced, read_value.py), it is not read (but for a probe)."""
     model, own = drafters[name], costs_of(name, step_costs)
     source = registry.source_of(name)
     p = population.rate(source, registry.prior(source))
@@ -102,7 +106,9 @@ def readers(
         if not r.params.auto_draft:
             return True
         left = r.params.max_tokens - len(r.output_ids)  # the tokens it may still produce
-        return can and costs.read_pays(streams, own, p, left, len(r.prompt_ids), joined) and wins(r)
+        if not (can and costs.read_pays(streams, own, p, left, len(r.prompt_ids), joined) and wins(r)):
+            return False
+        return worth is None or own.read_token_s == 0 or worth.pays(r, left, own.read_token_s * len(r.prompt_ids))
 
     read = [r for r in users if reads(r)]
     skip = [r for r in users if r not in read]

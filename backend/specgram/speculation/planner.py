@@ -26,7 +26,7 @@ from ..drafting.proposal import Proposal
 from ..faults import Faults
 from ..grammar.masks import StepMasks
 from ..request import Request
-from . import adaptive, costs, forward_depths
+from . import adaptive, costs, forward_depths, read_value
 from .drafter import Drafter, PickFn
 from .rows import VerifyRow
 
@@ -49,6 +49,7 @@ class DraftPlanner:
         self.max_draft_len, self.max_seq_len, self.forced_strings = max_draft_len, max_seq_len, forced_strings
         self.costs = costs.StepCosts()  # decode-step seconds by verify rows, for num_draft_tokens auto
         self.population = Population()  # engine-wide acceptance per draft source: each request's prior
+        self.read_value = read_value.ReadValue()  # what a draft model's prompt reads bought, by kind of request
 
     def start(self, req: Request) -> None:
         req.acceptance = RequestAcceptance(self.population)
@@ -69,15 +70,15 @@ class DraftPlanner:
             if not registry.DRAFTERS[name].forward or not drafter.reads_prompts:
                 self._admit(drafter, users, True)
                 continue
-            read, skip = forward_depths.readers(
-                name, self.drafters, users, reqs, running, self.population, self.costs, self.max_draft_len
-            )
+            known = (self.population, self.costs, self.max_draft_len, self.read_value)
+            read, skip = forward_depths.readers(name, self.drafters, users, reqs, running, *known)
             if read:
                 start = time.perf_counter()
                 self._admit(drafter, read, True)
                 forward_depths.costs_of(name, self.costs).record_read(
                     sum(len(r.prompt_ids) for r in read), time.perf_counter() - start
                 )
+                self.read_value.started([r for r in read if r.params.auto_draft])
             if skip:
                 self._admit(drafter, skip, False)
 
@@ -95,6 +96,7 @@ class DraftPlanner:
     def release(self, req: Request) -> None:
         """req finished or was aborted: its drafters, and every drafter that learns from other requests, hear it."""
         uses = self._uses(req)
+        self.read_value.finished(req)
         for name, drafter in self.drafters.items():
             if name in uses or registry.DRAFTERS[name].hears_all:
                 drafter.release(req)
@@ -153,6 +155,7 @@ class DraftPlanner:
                     forward_depths.costs_of(name, self.costs).record_draft(max(made), spent, sum(made) / max(made))
                 for i, prop in zip(idx, props, strict=True):
                     proposals[i], modeled[i] = prop.tagged(len(prefixes[i]), registry.source_of(name)), True
+                    self.read_value.spent(reqs[i], spent / len(idx))
         for i, lookup in enumerate(found):
             if lookup is None:
                 continue
@@ -271,6 +274,8 @@ class DraftPlanner:
         observation), each row under its request's guard."""
         for v in rows:
             self.faults.guard(v.req, self._settle_one, v)
+        if rows and self.costs.known:  # a step not taken saves each request its share of a one-row-each step
+            self.read_value.settle(rows, self.costs.curve()(len(rows)) / len(rows))
 
     def _settle_one(self, v: VerifyRow) -> None:
         r, p, full, a = v.req, v.proposal, v.available, v.line_accepted  # the line's (a tree's branches aside)
@@ -289,5 +294,4 @@ class DraftPlanner:
         if shadow is None or shadow.sources[0] == FORCED:
             return
         n = min(len(shadow.tokens), len(committed))
-        hits = next((j for j in range(n) if shadow.tokens[j] != committed[j]), n)
-        r.acceptance.observe(shadow.sources[:n], n, hits, None)
+        r.acceptance.observe(shadow.sources[:n], n, read_value.lookup_hits(shadow.tokens, committed), None)
