@@ -11,7 +11,7 @@ import pytest
 from specgram.drafting.proposal import Proposal
 from specgram.request import AUTO_DRAFT, Request, SamplingParams
 from specgram.speculation import read_value
-from specgram.speculation.read_value import PROBE_EVERY, ReadValue, lookup_hits
+from specgram.speculation.read_value import MIN_TOKENS, PROBE_EVERY, ReadValue, lookup_hits
 from specgram.speculation.rows import VerifyRow
 
 from .helpers import PROMPTS, cheap_draft_model, run, target_and_draft, tokens_of
@@ -65,7 +65,7 @@ def test_a_kinds_worth_is_its_requests_net_seconds_per_output_token_and_decides_
     worth.gained(a, 10, 0.03)  # 0.3 s saved
     worth.spent(a, 0.5)  # 0.5 s drafting
     worth.finished(a)
-    assert worth.worth["free"] == pytest.approx(-0.002) and not worth.open
+    assert worth.worth("free") == pytest.approx(-0.002) and not worth.open
     assert not worth.pays(_req(), 100, 0.01)  # drafts cost more than they saved: no read, however cheap
     guided = _req()
     guided.guide = object()
@@ -74,23 +74,24 @@ def test_a_kinds_worth_is_its_requests_net_seconds_per_output_token_and_decides_
     worth.started([b])
     worth.gained(b, 50, 0.03)  # 1.5 s saved for 0 spent: 0.03 s a token
     worth.finished(b)
-    assert worth.worth["free"] == pytest.approx(0.7 * -0.002 + 0.3 * 0.03)
-    assert worth.pays(_req(), 100, 0.7) and not worth.pays(_req(), 100, 0.8)  # 0.0076 s a token x 100
+    # token-weighted: (0.8 x -0.2 + 1.5) s over (0.8 x 100 + 50) tokens = 0.0103 s a token
+    assert worth.worth("free") == pytest.approx((0.8 * -0.2 + 1.5) / (0.8 * 100 + 50))
+    assert worth.pays(_req(), 100, 1.0) and not worth.pays(_req(), 100, 1.1)
 
 
 def test_a_kind_whose_reads_do_not_pay_still_reads_one_request_in_probe_every():
     worth = ReadValue()
-    worth.worth["free"] = -0.01
+    worth.sums["free"] = (-1.0, 100.0)
     decisions = [worth.pays(_req(), 100, 0.1) for _ in range(2 * PROBE_EVERY)]
     assert decisions == ([False] * (PROBE_EVERY - 1) + [True]) * 2
 
 
-def test_a_request_ended_without_output_teaches_nothing():
-    worth, r = ReadValue(), _req()
+def test_a_request_ended_with_few_tokens_teaches_nothing():
+    worth, r = ReadValue(), _req(outputs=MIN_TOKENS - 1)
     worth.started([r])
     worth.spent(r, 1.0)
     worth.finished(r)
-    assert worth.worth == {} and not worth.open
+    assert worth.worth("free") is None and not worth.open
 
 
 # ---- through the engine -------------------------------------------------------------------------------------
@@ -115,20 +116,21 @@ def test_reads_that_did_not_pay_are_skipped_but_for_a_probe_and_output_stays_exa
         pytest.skip("a prompt read is skipped on native draft runners only (their rows are packed, not padded)")
     cheap_draft_model(monkeypatch, engine)  # by the step costs alone, every read pays
     worth = ReadValue()
-    worth.worth["free"] = -0.01  # as learned: the model's drafts cost more than they saved over the lookups
+    worth.sums["free"] = (-0.2, 20.0)  # as learned: the model's drafts cost more than they saved over the lookups
     monkeypatch.setattr(engine.planner, "read_value", worth)
     seen = _reads(monkeypatch, engine)
-    base = run(engine, PROMPTS[:1], max_tokens=20)
-    outs = [run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")[0]]
+    n = MIN_TOKENS + 8  # enough for the probe to teach
+    base = run(engine, PROMPTS[:1], max_tokens=n)
+    outs = [run(engine, PROMPTS[:1], max_tokens=n, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")[0]]
     assert seen == [False] and "draft_model" not in outs[0][-1].spec.by_source  # not read: no model drafts
     for _ in range(PROBE_EVERY - 1):
-        outs.append(run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")[0])
+        outs.append(run(engine, PROMPTS[:1], max_tokens=n, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")[0])
     assert seen == [False] * (PROBE_EVERY - 1) + [True]  # the probe
     assert outs[-1][-1].spec.by_source.get("draft_model", (0, 0))[1] > 0  # the probe drafted with the model
     assert all(tokens_of(o) == tokens_of(base[0]) for o in outs)
     # the probe's drafts (the target's own weights: all accepted, a lookup rarely has them) raised the worth
-    assert worth.worth["free"] > -0.01 and not worth.open
-    fixed = run(engine, PROMPTS[:1], max_tokens=20, num_draft_tokens=3, drafter="draft_model")
+    assert worth.worth("free") > -0.01 and not worth.open
+    fixed = run(engine, PROMPTS[:1], max_tokens=n, num_draft_tokens=3, drafter="draft_model")
     assert seen[-1] is True and tokens_of(fixed[0]) == tokens_of(base[0])  # a fixed k: always read
 
 
@@ -138,9 +140,9 @@ def test_the_worth_is_learned_from_the_requests_the_model_read(right, monkeypatc
     worth = ReadValue()
     monkeypatch.setattr(engine.planner, "read_value", worth)
     seen = _reads(monkeypatch, engine)
-    base = run(engine, PROMPTS, max_tokens=20)
-    auto = run(engine, PROMPTS, max_tokens=20, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
+    base = run(engine, PROMPTS, max_tokens=MIN_TOKENS + 8)
+    auto = run(engine, PROMPTS, max_tokens=MIN_TOKENS + 8, num_draft_tokens=AUTO_DRAFT, drafter="draft_model")
     assert [tokens_of(o) for o in auto] == [tokens_of(o) for o in base]
     assert all(seen) and sum(o[-1].spec.by_source.get("draft_model", (0, 0))[1] for o in auto) > 0
-    assert set(worth.worth) == {read_value.kind(Request(prompt_ids=[1], params=SamplingParams()))}
+    assert set(worth.sums) == {read_value.kind(Request(prompt_ids=[1], params=SamplingParams()))}
     assert not worth.open  # every read request's tally closed at its release

@@ -18,7 +18,10 @@ from ..drafting import registry
 from ..request import Request
 from .rows import VerifyRow
 
-DECAY = 0.7  # per finished request: the kind's worth follows the last few requests read
+DECAY = 0.8  # per finished request: the kind's worth follows the last few requests read
+# a request that ends with fewer output tokens teaches nothing: its drafts are a few steps' worth, and a warm-up's
+# first draft forwards (one-time costs) would outweigh them
+MIN_TOKENS = 32
 PROBE_EVERY = 8  # of a kind's auto requests not read, every PROBE_EVERY-th is read (its worth's evidence)
 
 
@@ -31,7 +34,7 @@ def kind(req: Request) -> str:
 class ReadValue:
     def __init__(self) -> None:
         self.open: dict[int, list[float]] = {}  # request id -> [seconds saved, seconds spent] since its read
-        self.worth: dict[str, float] = {}  # kind -> net seconds per output token, decayed mean over requests
+        self.sums: dict[str, tuple[float, float]] = {}  # kind -> (net seconds, output tokens), decayed sums
         self.skipped: dict[str, int] = {}  # kind -> auto requests not read since the last probe
 
     def started(self, reqs: list[Request]) -> None:
@@ -51,19 +54,24 @@ class ReadValue:
             self.open[req.request_id][0] += tokens * token_s
 
     def finished(self, req: Request) -> None:
-        """req ended: its net seconds per output token join its kind's worth."""
+        """req ended: its net seconds and output tokens join its kind's sums (a short request weighs little: a
+        few tokens' drafts say little of a long one's; under MIN_TOKENS: nothing)."""
         tally = self.open.pop(req.request_id, None)
-        if tally is None or not req.output_ids:
+        if tally is None or len(req.output_ids) < MIN_TOKENS:
             return
-        value = (tally[0] - tally[1]) / len(req.output_ids)
-        old = self.worth.get(kind(req))
-        self.worth[kind(req)] = value if old is None else DECAY * old + (1 - DECAY) * value
+        net, tokens = self.sums.get(kind(req), (0.0, 0.0))
+        self.sums[kind(req)] = (DECAY * net + tally[0] - tally[1], DECAY * tokens + len(req.output_ids))
+
+    def worth(self, kind_: str) -> float | None:
+        """A kind's net seconds per output token over its recent read requests (None: none finished yet)."""
+        net, tokens = self.sums.get(kind_, (0.0, 0.0))
+        return net / tokens if tokens > 0 else None
 
     def pays(self, req: Request, tokens_left: int, read_s: float) -> bool:
         """Whether to read req's prompt: its kind's worth over tokens_left exceeds read_s (the read's measured
         seconds), no worth learned yet, or this is a probe (one skipped request in PROBE_EVERY). Counts skips."""
-        k = kind(req)
-        if k not in self.worth or self.worth[k] * tokens_left > read_s:
+        k, worth = kind(req), self.worth(kind(req))
+        if worth is None or worth * tokens_left > read_s:
             return True
         self.skipped[k] = self.skipped.get(k, 0) + 1
         if self.skipped[k] >= PROBE_EVERY:
