@@ -343,6 +343,31 @@ def test_headline_sets_the_servers_against_llama_cpp_at_matching_bits():
     assert compare_report.matching_bits([r for r in rows if r["system"].startswith("llama")]) == []
 
 
+def test_headline_sets_the_servers_against_openvino_at_its_bits_beside_llama_cpp():
+    S = compare_report.SERVER
+    rows = []
+    for g in (False, True):
+        rows += [
+            row(f"{S}int4)", "target only", g, 40.0, 4),
+            row(f"{S}int4)", "served default", g, 60.0, 4),
+            row("llama.cpp Q4_K_M", "target only", g, 20.0),
+            row("OpenVINO GenAI int4", "target only", g, 10.0, 4),
+            row("OpenVINO GenAI int4", "prompt lookup k4", g, 12.0, 4),
+            row("OpenVINO GenAI int4", "draft model k3", g, 15.0, 4),
+        ]
+    rows = [dict(r, bits=r["bits"] or compare_report.run_bits(r)) for r in rows]
+    by = {line.split(" | ")[0].lstrip("| "): line for line in compare_report.headline(rows, [1])}
+    for g in ("unguided", "guided"):
+        assert "4.00× | " in by[f"ours 4-bit ÷ OpenVINO GenAI int4, target only, {g}, c=1"]  # 40 ÷ 10
+        assert (
+            f"4.00× | {S}int4) · served default (60.0) ÷ OpenVINO GenAI int4 · draft model k3 (15.0)"
+            in by[f"ours 4-bit ÷ OpenVINO GenAI int4, best of each, {g}, c=1"]
+        )
+        assert "4.00×" in by[f"ours best ÷ OpenVINO GenAI best, any bits, {g}, c=1"]
+        assert "3.00×" in by[f"ours best ÷ llama.cpp best, any bits, {g}, c=1"]  # 60 ÷ 20: each peer apart
+    assert compare_report.lossy_peer("OpenVINO GenAI int4") and not compare_report.lossy_peer("llama.cpp F32")
+
+
 def test_same_ids_reference_ours_in_process_or_the_server_itself():
     S = compare_report.SERVER
     runs = [

