@@ -11,6 +11,7 @@ submission). In-process records also hold _run (specgram's Run) and _reqs (its R
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import tempfile
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from . import REPO
 from .workload import BENCH_ENGINE, make_requests
+
+RUNS = itertools.count()  # run_engine's own cache_salt per run
 
 # ---- in process ---------------------------------------------------------------------------------------------
 
@@ -87,14 +90,20 @@ def run_engine(
     guided: bool = False,
     tok=None,
     params: dict | None = None,
+    cache_salt: str | None = None,
     **meta,
 ) -> dict:
     """One timed closed-loop run of the cases in process (concurrency 0 = all at once) -> its record (text
     decoded when tok is given). params: make_requests' (greedy without them). Grammars compile before the clock
-    starts; raises on a request's error."""
+    starts; raises on a request's error. cache_salt: the run's requests' (their prefix-cache and suffix-store
+    scope); by default one of the run's own (unless params or the cases name one): the same prompts sent run
+    after run, greedy, would otherwise have their answers drafted by the suffix store from an earlier run's."""
     from specgram.engine.generate import generate
 
-    reqs = make_requests(engine, cases, max_tokens, drafter, k, guided, **(params or {}))
+    params = dict(params or {})
+    if "cache_salt" not in params and not any("cache_salt" in c for c in cases):
+        params["cache_salt"] = cache_salt or f"run-{next(RUNS)}"
+    reqs = make_requests(engine, cases, max_tokens, drafter, k, guided, **params)
     run = generate(engine, reqs, concurrency or len(reqs))
     if run.errors:
         raise RuntimeError(f"{meta.get('config', '')}: {run.errors[0]}")

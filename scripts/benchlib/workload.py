@@ -165,6 +165,7 @@ def make_requests(
             guide_type="json_schema" if guided else None,
             guide=c["guide"] if guided else None,
             seed=seeds[i] if seeds else None,
+            **({"cache_salt": c["cache_salt"]} if "cache_salt" in c else {}),
         )
         reqs.append(engine.make_request(SamplingParams(**{**settings, **params}), prompt_ids=c["prompt_ids"]))
     for r in reqs:
