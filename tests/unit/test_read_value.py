@@ -16,6 +16,13 @@ from specgram.speculation.rows import VerifyRow
 
 from .helpers import PROMPTS, cheap_draft_model, run, target_and_draft, tokens_of
 
+
+class _Reading:  # a forward drafter with a cache of its own (the draft model's declaration)
+    reads_prompts = True
+
+
+READING = {"draft_model": _Reading()}
+
 # ---- pure parts ---------------------------------------------------------------------------------------------
 
 
@@ -44,17 +51,23 @@ def test_a_model_line_gains_its_accepted_drafts_less_what_its_shadow_lookup_woul
     model = ["forced", "draft_model", "draft_model"]
     # model: forced 5, then 6 (accepted) and 7 (rejected; the target said 8): one model draft accepted
     worth.settle(
-        [_row(r, [5, 6, 7], model, 2, 8, shadow=Proposal([5, 6, 9], sources=["forced", "prompt", "prompt"]))], 0.03
+        [_row(r, [5, 6, 7], model, 2, 8, shadow=Proposal([5, 6, 9], sources=["forced", "prompt", "prompt"]))],
+        0.03,
+        READING,
     )
     assert worth.open[r.request_id][0] == pytest.approx(0.0)  # the lookup had the same 6: nothing gained
-    worth.settle([_row(r, [5, 6, 7], model, 3, 8, shadow=Proposal([5, 9], sources=["forced", "prompt"]))], 0.03)
+    worth.settle(
+        [_row(r, [5, 6, 7], model, 3, 8, shadow=Proposal([5, 9], sources=["forced", "prompt"]))], 0.03, READING
+    )
     assert worth.open[r.request_id][0] == pytest.approx(0.06)  # two model drafts the lookup did not have
-    worth.settle([_row(r, [6], ["draft_model"], 0, 4, shadow=Proposal([4, 4], sources=["prompt"] * 2))], 0.03)
+    worth.settle([_row(r, [6], ["draft_model"], 0, 4, shadow=Proposal([4, 4], sources=["prompt"] * 2))], 0.03, READING)
     assert worth.open[r.request_id][0] == pytest.approx(0.03)  # the lookup would have had 4 accepted: a loss
-    worth.settle([_row(r, [4, 4], ["prompt"] * 2, 2, 1)], 0.03)  # a lookup line: not the model's
+    worth.settle([_row(r, [4, 4], ["prompt"] * 2, 2, 1)], 0.03, READING)  # a lookup line: not the model's
+    assert worth.open[r.request_id][0] == pytest.approx(0.03)
+    worth.settle([_row(r, [6, 7], ["copy"] * 2, 2, 1)], 0.03, READING)  # the copy beside it: no read's
     assert worth.open[r.request_id][0] == pytest.approx(0.03)
     other = _req()  # a request the model did not read: not tallied
-    worth.settle([_row(other, [6], ["draft_model"], 1, 4)], 0.03)
+    worth.settle([_row(other, [6], ["draft_model"], 1, 4)], 0.03, READING)
     assert other.request_id not in worth.open
 
 

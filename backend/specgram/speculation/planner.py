@@ -275,7 +275,7 @@ class DraftPlanner:
         for v in rows:
             self.faults.guard(v.req, self._settle_one, v)
         if rows and self.costs.known:  # a step not taken saves each request its share of a one-row-each step
-            self.read_value.settle(rows, self.costs.curve()(len(rows)) / len(rows))
+            self.read_value.settle(rows, self.costs.curve()(len(rows)) / len(rows), self.drafters)
 
     def _settle_one(self, v: VerifyRow) -> None:
         r, p, full, a = v.req, v.proposal, v.available, v.line_accepted  # the line's (a tree's branches aside)

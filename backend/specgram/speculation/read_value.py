@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..drafting import registry
 from ..request import Request
+from .drafter import Drafter
 from .rows import VerifyRow
 
 DECAY = 0.8  # per finished request: the kind's worth follows the last few requests read
@@ -79,11 +80,12 @@ class ReadValue:
             return True
         return False
 
-    def settle(self, rows: list[VerifyRow], token_s: float) -> None:
-        """After a verify: each read request whose line the model drafted gained its accepted model drafts less
-        what its shadow lookup would have had accepted (its drafts after any forced prefix matching the
+    def settle(self, rows: list[VerifyRow], token_s: float, drafters: dict[str, Drafter]) -> None:
+        """After a verify: each read request whose line a model that reads prompts drafted (of drafters; not a
+        model beside it that shares the target's cache, which needs no read) gained its accepted drafts from it
+        less what its shadow lookup would have had accepted (its drafts after any forced prefix matching the
         committed tokens), each worth token_s (a step's seconds per request)."""
-        model = registry.forward_sources()
+        model = {registry.source_of(n) for n, d in drafters.items() if registry.DRAFTERS[n].forward and d.reads_prompts}
         for v in rows:
             p = v.proposal
             if v.req.request_id not in self.open or model.isdisjoint(p.sources):
