@@ -13,7 +13,8 @@ LLMPipeline decodes one prompt at a time here, so every run is concurrency 1: th
 request feeds the prompt's token ids (TokenizedInputs), greedy, max_new_tokens, stops at EOS; the pipeline keeps no
 state between generate() calls (no chat mode), so no request reuses an earlier one's prompt. A streamer takes the
 token ids as they come (time to first token). guided: StructuredOutputConfig(json_schema=...), OpenVINO GenAI's own
-structured output. drafted / accepted are not reported (the pipeline's speculative metrics are not read here).
+structured output. drafted / accepted: the pipeline's own counts (its extended perf metrics'
+get_num_draft_tokens and get_num_accepted_tokens) where it reports them, else none.
 """
 
 from __future__ import annotations
@@ -82,7 +83,20 @@ def one_request(pipe, case: dict, cfg, eos: set[int], collect) -> dict:
     text = pipe.get_tokenizer().decode(gen, skip_special_tokens=True)
     first = streamer.first - t0 if streamer.first is not None else latency
     finish = "stop" if len(gen) < len(out) or (len(out) < cfg.max_new_tokens) else "length"
-    return dict(ids=gen, text=text, ttft_s=first, latency_s=latency, finish=finish)
+    out = dict(ids=gen, text=text, ttft_s=first, latency_s=latency, finish=finish)
+    counts = spec_counts(res)
+    if counts is not None:
+        out["drafted"], out["accepted"] = counts
+    return out
+
+
+def spec_counts(res) -> tuple[int, int] | None:
+    """(draft tokens, accepted ones) as the pipeline counts them for this generate(); None where it does not."""
+    metrics = getattr(res, "extended_perf_metrics", None)
+    try:
+        return int(metrics.get_num_draft_tokens()), int(metrics.get_num_accepted_tokens())
+    except AttributeError:  # plain perf metrics (no speculation, or a mode that counts none)
+        return None
 
 
 def run(pipe, cases, mode, k, guided, max_tokens, eos, label, bits, collect) -> dict:
@@ -102,8 +116,8 @@ def run(pipe, cases, mode, k, guided, max_tokens, eos, label, bits, collect) -> 
         dtype=label,
         bits=bits,
         wall_s=wall,
-        drafted=None,
-        accepted=None,
+        drafted=sum(r["drafted"] for r in reqs) if all("drafted" in r for r in reqs) else None,
+        accepted=sum(r["accepted"] for r in reqs) if all("accepted" in r for r in reqs) else None,
         requests=reqs,
     )
 

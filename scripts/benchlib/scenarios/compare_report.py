@@ -27,8 +27,8 @@ ABSENT = [  # the report's "Rows that do not exist, and why"
     "like-for-like row. Guided rows use llama.cpp's own JSON-schema grammar (GBNF), not xgrammar; the valid "
     "column counts its outputs that validate against their schema.",
     "- OpenVINO GenAI, concurrency > 1: its LLMPipeline runs one prompt at a time here (its continuous-batching "
-    "pipeline is not driven), so its rows are concurrency 1 only. Its speculative rows report no acceptance (the "
-    "pipeline's speculative metrics are not read). Guided rows use its own structured output "
+    "pipeline is not driven), so its rows are concurrency 1 only. Acceptance: the pipeline's own counts where it "
+    "reports them (its draft model; none for its prompt lookup). Guided rows use its own structured output "
     "(StructuredOutputConfig json_schema).",
     "- ours, int8 target only: the same engine with the target's matmuls in int8 (weights int8), lossy like "
     "llama.cpp's Q8_0 (the row to set it against); its ids differ from the float32 target's by design.",
