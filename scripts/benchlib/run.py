@@ -23,7 +23,18 @@ from pathlib import Path
 from . import REPO
 from .workload import BENCH_ENGINE, make_requests
 
-RUNS = itertools.count()  # run_engine's own cache_salt per run
+RUNS = itertools.count()  # a number for each run's own cache_salt
+
+
+def with_salt(cases: list[dict], salt: str | None = None) -> list[dict]:
+    """The cases with one cache_salt for the run (salt, else one of its own), unless a case names its own: the
+    same prompts sent run after run, greedy, would otherwise have their answers drafted by the suffix store from
+    an earlier run's (and their prompts found in the prefix cache)."""
+    if any("cache_salt" in c for c in cases):
+        return cases
+    salt = salt or f"run-{next(RUNS)}"
+    return [{**c, "cache_salt": salt} for c in cases]
+
 
 # ---- in process ---------------------------------------------------------------------------------------------
 
@@ -96,13 +107,12 @@ def run_engine(
     """One timed closed-loop run of the cases in process (concurrency 0 = all at once) -> its record (text
     decoded when tok is given). params: make_requests' (greedy without them). Grammars compile before the clock
     starts; raises on a request's error. cache_salt: the run's requests' (their prefix-cache and suffix-store
-    scope); by default one of the run's own (unless params or the cases name one): the same prompts sent run
-    after run, greedy, would otherwise have their answers drafted by the suffix store from an earlier run's."""
+    scope); by default one of the run's own (with_salt), unless params or the cases name one."""
     from specgram.engine.generate import generate
 
-    params = dict(params or {})
-    if "cache_salt" not in params and not any("cache_salt" in c for c in cases):
-        params["cache_salt"] = cache_salt or f"run-{next(RUNS)}"
+    params = params or {}
+    if "cache_salt" not in params:
+        cases = with_salt(cases, cache_salt)
     reqs = make_requests(engine, cases, max_tokens, drafter, k, guided, **params)
     run = generate(engine, reqs, concurrency or len(reqs))
     if run.errors:
@@ -213,7 +223,9 @@ def run_triton(
     extra: dict | None = None,
     **meta,
 ) -> dict:
-    """One timed closed-loop run of the cases through a server -> its record."""
+    """One timed closed-loop run of the cases through a server -> its record. The run's requests share a
+    cache_salt of its own unless the cases name theirs (with_salt)."""
+    cases = with_salt(cases)
 
     def one(i: int) -> dict:
         # extra last: it may also replace (or, as None, drop) the drafter and num_draft_tokens inputs

@@ -496,3 +496,15 @@ def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
     assert text.startswith("# ") and "|---|" in text and (tmp_path / f"{argv[0]}.json").exists()
     if argv[0] == "speculative":
         assert text.count("| yes |") == 4  # none and ngram-k2 at c = 1 and 2, same ids
+
+
+def test_each_run_gets_a_cache_salt_of_its_own_unless_its_cases_name_one():
+    from benchlib.run import with_salt
+
+    cases = [dict(prompt="a"), dict(prompt="b")]
+    one, two = with_salt(cases), with_salt(cases)
+    assert len({c["cache_salt"] for c in one}) == 1 and len({c["cache_salt"] for c in two}) == 1
+    assert one[0]["cache_salt"] != two[0]["cache_salt"] and "cache_salt" not in cases[0]  # the cases untouched
+    assert {c["cache_salt"] for c in with_salt(cases, "shared")} == {"shared"}
+    named = [dict(prompt="a", cache_salt="mine"), dict(prompt="b")]
+    assert with_salt(named) == named  # a run that names its scope keeps it

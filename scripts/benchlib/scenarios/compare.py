@@ -43,7 +43,6 @@ installed on demand into the project venv for the plots (scripts/compare/require
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import re
 import subprocess
@@ -56,7 +55,6 @@ from ..workload import INSTRUCTION, compile_guide, eos_ids, select_cases, trim_a
 from . import compare_report as cr
 from .compare_workers import gguf_type, run_llamacpp, run_openvino, run_vllm
 
-RUNS = itertools.count()  # a number for each run's cache_salt
 SHARED = {"prompts": 8, "max_tokens": 128, "concurrency": [1, 8]}
 QUICK = {"prompts": 2, "max_tokens": 32, "concurrency": [1, 2]}
 QUICK_HELP = "2 prompts, 32 tokens, concurrency 1 and 2"
@@ -164,12 +162,9 @@ def sweep_ours(
     def one(config: str, guided: bool, c: int | None) -> dict:
         warm = not c
         drafter, k, *extra = table[config]
-        # a cache_salt of its own: the suffix store never drafts a run's answers from an earlier run's (the same
-        # prompts, greedy: it would replay them)
-        salt = f"{label}-{config}-{guided}-{c}-{next(RUNS)}"
-        return run(
+        return run(  # each run with a cache_salt of its own (run_engine, run_triton)
             target,
-            [{**x, "cache_salt": salt} for x in (cases[:warm_cases] if warm else cases)],
+            cases[:warm_cases] if warm else cases,
             8 if warm else args.max_tokens,
             2 if warm else c,
             drafter,

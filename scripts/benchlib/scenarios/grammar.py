@@ -26,7 +26,6 @@ exclude compiles. One timed run per row, after a warm-up.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import statistics
@@ -53,7 +52,6 @@ CONFIGS = {  # name -> (guided, drafter, k)
 # draft_checkpoint, in the form its draft_quantization picks)
 SERVED_KEYS = ("drafter", "default_num_draft_tokens", "default_num_draft_tokens_guided", "draft_quantization")
 PACKAGES = ("torch", "transformers", "xgrammar", "jsonschema")
-RUNS = itertools.count()  # a number for each run's cache_salt
 
 
 def served_engine() -> dict:
@@ -132,12 +130,11 @@ def forced_positions(engine, cases, outs) -> float:
 
 def measure(engine, cases, timer, name: str, c: int, max_tokens: int) -> dict:
     """One timed run of a configuration -> its record with the report's figures added. Each run has a cache_salt
-    of its own: the suffix store never drafts a run's answers from an earlier run's (the same prompts, greedy)."""
+    of its own (run_engine's): the suffix store never drafts a run's answers from an earlier run's."""
     from .grammar_masks import mask_summary
 
     guided, drafter, k = CONFIGS[name]
-    salt = dict(cache_salt=f"{name}-c{c}-{max_tokens}-{next(RUNS)}")
-    rec = run_engine(engine, cases, max_tokens, c, drafter, k, guided, engine.tokenizer, salt, config=name)
+    rec = run_engine(engine, cases, max_tokens, c, drafter, k, guided, engine.tokenizer, config=name)
     steps, gens = timer.take(), rec["_run"].generations
     tokens = sum(len(o) for o in ids(rec))
     return dict(
