@@ -508,3 +508,55 @@ def test_each_run_gets_a_cache_salt_of_its_own_unless_its_cases_name_one():
     assert {c["cache_salt"] for c in with_salt(cases, "shared")} == {"shared"}
     named = [dict(prompt="a", cache_salt="mine"), dict(prompt="b")]
     assert with_salt(named) == named  # a run that names its scope keeps it
+
+
+def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_counts():
+    """llama-server's side of the compare scenario against a stand-in that speaks its /completion stream: the
+    request it sends (token ids, greedy, no prompt cache, the schema), the ids and text it keeps
+    (up to EOS), the server's own draft counts, and a schema the server rejects leaving its case unguided."""
+    import http.server
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lsw", REPO / "scripts" / "compare" / "llamacpp_server_worker.py")
+    lsw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lsw)
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            if body.get("json_schema", {}).get("title") == "bad":
+                self.send_response(400)
+                self.end_headers()
+                self.wfile.write(b'{"error": "unsupported"}')
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            events = [dict(content='{"a"', tokens=[5, 6]), dict(content=": 1}", tokens=[7, 9])]
+            events.append(dict(content="", stop=True, stop_type="eos", timings=dict(draft_n=6, draft_n_accepted=4)))
+            for e in events:
+                self.wfile.write(f"data: {json.dumps(e)}\n\n".encode())
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        case = dict(name="c", guide=json.dumps(SCHEMA), prompt_ids=[1, 2, 3])
+        out = lsw.one_request(port, case, 3, 128, {9}, SCHEMA)
+        assert out["ids"] == [5, 6, 7] and out["text"] == '{"a": 1}' and out["finish"] == "stop"
+        assert (out["drafted"], out["accepted"]) == (6, 4) and 0 < out["ttft_s"] <= out["latency_s"]
+        sent = seen[-1]
+        assert sent["prompt"] == [1, 2, 3] and sent["cache_prompt"] is False and sent["return_tokens"] is True
+        assert sent["temperature"] == 0.0 and sent["top_k"] == 1 and sent["json_schema"] == SCHEMA
+        assert "drafted" not in lsw.one_request(port, case, 0, 128, {9}, None)  # target only: no draft counts
+        assert "json_schema" not in seen[-1]
+        bad = dict(name="b", guide=json.dumps({"title": "bad"}), prompt_ids=[1])
+        schemas, no_grammar = lsw.accepted_schemas(port, [case, bad])
+        assert schemas == [SCHEMA, None] and list(no_grammar) == ["b"] and "400" in no_grammar["b"]
+    finally:
+        server.shutdown()

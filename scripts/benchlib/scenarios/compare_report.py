@@ -22,10 +22,11 @@ ABSENT = [  # the report's "Rows that do not exist, and why"
     "this target is the int8 dynamic-quantized copy that ours and HF build in memory (torch.ao), which vLLM "
     "cannot load. Its n-gram drafter is the like-for-like row. Grammar-forced drafting exists in ours only.",
     "- llama.cpp, concurrency > 1: llama-cpp-python's Llama decodes one sequence at a time (no batching of "
-    "requests), so its rows are concurrency 1 only, the requests one after another. Draft model: not run "
-    "(a draft GGUF would be a different model from the int8 copy ours drafts with); prompt lookup is its "
-    "like-for-like row. Guided rows use llama.cpp's own JSON-schema grammar (GBNF), not xgrammar; the valid "
-    "column counts its outputs that validate against their schema.",
+    "requests), so its rows are concurrency 1 only, the requests one after another. Draft model: only with "
+    "--llamacpp-draft (llama-server, built from the same llama.cpp source, one slot, also concurrency 1 here; "
+    "acceptance: the server's own counts); prompt lookup is its like-for-like row to ours' n-gram. Guided rows "
+    "use llama.cpp's own JSON-schema grammar (GBNF), not xgrammar; the valid column counts its outputs that "
+    "validate against their schema.",
     "- OpenVINO GenAI, concurrency > 1: its LLMPipeline runs one prompt at a time here (its continuous-batching "
     "pipeline is not driven), so its rows are concurrency 1 only. Acceptance: the pipeline's own counts where it "
     "reports them (its draft model; none for its prompt lookup). Guided rows use its own structured output "

