@@ -61,6 +61,7 @@ SCENARIOS = (
     "vocab",
     "draft_vocab",
     "tree_ceiling",
+    "layer_skip",
     "lora",
     "memory",
     "weight_forms",

@@ -488,6 +488,7 @@ def test_gpu_report_renders_measured_and_failed_sections():
     [
         ["forward", "--quick", "--batches", "1", "--widths", "1", "2", "--cache-len", "16"],
         ["speculative", "--quick", "--configs", "none,ngram-k2", "--max-tokens", "12"],
+        ["layer_skip", "--quick", "--subsets", "first:1", "skip:0-0"],
     ],
 )
 def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
@@ -496,6 +497,20 @@ def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
     assert text.startswith("# ") and "|---|" in text and (tmp_path / f"{argv[0]}.json").exists()
     if argv[0] == "speculative":
         assert text.count("| yes |") == 4  # none and ngram-k2 at c = 1 and 2, same ids
+    if argv[0] == "layer_skip":  # the whole model agrees with itself everywhere
+        assert "| all (the target) | 2 / 2 | 1.000 |" in text and "| first:1 | 1 / 2 |" in text
+
+
+def test_layer_skip_subsets_name_the_layers_they_keep():
+    from benchlib.scenarios import layer_skip
+
+    assert layer_skip.keep("first:3", 28) == [0, 1, 2]
+    assert layer_skip.keep("skip:2-25", 28) == [0, 1, 26, 27]
+    assert layer_skip.keep("odd:1-6", 8) == [0, 2, 4, 6, 7]
+    assert layer_skip.default_subsets(28)[:4] == ["first:14", "first:20", "first:24", "skip:12-19"]
+    for bad in ("middle:3", "skip:5", "odd:9-2", "first:x"):
+        with pytest.raises(SystemExit):
+            layer_skip.keep(bad, 28)
 
 
 def test_each_run_gets_a_cache_salt_of_its_own_unless_its_cases_name_one():
