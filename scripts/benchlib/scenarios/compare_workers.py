@@ -138,25 +138,28 @@ def run_llamacpp(args, cases, eos: set[int]) -> dict:
     data = run_worker(LLAMACPP_PY, "llamacpp_worker.py", job, "llama.cpp")
     out = dict(runs=data["results"], llamacpp=data["llamacpp"], no_grammar=data.get("no_grammar", {}))
     if args.llamacpp_draft:
-        served = run_llamacpp_server(args, job)
-        out["runs"] += served["results"]
-        out["llamacpp_server"] = served["server"]
-        out["no_grammar"].update({f"{k} (llama-server)": v for k, v in served.get("no_grammar", {}).items()})
+        try:  # a failure here keeps llama-cpp-python's rows, measured already
+            served = run_llamacpp_server(args, job, data["llamacpp"])
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            out["notes"] = [f"llama-server failed in this run: `{str(e).strip().splitlines()[-1][:300]}`"]
+        else:
+            out["runs"] += served["results"]
+            out["no_grammar"].update({f"{k} (llama-server)": v for k, v in served.get("no_grammar", {}).items()})
     return out
 
 
-def run_llamacpp_server(args, job: dict) -> dict:
-    """llama.cpp's draft-model speculation: llama-server (setup_llamacpp_server.sh builds it from the same source)
-    on each GGUF of job with --llamacpp-draft drafting 3 tokens a step, and the same server's target only."""
+def run_llamacpp_server(args, job: dict, version: str) -> dict:
+    """llama.cpp's draft-model speculation: llama-server (setup_llamacpp_server.sh builds it from the llama.cpp that
+    llama-cpp-python `version` vendors) on each GGUF of job, alone and with --llamacpp-draft drafting 3 tokens a
+    step."""
     draft = Path(args.llamacpp_draft)
     if draft.suffix != ".gguf" or not draft.is_file():
         raise SystemExit(f"--llamacpp-draft: {draft} is not a .gguf file")
-    done = subprocess.run(
-        ["bash", str(COMPARE / "setup_llamacpp_server.sh")], check=True, capture_output=True, text=True
-    )
-    server = done.stdout.strip().splitlines()[-1]
+    # stdout: the server's path; the build's own errors reach the log through stderr
+    done = subprocess.run(["bash", str(COMPARE / "setup_llamacpp_server.sh")], check=True, stdout=subprocess.PIPE)
+    server = done.stdout.decode().strip().splitlines()[-1]
     job = {k: v for k, v in job.items() if k != "lookup"}
-    job.update(server=server, draft=str(draft.resolve()), k=3)
+    job.update(server=server, source=f"llama-cpp-python {version}", draft=str(draft.resolve()), k=3)
     return run_worker(LLAMACPP_PY, "llamacpp_server_worker.py", job, "llama-server")
 
 

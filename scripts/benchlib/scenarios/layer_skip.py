@@ -13,8 +13,10 @@ the whole target wrote next, i.e. a first draft's acceptance under greedy verifi
 target's own prefix (a draft deeper in a line is accepted at most that often). A draft model's alpha the same way.
 A subset's draft forward reads its share of the layers' weights and the head, so it pays only where its alpha is
 high for that share: the docs weigh both against the step's costs (docs/performance.md).
-Subsets (--subsets, repeatable specs over layers 0 .. L-1): first:N (layers 0 .. N-1), skip:A-B (all but A .. B),
-odd:A-B (all but the odd layers of A .. B); the default set spreads over L.
+Subsets (--subsets, specs over layers 0 .. L-1): first:N (layers 0 .. N-1), skip:A-B (all but A .. B), odd:A-B (all
+but the odd layers of A .. B); the default set spreads over L. Each subset runs with a cache of its own over the
+prefix: a served drafter that skipped layers would read the target's cache at the layers it keeps after a gap, so the
+skip and odd rows describe that drafter only approximately (the first:N rows exactly).
 """
 
 from __future__ import annotations
@@ -58,16 +60,16 @@ def keep(spec: str, n: int) -> list[int]:
     kind, _, arg = spec.partition(":")
     lo, _, hi = arg.partition("-")
     try:
-        if kind == "first" and not hi:
-            return list(range(min(int(arg), n)))
+        if kind == "first" and not hi and 0 < int(arg) < n:
+            return list(range(int(arg)))
         a, b = int(lo), int(hi)
     except ValueError:
         a = b = -1
-    if kind == "skip" and 0 <= a <= b:
+    if kind == "skip" and 0 <= a <= b < n and b - a + 1 < n:
         return [i for i in range(n) if not a <= i <= b]
-    if kind == "odd" and 0 <= a <= b:
+    if kind == "odd" and 0 <= a <= b < n:
         return [i for i in range(n) if not (a <= i <= b and i % 2)]
-    raise SystemExit(f"--subsets: {spec!r} is not first:N, skip:A-B or odd:A-B (A <= B)")
+    raise SystemExit(f"--subsets: {spec!r} is not first:N, skip:A-B or odd:A-B over {n} layers (0 <= A <= B < {n})")
 
 
 def agreement(model, seqs: list[tuple[int, object]]) -> float:
@@ -90,23 +92,31 @@ def run(args) -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto").eval()
     layers, n = model.model.layers, model.config.num_hidden_layers
+    types = getattr(model.config, "layer_types", None)  # per layer: its attention's mask (and RoPE) where they differ
     seqs = []
     with torch.no_grad():
         for p in CHAT_PROMPTS[: args.prompts]:
             ids = torch.tensor([chat_ids(tok, p)])
-            seqs.append((ids.shape[1], model.generate(ids, max_new_tokens=args.max_tokens, do_sample=False)))
+            out = model.generate(ids, max_new_tokens=args.max_tokens, do_sample=False, repetition_penalty=1.0)
+            seqs.append((ids.shape[1], out))  # plain greedy: no penalty a checkpoint's generation config may set
     answered = sum(s.shape[1] - k for k, s in seqs)
     rows = []
-    for spec in ["first:" + str(n), *(args.subsets or default_subsets(n))]:
-        kept = keep(spec, n)
-        model.model.layers = torch.nn.ModuleList([layers[i] for i in kept])  # the rest of the model as it is
+    for spec in ["all", *(args.subsets or default_subsets(n))]:
+        kept = list(range(n)) if spec == "all" else keep(spec, n)
+        # the kept layers in order, each with its own attention type (the model reads them by position); the rest of
+        # the model as it is
+        model.model.layers = torch.nn.ModuleList([layers[i] for i in kept])
         model.config.num_hidden_layers = len(kept)
+        if types is not None:
+            model.config.layer_types = [types[i] for i in kept]
         try:
             a = agreement(model, seqs)
         finally:
             model.model.layers, model.config.num_hidden_layers = layers, n
+            if types is not None:
+                model.config.layer_types = types
         report.log(f"{spec}: {len(kept)}/{n} layers, alpha {a:.3f}")
-        rows.append([spec if len(kept) < n else "all (the target)", f"{len(kept)} / {n}", f"{a:.3f}"])
+        rows.append([spec if spec != "all" else "all (the target)", f"{len(kept)} / {n}", f"{a:.3f}"])
     if args.draft:
         draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype="auto").eval()
         a = agreement(draft, seqs)
