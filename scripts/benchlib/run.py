@@ -26,6 +26,25 @@ from .workload import BENCH_ENGINE, make_requests
 RUNS = itertools.count()  # a number for each run's own cache_salt
 
 
+def peer_run(cases: list[dict], one, **fields) -> dict:
+    """A peer worker's timed run (scripts/compare/*_worker.py, one request at a time): one(i, case) -> that
+    request's record, for each case in turn -> the run record: fields (system, config, guided, drafter, k, dtype, ...),
+    concurrency 1, the wall time of all, and drafted / accepted summed where every request reports them (else None:
+    not reported). Standard library only: the workers run in the peers' own venvs."""
+    t_start = time.perf_counter()
+    reqs = [dict(case=i, **one(i, c)) for i, c in enumerate(cases)]
+    wall = time.perf_counter() - t_start
+    counted = bool(reqs) and all("drafted" in r for r in reqs)
+    return dict(
+        **fields,
+        concurrency=1,
+        wall_s=wall,
+        drafted=sum(r["drafted"] for r in reqs) if counted else None,
+        accepted=sum(r["accepted"] for r in reqs) if counted else None,
+        requests=reqs,
+    )
+
+
 def with_salt(cases: list[dict], salt: str | None = None) -> list[dict]:
     """The cases with one cache_salt for the run (salt, else one of its own), unless a case names its own: the
     same prompts sent run after run, greedy, would otherwise have their answers drafted by the suffix store from

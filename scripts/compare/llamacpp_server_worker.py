@@ -141,24 +141,17 @@ def one_request(port: int, case: dict, k: int, max_tokens: int, eos: set[int], s
 
 
 def run(port, cases, schemas, k, guided, max_tokens, eos, label) -> dict:
-    t_start = time.perf_counter()
-    reqs = [
-        dict(case=i, **one_request(port, c, k, max_tokens, eos, schemas[i] if guided else None))
-        for i, c in enumerate(cases)
-    ]
-    wall = time.perf_counter() - t_start
-    return dict(
+    from benchlib.run import peer_run
+
+    return peer_run(
+        cases,
+        lambda i, c: one_request(port, c, k, max_tokens, eos, schemas[i] if guided else None),
         system=f"llama.cpp {label} (llama-server)",
         config=f"draft model k{k}" if k else "target only",
         guided=guided,
         drafter="draft model" if k else None,
         k=k,
-        concurrency=1,
         dtype=label,
-        wall_s=wall,
-        drafted=sum(r["drafted"] for r in reqs) if k else None,
-        accepted=sum(r["accepted"] for r in reqs) if k else None,
-        requests=reqs,
     )
 
 

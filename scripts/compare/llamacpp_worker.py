@@ -85,24 +85,17 @@ def one_request(llm, case: dict, max_tokens: int, eos: set[int], grammar, lookup
 
 
 def run(llm, cases, grammars, lookup, k, guided, max_tokens, eos, gtype) -> dict:
-    t_start = time.perf_counter()
-    reqs = [
-        dict(case=i, **one_request(llm, c, max_tokens, eos, grammars[i] if guided else None, lookup))
-        for i, c in enumerate(cases)
-    ]
-    wall = time.perf_counter() - t_start
-    return dict(
+    from benchlib.run import peer_run
+
+    return peer_run(
+        cases,
+        lambda i, c: one_request(llm, c, max_tokens, eos, grammars[i] if guided else None, lookup),
         system=f"llama.cpp {gtype}",
         config=f"prompt lookup k{k}" if k else "target only",
         guided=guided,
         drafter="prompt lookup" if k else None,
         k=k,
-        concurrency=1,
         dtype=gtype,
-        wall_s=wall,
-        drafted=sum(r["drafted"] for r in reqs) if k else None,
-        accepted=sum(r["accepted"] for r in reqs) if k else None,
-        requests=reqs,
     )
 
 

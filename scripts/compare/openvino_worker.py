@@ -100,25 +100,22 @@ def spec_counts(res) -> tuple[int, int] | None:
 
 
 def run(pipe, cases, mode, k, guided, max_tokens, eos, label, bits, collect) -> dict:
-    t_start = time.perf_counter()
-    reqs = []
-    for i, c in enumerate(cases):
+    from benchlib.run import peer_run
+
+    def one(_i: int, c: dict) -> dict:
         cfg = config(mode, k, max_tokens, sorted(eos), c["guide"] if guided else None)
-        reqs.append(dict(case=i, **one_request(pipe, c, cfg, eos, collect)))
-    wall = time.perf_counter() - t_start
-    return dict(
+        return one_request(pipe, c, cfg, eos, collect)
+
+    return peer_run(
+        cases,
+        one,
         system=f"OpenVINO GenAI {label}",
         config=f"{mode} k{k}" if mode != "target only" else mode,
         guided=guided,
         drafter=None if mode == "target only" else mode,
         k=0 if mode == "target only" else k,
-        concurrency=1,
         dtype=label,
         bits=bits,
-        wall_s=wall,
-        drafted=sum(r["drafted"] for r in reqs) if all("drafted" in r for r in reqs) else None,
-        accepted=sum(r["accepted"] for r in reqs) if all("accepted" in r for r in reqs) else None,
-        requests=reqs,
     )
 
 

@@ -522,6 +522,18 @@ def test_layer_skip_subsets_name_the_layers_they_keep():
             layer_skip.keep(bad, 28)
 
 
+def test_a_peer_run_numbers_its_requests_and_sums_draft_counts_only_where_every_request_has_them():
+    counted = run.peer_run([{}, {}], lambda i, c: dict(ids=[i], drafted=3, accepted=i), system="p", k=3)
+    assert counted["requests"] == [
+        dict(case=0, ids=[0], drafted=3, accepted=0),
+        dict(case=1, ids=[1], drafted=3, accepted=1),
+    ]
+    assert (counted["system"], counted["k"], counted["concurrency"]) == ("p", 3, 1) and counted["wall_s"] >= 0
+    assert (counted["drafted"], counted["accepted"]) == (6, 1)
+    partly = run.peer_run([{}, {}], lambda i, c: dict(ids=[i], **({"drafted": 1, "accepted": 1} if i else {})))
+    assert partly["drafted"] is None and partly["accepted"] is None  # not reported for every request
+
+
 def test_each_run_gets_a_cache_salt_of_its_own_unless_its_cases_name_one():
     from benchlib.run import with_salt
 
