@@ -507,7 +507,9 @@ def test_quick_in_process_scenarios_run(argv, tiny_ckpt, tmp_path, capsys):
         assert "| all (the target) | 2 / 2 | 1.000 |" in text
         assert f"| draft model {tiny_ckpt.name} | - | 1.000 |" in text
         first = next(line for line in text.splitlines() if line.startswith("| first:1 | 1 / 2 |"))
-        assert float(first.split("|")[3]) < 1.0 and "| skip:0-0 | 1 / 2 |" in text
+        second = next(line for line in text.splitlines() if line.startswith("| skip:0-0 | 1 / 2 |"))
+        assert float(first.split("|")[3]) < 1.0
+        assert first.split("|")[3] != second.split("|")[3]  # layer 0 alone and layer 1 alone: different models
 
 
 def test_layer_skip_subsets_name_the_layers_they_keep():
@@ -601,8 +603,9 @@ def test_llamacpp_server_worker_reads_the_streamed_ids_and_the_servers_draft_cou
         run = lsw.run(port, [case], [SCHEMA], 3, True, 128, {9}, "Q4_K_M")
         assert (run["system"], run["config"]) == ("llama.cpp Q4_K_M (llama-server)", "draft model k3")
         assert lsw.run(port, [case], [None], 0, False, 128, {9}, "Q4_K_M")["config"] == "target only"
-        for first in (2, 3, 4):  # an error event; no last event; 1 id streamed of 4 decoded
-            with pytest.raises(RuntimeError):
+        # an error event; no last event; 1 id streamed of 4 decoded
+        for first, why in ((2, "boom"), (3, "without its last event"), (4, "1 ids streamed of 4")):
+            with pytest.raises(RuntimeError, match=why):
                 lsw.one_request(port, dict(case, prompt_ids=[first]), 3, 128, {9}, None)
         bad = dict(name="b", guide=json.dumps({"title": "bad"}), prompt_ids=[1])
         schemas, no_grammar = lsw.accepted_schemas(port, [case, bad])
